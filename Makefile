@@ -1,0 +1,26 @@
+# The two commands of a fresh machine: `make verify` (the main job) and `make test`.
+# Both bootstrap .venv themselves; `make venv` bootstraps only (idempotent).
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.shardcheck-bootstrapped
+REQS := requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh
+
+.PHONY: venv verify test clean
+
+venv: $(STAMP)
+
+$(STAMP): $(REQS)
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
+	bash requirements/install-lmcache.sh $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+verify: venv
+	$(VENV)/bin/shardcheck verify
+
+test: venv
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache out

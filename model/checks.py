@@ -1,0 +1,129 @@
+"""Every property of the contract's "What the harness checks", as a named function over a run's outcome.
+
+Each function takes an `Outcome` (see `model.harness`) and returns the list of `Violation`s it finds.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from model.sim import Violation
+
+if TYPE_CHECKING:
+    from model.harness import Outcome
+
+
+def soundness(o: "Outcome") -> list[Violation]:
+    """The plan never exceeds the longest cached prefix at lookup: `planned <= LCP`."""
+    if o.planned is not None and o.planned > o.lcp:
+        return [Violation("soundness", f"planned {o.planned} chunks but only {o.lcp} leading chunks were cached "
+                          f"(reports {o.reports})", {"planned": o.planned, "lcp": o.lcp, "reports": o.reports})]
+    return []
+
+
+def completeness(o: "Outcome") -> list[Violation]:
+    """The plan reaches the longest cached prefix: `planned >= LCP`."""
+    if o.planned is not None and o.planned < o.lcp:
+        return [Violation("completeness", f"planned {o.planned} chunks though the leading {o.lcp} were cached "
+                          f"(reports {o.reports})", {"planned": o.planned, "lcp": o.lcp, "reports": o.reports})]
+    return []
+
+
+def _usable(result) -> int | None:
+    """`u` when `result` is a mapping whose keys are exactly `0..u-1`, else None."""
+    try:
+        keys = sorted(result)
+    except TypeError:
+        return None
+    return len(keys) if keys == list(range(len(keys))) else None
+
+
+def prefix(o: "Outcome") -> list[Violation]:
+    """Every rank's result is a prefix `{0..u_r-1}`."""
+    out = []
+    for r, result in sorted(o.results.items()):
+        if _usable(result) is None:
+            shown = sorted(result) if hasattr(result, "__iter__") else result
+            out.append(Violation("prefix", f"rank {r} returned chunks {shown}, not a prefix 0..u-1",
+                                 {"rank": r, "chunks": list(shown) if isinstance(shown, list) else repr(shown)}))
+    return out
+
+
+def agreement(o: "Outcome") -> list[Violation]:
+    """All ranks that finished agree on the usable prefix `u`."""
+    us = {r: _usable(res) for r, res in o.results.items()}
+    us = {r: u for r, u in us.items() if u is not None}
+    if len(set(us.values())) > 1:
+        return [Violation("agreement", f"ranks disagree on the usable prefix: {dict(sorted(us.items()))}",
+                          {"u": {str(r): u for r, u in us.items()}})]
+    return []
+
+
+def within_plan(o: "Outcome") -> list[Violation]:
+    """No rank loads beyond the plan: `u <= planned`."""
+    return [Violation("within-plan", f"rank {r} loaded {u} chunks, more than the planned {o.planned}",
+                      {"rank": r, "u": u, "planned": o.planned})
+            for r, res in sorted(o.results.items())
+            if (u := _usable(res)) is not None and o.planned is not None and u > o.planned]
+
+
+def integrity(o: "Outcome") -> list[Violation]:
+    """Every returned value equals the stored `kv[c]`."""
+    out = []
+    for r, res in sorted(o.results.items()):
+        if not hasattr(res, "items"):
+            out.append(Violation("integrity", f"rank {r} returned {type(res).__name__}, not a mapping", {"rank": r}))
+            continue
+        for c, value in sorted(res.items(), key=lambda kv: repr(kv[0])):
+            if not isinstance(c, int) or not 0 <= c < len(o.kv) or value != o.kv[c]:
+                out.append(Violation("integrity", f"rank {r} returned wrong bytes for chunk {c} "
+                                     f"({_preview(value)} instead of {_preview(o.kv[c]) if isinstance(c, int) and 0 <= c < len(o.kv) else 'nothing'})",
+                                     {"rank": r, "chunk": c}))
+                break
+    return out
+
+
+def maximality(o: "Outcome") -> list[Violation]:
+    """Without a fault after the lookup, every rank loads the whole plan: `u == planned`."""
+    if o.case.faults.after_lookup() or o.planned is None or o.load is None or o.load.violations:
+        return []
+    return [Violation("maximality", f"rank {r} loaded {u} chunks of the planned {o.planned} with no fault "
+                      "after the lookup", {"rank": r, "u": u, "planned": o.planned})
+            for r, res in sorted(o.results.items())
+            if (u := _usable(res)) is not None and u < o.planned]
+
+
+def key_consistency(o: "Outcome") -> list[Violation]:
+    """Every key a load reads was written by the store path (of that rank)."""
+    if o.load is None:
+        return []
+    seen, out = set(), []
+    for r, key in o.load.reads:
+        if key not in o.written.get(r, {}) and (r, key) not in seen:
+            seen.add((r, key))
+            out.append(Violation("key-consistency", f"rank {r} read key {key!r}, which its store path never wrote",
+                                 {"rank": r, "key": key}))
+    return out
+
+
+def run_faults(o: "Outcome") -> list[Violation]:
+    """No desync, deadlock, hang, or step-bound exhaustion in the load (found by the simulator)."""
+    return list(o.load.violations) if o.load is not None else []
+
+
+def _preview(b) -> str:
+    if isinstance(b, (bytes, bytearray)):
+        return f"{len(b)} bytes {bytes(b[:8])!r}{'...' if len(b) > 8 else ''}"
+    return repr(b)
+
+
+CHECKS: tuple[Callable[["Outcome"], list[Violation]], ...] = (
+    soundness, completeness, run_faults, prefix, agreement, within_plan, integrity, maximality, key_consistency)
+
+#: Every property name a violation can carry.
+PROPERTIES = ("soundness", "completeness", "prefix", "agreement", "within-plan", "integrity", "maximality",
+              "desync", "deadlock", "hang", "termination", "key-consistency")
+
+
+def check_outcome(o: "Outcome") -> list[Violation]:
+    """Every violation of every check, in the order of `CHECKS`."""
+    return [v for check in CHECKS for v in check(o)]

@@ -1,0 +1,68 @@
+"""The public plug-in contract: `ShardingProtocol` and `RankStore` (see CONTRACT.md)."""
+from __future__ import annotations
+
+import concurrent.futures
+import typing
+from typing import Any, Callable, Generator, Mapping, Sequence
+
+from model.effects import Effect
+
+
+@typing.runtime_checkable
+class ShardingProtocol(typing.Protocol):
+    """A sharding protocol: ownership, keys, and the per-rank store, lookup and load programs."""
+
+    name: str
+
+    def owner(self, chunk: int, n_ranks: int) -> int: ...
+
+    def key(self, chunk: int, chunk_hash: str, rank: int, n_ranks: int) -> str: ...
+
+    def rank_store(self, rank: int, n_ranks: int, chunk_hashes: Sequence[str],
+                   kv: Sequence[bytes]) -> Generator[Effect, Any, None]: ...
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Sequence[str],
+                    contains: Callable[[str], bool]) -> int: ...
+
+    def combine(self, reports: Sequence[int], n_chunks: int) -> int: ...
+
+    def rank_load(self, rank: int, n_ranks: int, chunk_hashes: Sequence[str],
+                  planned: int) -> Generator[Effect, Any, Mapping[int, bytes]]: ...
+
+
+@typing.runtime_checkable
+class RankStore(typing.Protocol):
+    """One rank's remote store client."""
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def contains(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def get_async(self, key: str) -> concurrent.futures.Future: ...
+
+    def close(self) -> None: ...
+
+
+StoreFactory = Callable[..., list[RankStore]]
+
+PROTOCOL_METHODS = ("owner", "key", "rank_store", "rank_lookup", "combine", "rank_load")
+STORE_METHODS = ("put", "get", "contains", "delete", "get_async", "close")
+
+
+class StoreCallTimeout(Exception):
+    """A bounded store client call did not return within `seconds`: the outcome 'hang'."""
+
+    def __init__(self, op: str, key: str, seconds: float) -> None:
+        super().__init__(f"store call {op}({key!r}) did not return within {seconds:g} s")
+        self.op = op
+        self.key = key
+        self.seconds = seconds
+
+
+def missing_members(obj: Any, names: Sequence[str]) -> list[str]:
+    """The names of `names` that `obj` lacks or has as non-callables (except `name`)."""
+    return [n for n in names if not callable(getattr(obj, n, None))]

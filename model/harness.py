@@ -1,0 +1,165 @@
+"""One run of a protocol: store, evict, look up (all ranks at one instant), load; then every check.
+
+`run_case(protocol, case, stores)` is the single entry point the enumerator, the explorer's replays,
+the properties, the proofs' counterexamples and `shardcheck replay` all use.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import attrs
+
+from model.checks import check_outcome
+from model.contract import RankStore, StoreCallTimeout
+from model.faults import Eviction, FaultPlan
+from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
+from model.store import memory_factory
+
+
+def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
+    """Prefix-chain hashes: chunk c's hash covers the salt and every chunk before it."""
+    out, prev = [], salt
+    for c in range(n_chunks):
+        prev = hashlib.sha256(f"{prev}|{c}".encode()).hexdigest()[:16]
+        out.append(prev)
+    return out
+
+
+def kv_bytes(n_chunks: int, salt: str) -> list[bytes]:
+    """Distinct KV payloads per chunk (so a value names its chunk), of varying lengths."""
+    return [f"{salt}|kv{c}|".encode() + bytes((c * 7 + i) % 256 for i in range(16 + 5 * c))
+            for c in range(n_chunks)]
+
+
+def default_step_bound(n_ranks: int, n_chunks: int) -> int:
+    """A generous bound on load steps: a terminating load needs about 2 * n_chunks + 3 * n_ranks."""
+    return 20 * (n_chunks + n_ranks) + 50
+
+
+@attrs.frozen
+class Case:
+    """One configuration to run: sizes, the salt of its keys, faults, schedule and step bound."""
+
+    n_ranks: int
+    n_chunks: int
+    salt: str = "s0"
+    faults: FaultPlan = FaultPlan()
+    schedule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    seed: int | None = None
+    step_bound: int | None = None
+
+    def bound(self) -> int:
+        return self.step_bound if self.step_bound is not None else default_step_bound(self.n_ranks, self.n_chunks)
+
+
+@attrs.define
+class Outcome:
+    """Everything one run produced, and the violations found in it."""
+
+    case: Case
+    protocol: str
+    hashes: list[str]
+    kv: list[bytes]
+    written: dict[int, dict[str, int]]
+    cached: frozenset[int]
+    lcp: int
+    reports: list[int] | None = None
+    planned: int | None = None
+    load: SimResult | None = None
+    events: list[Event] = attrs.field(factory=list)
+    violations: list[Violation] = attrs.field(factory=list)
+
+    @property
+    def results(self) -> dict[int, Any]:
+        return self.load.results if self.load else {}
+
+    def violated(self) -> list[str]:
+        return sorted({v.property for v in self.violations})
+
+
+def leading_run(cached: frozenset[int] | set[int], n_chunks: int) -> int:
+    """The length of the leading run of cached chunks."""
+    u = 0
+    while u < n_chunks and u in cached:
+        u += 1
+    return u
+
+
+class _Shadow:
+    """The harness's exact record of which written keys each store still holds."""
+
+    def __init__(self, stores: Sequence[RankStore], written: dict[int, dict[str, int]]) -> None:
+        self.stores, self.written = stores, written
+        self.present = {r: set(keys) for r, keys in written.items()}
+
+    def cached(self) -> frozenset[int]:
+        return frozenset(c for r, keys in self.present.items() for k in keys
+                         if (c := self.written[r][k]) is not None)
+
+    def evict(self, e: Eviction) -> None:
+        for r, keys in self.written.items():
+            if e.rank is not None and r != e.rank:
+                continue
+            for k, c in keys.items():
+                if c == e.chunk and k in self.present[r]:
+                    self.stores[r].delete(k)
+                    self.present[r].discard(k)
+
+
+def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None) -> Outcome:
+    """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it."""
+    n, k = case.n_ranks, case.n_chunks
+    stores = memory_factory(n) if stores is None else stores
+    hashes, kv = chunk_hashes(k, case.salt), kv_bytes(k, case.salt)
+    chunk_of = {v: c for c, v in enumerate(kv)}
+    name = str(getattr(protocol, "name", type(protocol).__name__))
+
+    store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
+                     step_bound=case.bound() + 10 * k * n)
+    written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
+    for ev in store.events:
+        if ev.note == "" and type(ev.effect).__name__ == "Put" and ev.rank is not None:
+            written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
+    shadow = _Shadow(stores, written)
+    out = Outcome(case, name, hashes, kv, written, frozenset(), 0, events=list(store.events))
+    if store.violations:
+        out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
+        return out
+
+    try:
+        for e in case.faults.evict_before_lookup:
+            shadow.evict(e)
+        out.cached = shadow.cached()
+        out.lcp = leading_run(out.cached, k)
+        out.reports = [_lookup(protocol, r, n, hashes, stores[r], out.events) for r in range(n)]
+        out.planned = protocol.combine(list(out.reports), k)
+        out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
+        for e in case.faults.evict_after_lookup:
+            shadow.evict(e)
+    except StoreCallTimeout as exc:
+        out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+        return out
+    if not isinstance(out.planned, int) or isinstance(out.planned, bool):
+        out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
+        return out
+
+    chooser = seeded_chooser(case.seed) if case.seed is not None else lowest_runnable
+    out.load = simulate([protocol.rank_load(r, n, hashes, out.planned) for r in range(n)], stores, phase="load",
+                        schedule=case.schedule, chooser=chooser, step_bound=case.bound(),
+                        lost=case.faults.lost, delayed=case.faults.delayed,
+                        evictions=case.faults.evict_during_load, evict=shadow.evict)
+    out.events.extend(out.load.events)
+    out.violations = check_outcome(out)
+    return out
+
+
+def _lookup(protocol: Any, rank: int, n: int, hashes: list[str], store: RankStore, events: list[Event]) -> int:
+    def contains(key: str) -> bool:
+        hit = store.contains(key)
+        events.append(Event(0, rank, 0.0, "lookup", ("contains", key), hit))
+        return hit
+
+    report = protocol.rank_lookup(rank, n, hashes, contains)
+    events.append(Event(0, rank, 0.0, "lookup", "report", report))
+    return report

@@ -1,0 +1,320 @@
+"""A deterministic simulator of N rank programs under an explicit schedule and a fault plan.
+
+Collectives are matched by call order (NCCL semantics): the k-th collective of every rank forms one call.
+Time is logical: store operations take no time, a `Wait` advances its rank's clock, a collective
+synchronises the clocks of all ranks. The simulator names desync, deadlock, hang and step-bound exhaustion.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Generator, Mapping, Sequence
+
+import attrs
+import networkx as nx
+
+from model.contract import RankStore, StoreCallTimeout
+from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
+                           TIMED_OUT, Wait, collective_signature)
+from model.faults import Eviction
+
+DONE = "done"
+Chooser = Callable[[list[int], int], int]
+
+
+class ScheduleError(Exception):
+    """An explicit schedule names a rank that cannot move at that step."""
+
+
+@attrs.define
+class Violation:
+    """One property a run violated: its name, a one-line summary, and structured detail."""
+
+    property: str
+    summary: str
+    detail: dict = attrs.field(factory=dict)
+
+
+@attrs.define
+class Event:
+    """One thing that happened: `rank` did `effect` (at `step`, logical `time`) and got `result`."""
+
+    step: int
+    rank: int | None
+    time: float
+    phase: str
+    effect: Any
+    result: Any = None
+    note: str = ""
+
+
+@attrs.define
+class SimResult:
+    """What a simulated phase produced."""
+
+    results: dict[int, Any]
+    events: list[Event]
+    schedule: list[int]
+    violations: list[Violation]
+    steps: int
+    reads: list[tuple[int, str]]
+    collectives: list[list[tuple[str, int | None]]]
+
+
+def lowest_runnable(runnable: list[int], step: int) -> int:
+    """The default scheduler: the lowest-numbered rank that can move."""
+    return runnable[0]
+
+
+def seeded_chooser(seed: int) -> Chooser:
+    """A scheduler picking uniformly among runnable ranks; the same seed gives the same schedule."""
+    rng = random.Random(seed)
+    return lambda runnable, step: runnable[rng.randrange(len(runnable))]
+
+
+@attrs.define
+class _Async:
+    key: str
+    issued: float
+    future: Any  # None when the completion is lost
+    delay: float
+
+
+@attrs.define
+class _Rank:
+    program: Generator
+    pending: Any = None
+    clock: float = 0.0
+    n_async: int = 0
+    n_collectives: int = 0
+    arrived: int | None = None  # collective index this rank waits in
+    hung: str | None = None
+    asyncs: dict = attrs.field(factory=dict)
+
+
+class Simulator:
+    """Runs rank programs over `stores` (one `RankStore` per rank); see `simulate`."""
+
+    def __init__(self, programs: Sequence[Generator], stores: Sequence[RankStore], *, phase: str,
+                 schedule: Sequence[int] = (), chooser: Chooser = lowest_runnable, step_bound: int = 10_000,
+                 lost: Sequence[tuple[int, int]] = (), delayed: Sequence[tuple[int, int, float]] = (),
+                 evictions: Sequence[Eviction] = (), evict: Callable[[Eviction], None] | None = None,
+                 wait_bound: float = 10.0) -> None:
+        self.ranks = [_Rank(p) for p in programs]
+        self.n = len(self.ranks)
+        self.stores = stores
+        self.phase = phase
+        self.schedule = list(schedule)
+        self.chooser = chooser
+        self.step_bound = step_bound
+        self.lost = set(map(tuple, lost))
+        self.delayed = {(r, i): d for r, i, d in delayed}
+        self.evictions: dict[int, list[Eviction]] = {}
+        for e in evictions:
+            self.evictions.setdefault(e.step, []).append(e)
+        self.evict = evict
+        self.wait_bound = wait_bound
+        self.events: list[Event] = []
+        self.violations: list[Violation] = []
+        self.results: dict[int, Any] = {}
+        self.made: list[int] = []
+        self.reads: list[tuple[int, str]] = []
+        self.arrivals: dict[int, dict[int, Any]] = {}
+        self.sigs: list[list[tuple[str, int | None]]] = [[] for _ in self.ranks]
+        self.step = 0
+
+    # -- advancing programs -------------------------------------------------------------------
+    def _send(self, r: int, value: Any, first: bool = False) -> None:
+        rank = self.ranks[r]
+        try:
+            rank.pending = next(rank.program) if first else rank.program.send(value)
+        except StopIteration as stop:
+            rank.pending = DONE
+            self.results[r] = stop.value
+        except Exception as exc:  # a rank program that raises has not terminated normally
+            rank.pending = DONE
+            self.violations.append(Violation(
+                "termination", f"rank {r} raised {type(exc).__name__}: {exc}",
+                {"rank": r, "exception": type(exc).__name__}))
+
+    def runnable(self) -> list[int]:
+        return [r for r, k in enumerate(self.ranks)
+                if k.pending is not DONE and k.hung is None and k.arrived is None]
+
+    # -- store effects ---------------------------------------------------------------------------
+    def _store_op(self, r: int, effect: Any) -> Any:
+        rank, store = self.ranks[r], self.stores[r]
+        if isinstance(effect, Put):
+            store.put(effect.key, effect.value)
+            return None
+        if isinstance(effect, Get):
+            self.reads.append((r, effect.key))
+            return store.get(effect.key)
+        if isinstance(effect, GetAsync):
+            i = rank.n_async
+            rank.n_async += 1
+            self.reads.append((r, effect.key))
+            future = None if (r, i) in self.lost else store.get_async(effect.key)
+            rank.asyncs[i] = _Async(effect.key, rank.clock, future, self.delayed.get((r, i), 0.0))
+            return Handle(r, i, effect.key)
+        if isinstance(effect, Wait):
+            return self._wait(r, effect)
+        raise TypeError(f"rank {r} yielded {effect!r}, which is not an effect of model.effects")
+
+    def _wait(self, r: int, effect: Wait) -> Any:
+        rank, h = self.ranks[r], effect.handle
+        if not isinstance(h, Handle) or h.rank != r or h.seq not in rank.asyncs:
+            raise TypeError(f"rank {r} waited on {h!r}, which is not a handle of its own GetAsync")
+        pending = rank.asyncs[h.seq]
+        late = pending.future is None or (effect.timeout is not None and pending.delay > effect.timeout)
+        if late:
+            if effect.timeout is None:
+                rank.hung = pending.key
+                return _HUNG
+            rank.clock += effect.timeout
+            return TIMED_OUT
+        try:
+            value = pending.future.result(timeout=self.wait_bound)
+        except TimeoutError:
+            raise StoreCallTimeout("get_async", pending.key, self.wait_bound) from None
+        rank.clock = max(rank.clock, pending.issued + pending.delay)
+        return value
+
+    # -- collectives ------------------------------------------------------------------------------
+    def _arrive(self, r: int, effect: Any) -> None:
+        rank = self.ranks[r]
+        k = rank.n_collectives
+        rank.n_collectives += 1
+        rank.arrived = k
+        sig = collective_signature(effect)
+        self.sigs[r].append(sig)
+        here = self.arrivals.setdefault(k, {})
+        for q, other in here.items():
+            if collective_signature(other) != sig:
+                self.violations.append(Violation(
+                    "desync", f"collective #{k}: rank {q} entered {_sig_text(other)}, rank {r} entered "
+                    f"{_sig_text(effect)}", {"collective": k, "ranks": {q: _sig_text(other), r: _sig_text(effect)}}))
+                return
+        here[r] = effect
+        if len(here) == self.n:
+            self._complete(k, here)
+
+    def _complete(self, k: int, arrived: dict[int, Any]) -> None:
+        first = arrived[0]
+        if isinstance(first, AllReduceMin):
+            out = [min(arrived[r].value for r in range(self.n))] * self.n
+        elif isinstance(first, AllGather):
+            out = [[arrived[r].value for r in range(self.n)] for _ in range(self.n)]
+        else:
+            if not 0 <= first.root < self.n:
+                self.violations.append(Violation("desync", f"collective #{k}: Broadcast from root {first.root}, "
+                                                 f"which is not a rank of {self.n}", {"collective": k}))
+                return
+            out = [arrived[first.root].value] * self.n
+        now = max(self.ranks[r].clock for r in range(self.n))
+        del self.arrivals[k]
+        for r in range(self.n):
+            self.ranks[r].clock = now
+            self.ranks[r].arrived = None
+            self.events.append(Event(self.step, r, now, self.phase, arrived[r], out[r], note=f"collective #{k}"))
+        for r in range(self.n):
+            self._send(r, out[r])
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        for r in range(self.n):
+            self._send(r, None, first=True)
+        while not self.violations:
+            runnable = self.runnable()
+            if not runnable:
+                break
+            if self.step >= self.step_bound:
+                self.violations.append(Violation(
+                    "termination", f"ranks {runnable} still running after the step bound of {self.step_bound}",
+                    {"ranks": runnable, "step_bound": self.step_bound}))
+                break
+            r = self._next_rank(runnable)
+            for e in self.evictions.get(self.step, ()):
+                if self.evict is not None:
+                    self.evict(e)
+                self.events.append(Event(self.step, e.rank, 0.0, self.phase, e, note="evict"))
+            self.made.append(r)
+            self._move(r)
+            self.step += 1
+        if not self.violations:
+            self._diagnose_stuck()
+        return SimResult(self.results, self.events, self.made, self.violations, self.step, self.reads, self.sigs)
+
+    def _next_rank(self, runnable: list[int]) -> int:
+        if self.step < len(self.schedule):
+            r = self.schedule[self.step]
+            if r not in runnable:
+                raise ScheduleError(f"step {self.step}: the schedule moves rank {r}, but only ranks "
+                                    f"{runnable} can move")
+            return r
+        return self.chooser(runnable, self.step)
+
+    def _move(self, r: int) -> None:
+        rank = self.ranks[r]
+        effect = rank.pending
+        if isinstance(effect, COLLECTIVES):
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="arrive"))
+            self._arrive(r, effect)
+            return
+        try:
+            result = self._store_op(r, effect)
+        except StoreCallTimeout as exc:
+            rank.hung = exc.key
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=f"client hang: {exc}"))
+            self.violations.append(Violation("hang", f"rank {r}: {exc}", {"rank": r, "op": exc.op, "key": exc.key,
+                                                                          "seconds": exc.seconds}))
+            return
+        except TypeError as exc:
+            rank.pending = DONE
+            self.violations.append(Violation("termination", str(exc), {"rank": r}))
+            return
+        if result is _HUNG:
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="waits forever"))
+            return
+        self.events.append(Event(self.step, r, rank.clock, self.phase, effect, result))
+        self._send(r, result)
+
+    def _diagnose_stuck(self) -> None:
+        hung = {r: k.hung for r, k in enumerate(self.ranks) if k.hung is not None}
+        for r, key in hung.items():
+            self.violations.append(Violation(
+                "hang", f"rank {r} waits forever on the completion of GetAsync({key!r}), which never comes",
+                {"rank": r, "key": key}))
+        waiting = {r: k.arrived for r, k in enumerate(self.ranks) if k.arrived is not None}
+        if not waiting or hung:
+            return
+        graph = nx.DiGraph()
+        for r, k in waiting.items():
+            for q in range(self.n):
+                if q not in self.arrivals.get(k, {}):
+                    graph.add_edge(r, q)
+        finished = [q for q in range(self.n) if self.ranks[q].pending is DONE]
+        try:
+            cycle = [u for u, _ in nx.find_cycle(graph)]
+        except nx.NetworkXNoCycle:
+            cycle = []
+        parts = [f"rank {r} waits in collective #{k} for ranks {sorted(graph.successors(r))}"
+                 for r, k in sorted(waiting.items())]
+        if finished:
+            parts.append(f"ranks {finished} finished without entering it")
+        self.violations.append(Violation(
+            "deadlock", "; ".join(parts) + (f"; cycle {cycle}" if cycle else ""),
+            {"stuck": sorted(waiting), "waits_for": {r: sorted(graph.successors(r)) for r in waiting},
+             "finished": finished, "cycle": cycle}))
+
+
+_HUNG = object()
+
+
+def _sig_text(effect: Any) -> str:
+    name, root = collective_signature(effect)
+    return f"{name}(root={root})" if root is not None else name
+
+
+def simulate(programs: Sequence[Generator], stores: Sequence[RankStore], **options: Any) -> SimResult:
+    """Run `programs` (one generator per rank) to the end; see `Simulator` for the options."""
+    return Simulator(programs, stores, **options).run()
