@@ -1,0 +1,165 @@
+"""Flawed variants of the lookup/scheduler: Z3 finds a counterexample for each (expected result
+"counterexample"), minimised and extracted into a concrete configuration (N, K, cached set).
+
+The search space is bounded (N <= NMAX ranks, K <= KMAX chunks, any cached subset): a bounded model
+is all a counterexample needs.  Every quantity is a quantifier-free term over N, K and one Boolean
+per chunk, so each search is stable.  ``evaluate`` recomputes a configuration in plain Python
+(independently of Z3) and ``confirm`` checks that the Z3 model really violates.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import z3
+
+from .encoding import Obligation, ints
+from .theorems import Theorem
+
+NMAX, KMAX = 4, 6
+
+# Each variant: name -> (demo class in model.variants, property the harness should report)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "own-count-report": ("OwnCountReport", "completeness"),
+    "empty-rank-reports-zero": ("EmptyRankReportsZero", "completeness"),
+    "max-combine": ("MaxCombine", "soundness"),
+    "mismatched-ownership": ("MismatchedOwnership", "completeness"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# plain-Python semantics (the double check)
+# ---------------------------------------------------------------------------------------------
+
+def _first(k: int, missing: Callable[[int], bool]) -> int:
+    return next((c for c in range(k) if missing(c)), k)
+
+
+def evaluate(variant: str, n: int, k: int, cached: set[int] | frozenset[int]) -> dict[str, Any]:
+    """Reports, planned and LCP of `variant` on (n ranks, k chunks, cached set), in plain Python."""
+    lcp = _first(k, lambda c: c not in cached)
+    ref = [_first(k, lambda c, i=i: c % n == i and c not in cached) for i in range(n)]
+    if variant == "own-count-report":
+        reports = [sum(1 for c in range(ref[i]) if c % n == i) for i in range(n)]
+        planned = min(reports)
+    elif variant == "empty-rank-reports-zero":
+        reports = [0 if not any(c % n == i for c in range(k)) else ref[i] for i in range(n)]
+        planned = min(reports)
+    elif variant == "max-combine":
+        reports, planned = ref, max(ref)
+    elif variant == "mismatched-ownership":
+        # store: chunk c on rank c mod N; lookup: rank i looks for c with (c+1) mod N == i in ITS store
+        stored = {(c % n, c) for c in cached}
+        reports = [_first(k, lambda c, i=i: (c + 1) % n == i and (i, c) not in stored) for i in range(n)]
+        planned = min(reports)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    prop = "soundness" if planned > lcp else "completeness" if planned < lcp else None
+    return {"reports": reports, "planned": planned, "lcp": lcp, "property": prop}
+
+
+def confirm(witness: dict[str, Any] | None) -> bool:
+    """The Z3 model's configuration violates in plain Python, with the same numbers Z3 computed."""
+    if not witness:
+        return False
+    ev = evaluate(witness["variant"], witness["n_ranks"], witness["n_chunks"], set(witness["cached"]))
+    return (ev["property"] is not None and ev["property"] == witness["property"]
+            and ev["reports"] == witness["reports"] and ev["planned"] == witness["planned"]
+            and ev["lcp"] == witness["lcp"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Z3 encoding
+# ---------------------------------------------------------------------------------------------
+
+class _Space:
+    def __init__(self, ctx: z3.Context):
+        self.ctx = ctx
+        self.N, self.K = ints(ctx, "N K")
+        self.cached = [z3.Bool(f"cached_{c}", ctx) for c in range(KMAX)]
+
+    def bounds(self):
+        return [1 <= self.N, self.N <= NMAX, 0 <= self.K, self.K <= KMAX]
+
+    def owns(self, i: int, c: int, shift: int = 0) -> z3.BoolRef:
+        """Rank i owns chunk c under owner(c) = (c + shift) mod N (case split over N's values)."""
+        return z3.Or([z3.And(self.N == n, z3.BoolVal((c + shift) % n == i, self.ctx))
+                      for n in range(1, NMAX + 1)])
+
+    def first(self, missing: Callable[[int], z3.BoolRef]) -> z3.ArithRef:
+        """The first c < K with missing(c), else K."""
+        r = self.K
+        for c in reversed(range(KMAX)):
+            r = z3.If(z3.And(c < self.K, missing(c)), z3.IntVal(c, self.ctx), r)
+        return r
+
+    def ref_report(self, i: int) -> z3.ArithRef:
+        return self.first(lambda c: z3.And(self.owns(i, c), z3.Not(self.cached[c])))
+
+    def combine(self, reports: list, pick: str) -> z3.ArithRef:
+        out = reports[0]
+        for i in range(1, NMAX):
+            better = reports[i] < out if pick == "min" else reports[i] > out
+            out = z3.If(z3.And(i < self.N, better), reports[i], out)
+        return out
+
+
+def _reports(s: _Space, variant: str) -> tuple[list, z3.ArithRef]:
+    ranks = range(NMAX)
+    if variant == "own-count-report":
+        reps = [z3.Sum([z3.If(z3.And(c < s.ref_report(i), s.owns(i, c)), 1, 0) for c in range(KMAX)])
+                for i in ranks]
+        return reps, s.combine(reps, "min")
+    if variant == "empty-rank-reports-zero":
+        reps = [z3.If(z3.Or([z3.And(c < s.K, s.owns(i, c)) for c in range(KMAX)]), s.ref_report(i), 0)
+                for i in ranks]
+        return reps, s.combine(reps, "min")
+    if variant == "max-combine":
+        reps = [s.ref_report(i) for i in ranks]
+        return reps, s.combine(reps, "max")
+    if variant == "mismatched-ownership":
+        def stored(i, c):
+            return z3.And(s.cached[c], s.owns(i, c))
+        reps = [s.first(lambda c, i=i: z3.And(s.owns(i, c, shift=1), z3.Not(stored(i, c)))) for i in ranks]
+        return reps, s.combine(reps, "min")
+    raise ValueError(variant)
+
+
+def _search(variant: str) -> Obligation:
+    def build(ctx):
+        s = _Space(ctx)
+        reps, planned = _reports(s, variant)
+        lcp = s.first(lambda c: z3.Not(s.cached[c]))
+        bit = lambda b: z3.If(b, 1, 0)
+        terms = {"N": s.N, "K": s.K, "cached": s.cached, "reports": reps, "planned": planned, "lcp": lcp,
+                 "size": s.N + s.K, "n_cached": z3.Sum([bit(b) for b in s.cached]),
+                 "mask": z3.Sum([bit(b) * (1 << c) for c, b in enumerate(s.cached)])}
+        # (i) is searched with K >= N (every rank owns a chunk) so its counterexample is not
+        # merely the idle-rank shape of (ii).
+        shape = [s.K >= s.N] if variant == "own-count-report" else []
+        return [*s.bounds(), *shape, planned != lcp], terms
+
+    def extract(model: z3.ModelRef, terms) -> dict[str, Any]:
+        ev = lambda t: model.eval(t, model_completion=True)
+        n, k = ev(terms["N"]).as_long(), ev(terms["K"]).as_long()
+        cached = [c for c in range(k) if z3.is_true(ev(terms["cached"][c]))]
+        planned, lcp = ev(terms["planned"]).as_long(), ev(terms["lcp"]).as_long()
+        return {"variant": variant, "n_ranks": n, "n_chunks": k, "cached": cached,
+                "reports": [ev(r).as_long() for r in terms["reports"][:n]], "planned": planned, "lcp": lcp,
+                "property": "soundness" if planned > lcp else "completeness"}
+
+    return Obligation(f"{variant}.search", build, expect="sat", extract=extract,
+                      minimise=("size", "N", "n_cached", "mask"))
+
+
+def _flawed(variant: str, statement: str) -> Theorem:
+    return Theorem(f"F_{variant}", statement, (_search(variant),), (), expected="counterexample",
+                   confirm=confirm)
+
+
+FLAWED: tuple[Theorem, ...] = (
+    _flawed("own-count-report", "(i) ranks report the count of their own consecutive present chunks; "
+            "min over ranks = LCP"),
+    _flawed("empty-rank-reports-zero", "(ii) a rank owning no chunk reports 0; min over ranks = LCP"),
+    _flawed("max-combine", "(iii) the scheduler takes the max over ranks; max = LCP"),
+    _flawed("mismatched-ownership", "(iv) store owner c mod N, lookup owner (c+1) mod N; min = LCP"),
+)
