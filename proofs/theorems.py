@@ -18,6 +18,8 @@ from typing import Any, Callable
 import attrs
 import z3
 
+from model.cost import PAPER
+
 from .encoding import Obligation, between, ifun, ints, pred, reals
 
 
@@ -359,8 +361,9 @@ T4 = _t4()
 # T5: cost model (reals)
 # ============================================================================================
 
-def _q(x: str, ctx) -> z3.ArithRef:
-    return z3.RealVal(x, ctx)
+def _q(x: str | float, ctx) -> z3.ArithRef:
+    """An exact rational: a decimal string, or a float read through its shortest repr."""
+    return z3.RealVal(x if isinstance(x, str) else repr(float(x)), ctx)
 
 
 def _t5() -> Theorem:
@@ -406,9 +409,9 @@ def _t5() -> Theorem:
         # s = 48.4 KB/token, R = 52.2k tokens/s, T0 = 0.33 s:
         # B* = s*R in [2.525, 2.535) GB/s; R*T0 in [16.5k, 17.5k) tokens;
         # at the sharded 10.76 GB/s the threshold n* is in [22k, 23k).
-        s, R, T0 = _q("48400", ctx), _q("52200", ctx), _q("0.33", ctx)
+        s, R, T0 = _q(PAPER.s, ctx), _q(PAPER.R, ctx), _q(PAPER.T0, ctx)
         ns = z3.Real("ns", ctx)
-        d = 1 / R - s / _q("10.76e9", ctx)
+        d = 1 / R - s / _q(PAPER.B_sharded, ctx)
         goal = z3.And(s * R >= _q("2.525e9", ctx), s * R < _q("2.535e9", ctx),
                       R * T0 >= 16500, R * T0 < 17500, ns >= 22000, ns < 23000)
         return [ns * d == T0, z3.Not(goal)], {}
@@ -417,8 +420,9 @@ def _t5() -> Theorem:
         # rho = lam * bytes / B with x = 1/B: lam = 1.21/s, 0.79 GB per hit, B in [0.78, 0.89] GB/s
         # gives rho > 1 for every B in the measured range.
         x, B = reals(ctx, "x B")
-        lam, size = _q("1.21", ctx), _q("0.79e9", ctx)
-        return [B >= _q("0.78e9", ctx), B <= _q("0.89e9", ctx), x * B == 1,
+        lam, size = _q(PAPER.lam, ctx), _q(PAPER.bytes_per_hit, ctx)
+        lo, hi = PAPER.B_sync
+        return [B >= _q(lo, ctx), B <= _q(hi, ctx), x * B == 1,
                 z3.Not(lam * size * x > 1)], {}
 
     def backlog_unbounded(ctx):
