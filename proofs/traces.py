@@ -1,0 +1,85 @@
+"""Turn each flawed variant's Z3 model into a replayable Trace: ``counterexamples/z3-<variant>.json``.
+
+The Z3 configuration (N ranks, K chunks, cached set) becomes a harness ``Case``: every chunk outside
+the cached set is evicted before lookup, so the simulator sees exactly Z3's cached set.  The run of
+the demo protocol class from ``model.variants`` then must report the same violation.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from model.faults import Eviction, FaultPlan
+from model.harness import Case, Outcome, run_case
+from model.trace import Trace
+
+from .flawed import FLAWED, KMAX, NMAX, VARIANTS
+from .runner import TheoremReport, run_theorem
+
+COUNTEREXAMPLE_DIR = Path(__file__).resolve().parent.parent / "counterexamples"
+
+
+def protocol_ref(variant: str) -> str:
+    return f"model.variants:{VARIANTS[variant][0]}"
+
+
+def protocol_of(variant: str) -> Any:
+    mod, attr = protocol_ref(variant).split(":")
+    return getattr(importlib.import_module(mod), attr)()
+
+
+def case_of(witness: dict[str, Any]) -> Case:
+    """The harness case realising Z3's configuration: evict every chunk outside the cached set."""
+    k, cached = witness["n_chunks"], set(witness["cached"])
+    evict = tuple(Eviction(c) for c in range(k) if c not in cached)
+    return Case(n_ranks=witness["n_ranks"], n_chunks=k, faults=FaultPlan(evict_before_lookup=evict))
+
+
+def replay(witness: dict[str, Any]) -> Outcome:
+    """Run the variant's demo protocol on Z3's configuration in the simulator."""
+    return run_case(protocol_of(witness["variant"]), case_of(witness))
+
+
+def summary_of(w: dict[str, Any]) -> str:
+    cached = "{" + ", ".join(map(str, w["cached"])) + "}"
+    why = {
+        "own-count-report": "each rank reports how many of ITS OWN chunks are present in a row, a count in a "
+                            "different unit from the global chunk index the scheduler's minimum needs",
+        "empty-rank-reports-zero": "a rank that owns no chunk reports 0 instead of the chunk count, and the "
+                                   "minimum over ranks is dragged to 0",
+        "max-combine": "the scheduler takes the maximum over ranks, so a rank that found nothing missing among "
+                       "its own chunks outvotes the rank owning the first missing chunk",
+        "mismatched-ownership": "the store path puts chunk c on rank c mod N but the lookup asks rank (c+1) mod N, "
+                                "whose store never holds it, so a cached chunk looks missing",
+    }[w["variant"]]
+    rel = ">" if w["property"] == "soundness" else "<"
+    return (f"Z3 counterexample for {w['variant']} ({w['property']}): with N={w['n_ranks']} ranks, "
+            f"K={w['n_chunks']} chunks and cached set {cached} the longest cached prefix is {w['lcp']}, but "
+            f"the ranks report {w['reports']} and the scheduler plans {w['planned']} {rel} {w['lcp']}: {why}. "
+            f"Found by proofs.flawed (bounded search N<={NMAX}, K<={KMAX}, minimised by N+K, N, cached count) and "
+            f"replayed in the simulator with the non-cached chunks evicted before lookup.")
+
+
+def build_trace(report: TheoremReport) -> Trace:
+    """The Trace of the simulator run on the report's Z3 counterexample."""
+    w = report.counterexample
+    if w is None:
+        raise ValueError(f"{report.theorem}: no counterexample to turn into a trace")
+    outcome = replay(w)
+    trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client="model",
+                               origin=f"z3:proofs.flawed:{report.theorem}", summary=summary_of(w),
+                               expect={"model": "reproduces"})
+    trace.notes = (f"Z3 model: n_ranks={w['n_ranks']} n_chunks={w['n_chunks']} cached={w['cached']} "
+                   f"reports={w['reports']} planned={w['planned']} lcp={w['lcp']}")
+    return trace
+
+
+def write_counterexamples(out_dir: str | Path = COUNTEREXAMPLE_DIR, *, seeds: int = 1) -> list[Path]:
+    """Search every flawed variant and write ``z3-<variant>.json`` traces (overwriting)."""
+    paths = []
+    for th in FLAWED:
+        report = run_theorem(th, seeds=seeds)
+        variant = report.counterexample["variant"]
+        paths.append(build_trace(report).save(Path(out_dir) / f"z3-{variant}.json", overwrite=True))
+    return paths
