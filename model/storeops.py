@@ -1,0 +1,80 @@
+"""Replay of `store-ops` traces: a sequence of store-client operations per rank, checked op by op against
+an in-memory oracle. A client call that times out raises `StoreCallTimeout` (the bounding is the
+caller's), which becomes the violation `store-hang`."""
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Sequence
+
+from model.contract import RankStore, StoreCallTimeout
+from model.sim import Violation
+from model.store import MemoryStore
+
+#: The store-client properties an op sequence can violate.
+STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
+OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
+
+
+def _call(store: Any, op: dict, wait_bound: float) -> Any:
+    name = op["op"]
+    if name == "put":
+        return store.put(op["key"], op["value"])
+    if name in ("get", "contains", "delete"):
+        return getattr(store, name)(op["key"])
+    if name == "get_async":
+        future = store.get_async(op["key"])
+        try:
+            return future.result(timeout=wait_bound)
+        except concurrent.futures.TimeoutError:
+            raise StoreCallTimeout("get_async", op["key"], wait_bound) from None
+    if name == "get_batch":
+        if not callable(getattr(store, "get_batch", None)):
+            raise AttributeError("this client has no get_batch read path")
+        return list(store.get_batch(list(op["keys"])))
+    raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+
+
+def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = 5.0,
+            clock: Any = None) -> tuple[list[dict], list[Violation]]:
+    """Run `ops` against `stores` and an oracle; stop at the first violation.
+
+    Returns one record per op run (`result` as returned, `oracle`, `seconds` when `clock` is given) and the
+    violations.
+    """
+    oracle = [MemoryStore() for _ in stores]
+    records: list[dict] = []
+    for i, op in enumerate(ops):
+        r = op["rank"]
+        if not 0 <= r < len(stores):
+            raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
+        expected = _call(oracle[r], op, wait_bound)
+        start = clock() if clock else None
+        rec = {"index": i, **op, "oracle": expected}
+        records.append(rec)
+        try:
+            got = _call(stores[r], op, wait_bound)
+        except StoreCallTimeout as exc:
+            rec["outcome"] = "hang"
+            return records, [Violation("store-hang", f"ops[{i}] rank {r}: {exc}",
+                                       {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+        except Exception as exc:  # the client raised instead of answering
+            rec["outcome"] = f"{type(exc).__name__}: {exc}"
+            return records, [Violation("store-error", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
+                                       f" raised {type(exc).__name__}: {exc}", {"index": i})]
+        if clock:
+            rec["seconds"] = round(clock() - start, 6)
+        rec["result"] = got
+        if op["op"] != "put" and op["op"] != "delete" and got != expected:
+            rec["outcome"] = "mismatch"
+            return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
+                                       f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]
+        rec["outcome"] = "ok"
+    return records, []
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        return f"{len(v)} bytes"
+    if isinstance(v, list):
+        return "[" + ", ".join(_short(x) for x in v) + "]"
+    return repr(v)

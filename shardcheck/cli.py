@@ -1,0 +1,73 @@
+"""The `shardcheck` command line: check, prove, replay, bench, show, verify.
+
+Exit codes: 0 every property held / expectations met; 1 a violation (or an unmet expectation);
+2 unusable input (a bad spec, a malformed trace, a dead server), with a message naming it.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from shardcheck.errors import EXIT_USAGE, UsageError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardcheck", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("check", help="search for a violation of any property")
+    c.add_argument("--protocol", default=None, help="short name or MOD:ATTR (default: paper)")
+    c.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
+                   "lmcache-patched, or MOD:ATTR of a factory (default: model)")
+    c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default 30)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default 0)")
+    c.add_argument("--out", default="counterexamples/found", help="where counterexamples are written")
+    c.add_argument("--json", action="store_true")
+
+    pr = sub.add_parser("prove", help="run the Z3 proofs with a seed sweep")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--seeds", type=int, default=10)
+
+    r = sub.add_parser("replay", help="replay saved traces against a client")
+    r.add_argument("paths", nargs="+", metavar="PATH")
+    r.add_argument("--client", default=None)
+    r.add_argument("--protocol", default=None)
+    r.add_argument("--expect", action="store_true", help="exit 0 iff every outcome equals its expectation")
+    r.add_argument("--json", action="store_true")
+
+    b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement")
+
+    s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
+    s.add_argument("trace")
+    s.add_argument("--svg", default=None, metavar="OUT")
+
+    v = sub.add_parser("verify", help="the main job: proofs, checks, real clients, replays; a summary table")
+    v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default 20)")
+    v.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    from shardcheck import commands
+    try:
+        return getattr(commands, f"cmd_{args.command}")(args)
+    except UsageError as exc:
+        print(f"shardcheck {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"shardcheck {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

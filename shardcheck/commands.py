@@ -1,0 +1,252 @@
+"""The subcommands behind `shardcheck.cli`."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def protocol_of(spec: str | None) -> tuple[Any, str]:
+    """The protocol instance `spec` names and the `MOD:ATTR` reference a trace records."""
+    from properties.resolve import DEFAULT_PROTOCOL, PROTOCOLS, ResolveError, resolve_protocol
+    spec = spec or DEFAULT_PROTOCOL
+    try:
+        protocol = resolve_protocol(spec)
+        if isinstance(protocol, type):
+            protocol = protocol()
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # a user class that cannot be built with no arguments
+        raise UsageError(f"protocol {spec!r}: cannot instantiate: {type(exc).__name__}: {exc}") from None
+    if not isinstance(getattr(protocol, "name", None), str):
+        raise UsageError(f"protocol {spec!r}: has no string attribute 'name' (see CONTRACT.md)")
+    return protocol, PROTOCOLS.get(spec, spec)
+
+
+def _resolve(protocol_spec: str | None, client_spec: str | None) -> tuple[Any, str, Any, str]:
+    from properties.resolve import DEFAULT_CLIENT, ResolveError, resolve_client
+    protocol, ref = protocol_of(protocol_spec)
+    try:
+        factory = resolve_client(client_spec)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+    return protocol, ref, factory, client_spec or DEFAULT_CLIENT
+
+
+@contextlib.contextmanager
+def _runner(factory: Any, client: str) -> Iterator[Any]:
+    """`run(protocol, case)` over the client: fresh in-memory stores for `model`, a `ClientPool` otherwise."""
+    from model.harness import run_case
+    if client == "model":
+        yield run_case
+        return
+    from adapters.pool import ClientPool
+    pool = ClientPool(factory)
+    try:
+        yield pool.run
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(f"client {client!r}: {type(exc).__name__}: {exc}") from None
+    finally:
+        pool.close()
+
+
+def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
+    """Save under `out_dir`, named by content; an existing identical file is reused, never overwritten."""
+    text = trace.dumps()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    path = out_dir / f"{stem}-{digest}.json"
+    if path.exists() and path.read_text() == text:
+        return path
+    try:
+        return trace.save(path)
+    except FileExistsError:
+        raise UsageError(f"{path} exists with other content; not overwriting it") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write the counterexample under --out {out_dir}: {exc}") from None
+
+
+# -- check ------------------------------------------------------------------------------------------
+def cmd_check(args: Any) -> int:
+    from model.search import SearchStats, minimise, search
+    from model.trace import Trace
+    if args.budget <= 0:
+        raise UsageError(f"--budget must be positive, got {args.budget:g}")
+    protocol, ref, factory, client = _resolve(args.protocol, args.client)
+    start = time.monotonic()
+    deadline = start + args.budget
+    stats = SearchStats()
+    last = [start]
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if not args.json and now - last[0] >= 5:
+            last[0] = now
+            _err(f"  ... {stats.cases} cases, {now - start:.0f}/{args.budget:g} s, largest {stats.largest}")
+        return now >= deadline
+
+    with _runner(factory, client) as run:
+        found = search(protocol, runner=run, should_stop=should_stop, seed=args.seed, stats=stats)
+        if found is not None:
+            found = minimise(protocol, found, runner=run, budget_runs=500)
+    result: dict[str, Any] = {"protocol": protocol.name, "client": client, "verdict": "held", "violations": [],
+                              "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
+                                        "sizes_done": len(stats.sizes_done), "largest": stats.largest,
+                                        "seconds": round(time.monotonic() - start, 3), "budget": args.budget,
+                                        "seed": args.seed}}
+    if found is not None:
+        out = found.outcome
+        trace = Trace.from_outcome(out, protocol_ref=ref, client=client, origin=f"check:{found.engine}",
+                                   expect={client: "reproduces"})
+        path = _save_unique(trace, Path(args.out), f"{protocol.name}-{out.violations[0].property}")
+        result["verdict"] = "violated"
+        seen = set()
+        for v in out.violations:
+            if v.property not in seen:
+                seen.add(v.property)
+                result["violations"].append({"property": v.property, "counterexample": str(path),
+                                             "summary": v.summary})
+        result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
+                                                  "faults": found.case.faults.size()}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_check(result)
+    return EXIT_VIOLATED if found is not None else EXIT_HELD
+
+
+def _print_check(r: dict) -> None:
+    s = r["stats"]
+    print(f"protocol {r['protocol']}  client {r['client']}  verdict {r['verdict'].upper()}  "
+          f"({s['cases']} cases in {s['seconds']:.1f} s)")
+    for v in r["violations"]:
+        print(f"  {v['property']}: {v['summary']}\n    counterexample: {v['counterexample']}")
+
+
+# -- prove ------------------------------------------------------------------------------------------
+def cmd_prove(args: Any) -> int:
+    import proofs
+    results = proofs.run_all(seeds=args.seeds)
+    ok = all(r["result"] == r["expected"] for r in results)
+    print(json.dumps(results, indent=2) if args.json else proofs.format_table(results))
+    return EXIT_HELD if ok else EXIT_VIOLATED
+
+
+# -- replay -----------------------------------------------------------------------------------------
+def trace_paths(paths: list[str]) -> list[Path]:
+    """Every trace file named: files as given, directories' `*.json` (not recursive), sorted."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(p.glob("*.json")))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise UsageError(f"{p}: no such file or directory")
+    if not out:
+        raise UsageError(f"no trace files (*.json) in {', '.join(paths)}")
+    return out
+
+
+def replay_one(trace: Any, protocol_spec: str | None, run: Any, stores_for: Any) -> tuple[str, str]:
+    """Replay one trace: ('reproduces'|'fixed'|'error', why)."""
+    from model.sim import ScheduleError
+    from model.storeops import run_ops
+    if trace.kind == "store-ops":
+        stores = stores_for(int(trace.config.get("n_ranks", 1 + max(op["rank"] for op in trace.ops))))
+        try:
+            _, violations = run_ops(stores, trace.ops)
+        except (ValueError, KeyError, TypeError) as exc:
+            return "error", f"ops: {exc}"
+    else:
+        try:
+            protocol, _ = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
+        except UsageError as exc:
+            return "error", str(exc)
+        try:
+            violations = run(protocol, trace.case()).violations
+        except ScheduleError as exc:
+            return "error", f"schedule: {exc}"
+    props = [v.property for v in violations]
+    if trace.property in props:
+        return "reproduces", next(v.summary for v in violations if v.property == trace.property)
+    return "fixed", ("no violation" if not props else f"other violations only: {', '.join(sorted(set(props)))}")
+
+
+def cmd_replay(args: Any) -> int:
+    from model.trace import Trace, TraceError
+    paths = trace_paths(args.paths)
+    traces = []
+    for p in paths:
+        try:
+            traces.append((p, Trace.load(p)))
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
+    _, _, factory, client = _resolve(None, args.client)
+    rows = []
+    with _runner(factory, client) as run:
+        stores_for = _stores_for(run, factory, client)
+        for p, t in traces:
+            t0 = time.monotonic()
+            outcome, why = replay_one(t, args.protocol, run, stores_for)
+            expected = t.expect.get(client)
+            rows.append({"path": str(p), "property": t.property, "outcome": outcome, "expected": expected,
+                         "matches": outcome == expected, "why": why, "seconds": round(time.monotonic() - t0, 3)})
+    if args.json:
+        print(json.dumps({"client": client, "results": rows}, indent=2))
+    else:
+        w = max(len(r["path"]) for r in rows)
+        print(f"{'trace':<{w}}  {'property':<16} {'outcome':<10} {'expected':<10} why")
+        for r in rows:
+            flag = "" if not args.expect or r["matches"] else "  <-- expectation not met"
+            print(f"{r['path']:<{w}}  {r['property'] or '-':<16} {r['outcome']:<10} {r['expected'] or '-':<10} "
+                  f"{r['why']}{flag}")
+    if any(r["outcome"] == "error" for r in rows) and not args.expect:
+        return EXIT_USAGE
+    if args.expect:
+        return EXIT_HELD if all(r["matches"] for r in rows) else EXIT_VIOLATED
+    return EXIT_VIOLATED if any(r["outcome"] == "reproduces" for r in rows) else EXIT_HELD
+
+
+def _stores_for(run: Any, factory: Any, client: str) -> Any:
+    """Stores for store-ops traces: the pool's bounded stores, or fresh in-memory ones."""
+    pool = getattr(run, "__self__", None)
+    if pool is not None:
+        def from_pool(n: int) -> Any:
+            pool.restart(n) if n in pool.sets else None
+            return pool.stores(n)
+        return from_pool
+    return lambda n: factory(n)
+
+
+# -- show -------------------------------------------------------------------------------------------
+def cmd_show(args: Any) -> int:
+    from shardcheck.show import show_command
+    return show_command(args.trace, args.svg)
+
+
+# -- bench ------------------------------------------------------------------------------------------
+def cmd_bench(args: Any) -> int:
+    from shardcheck.bench import run_bench
+    result = run_bench(seconds=args.seconds, progress=None if args.json else _err)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        from shardcheck.bench import format_bench
+        print(format_bench(result))
+    return EXIT_HELD
+
+
+# -- verify -----------------------------------------------------------------------------------------
+def cmd_verify(args: Any) -> int:
+    from shardcheck.verify import run_verify
+    return run_verify(budget=args.budget, as_json=args.json)
