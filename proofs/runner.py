@@ -28,19 +28,20 @@ class TheoremReport:
                 "vacuity": self.vacuity}
 
 
-def hypotheses_of(ob: Obligation) -> Obligation:
+def hypotheses_of(ob: Obligation, hint=None) -> Obligation:
     """A proof step's own vacuity check: its assertions without the last one (the negated goal)
-    must be satisfiable, so the step is not unsat merely because its instances contradict."""
+    must be satisfiable, so the step is not unsat merely because its instances contradict.
+    `hint(ctx)` may add constraints (same-named constants) selecting a special case."""
     def build(ctx):
         assertions, terms = ob.build(ctx)
-        return list(assertions)[:-1], terms
+        return [*list(assertions)[:-1], *(hint(ctx) if hint else [])], terms
     return Obligation(f"{ob.name}[hyps]", build, expect="sat")
 
 
 def run_theorem(th: Theorem, *, seeds: int = 10, rlimit: int = RLIMIT) -> TheoremReport:
     vacuity = list(th.vacuity)
     if th.expected == "proved":
-        vacuity += [hypotheses_of(ob) for ob in th.obligations]
+        vacuity += [hypotheses_of(ob, th.hyps_hint) for ob in th.obligations]
     per_seed: list[tuple[CheckResult, ...]] = []
     for seed in range(seeds):
         per_seed.append(tuple(check(ob, seed=seed, rlimit=rlimit) for ob in (*th.obligations, *vacuity)))

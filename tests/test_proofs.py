@@ -64,6 +64,8 @@ def test_stable_on_every_seed(reports, name):
         assert sum(c.seconds for c in per_seed) < MAX_SECONDS
     assert r.stable
     assert r.seconds < MAX_SECONDS
+    totals = [sum(c.rlimit for c in per_seed) for per_seed in r.checks]
+    assert max(totals) <= 2 * min(totals), totals  # effort does not swing with the seed
 
 
 def test_run_all_rows_and_table():
