@@ -1,0 +1,64 @@
+"""The counterexample corpus: no drift, every trace reproduces on the model, every trace is minimal."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from model.harness import run_case
+from model.faults import FAULT_FIELDS
+from model.trace import Trace
+from shardcheck.commands import protocol_of
+from shardcheck.corpus import CORPUS, demo_traces
+
+PROTOCOL_TRACES = sorted(p for p in CORPUS.glob("*.json") if Trace.load(p).kind == "protocol")
+
+
+def test_corpus_has_every_demo_variant_and_no_drift():
+    """Every demo variant's shrunk counterexample is saved and equals what the model produces now."""
+    for name, trace in demo_traces().items():
+        path = CORPUS / name
+        assert path.exists(), f"{name} missing: run python -m shardcheck.corpus --update"
+        assert path.read_text() == trace.dumps(), f"{name} drifted: run python -m shardcheck.corpus --update"
+
+
+def test_every_trace_has_summary_and_expectations():
+    """Every saved trace names its property, has a human summary and an expectation for the model."""
+    for p in CORPUS.glob("*.json"):
+        t = Trace.load(p)
+        assert t.property and len(t.summary) > 40 and "model" in t.expect, p
+
+
+def _reproduces(trace, case):
+    protocol, _ = protocol_of(trace.protocol["ref"])
+    return trace.property in run_case(protocol, case).violated()
+
+
+@pytest.mark.parametrize("path", PROTOCOL_TRACES, ids=lambda p: p.name)
+def test_protocol_trace_is_minimal(path):
+    """Dropping any single fault, a rank or a chunk of a saved counterexample loses the violation."""
+    t = Trace.load(path)
+    case = attrs.evolve(t.case(), schedule=())
+    assert _reproduces(t, case)
+    for field in FAULT_FIELDS:
+        for i in range(len(getattr(case.faults, field))):
+            assert not _reproduces(t, attrs.evolve(case, faults=case.faults.without(field, i))), (field, i)
+    if case.n_ranks > 1:
+        assert not _reproduces(t, attrs.evolve(case, n_ranks=case.n_ranks - 1))
+    if case.n_chunks > 0:
+        smaller = attrs.evolve(case, n_chunks=case.n_chunks - 1, faults=attrs.evolve(
+            case.faults, **{f: tuple(e for e in getattr(case.faults, f) if e.chunk < case.n_chunks - 1)
+                            for f in ("evict_before_lookup", "evict_after_lookup", "evict_during_load")}))
+        assert not _reproduces(t, smaller)
+
+
+def test_replay_expect_model_client():
+    """`shardcheck replay counterexamples/ --expect` passes for the model client."""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "shardcheck", "replay", str(CORPUS), "--expect", "--client", "model"],
+                       capture_output=True, text=True, cwd=root, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stdout + r.stderr
