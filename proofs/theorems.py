@@ -129,6 +129,22 @@ def _min_theorem(tag: str, owner: str, statement: str) -> Theorem:
         lemma_b = z3.Implies(between(0, s.j0, s.N), s.rep(s.j0) >= s.L)
         return [*s.base(), s.min_attained(), lemma_b, z3.Not(s.m >= s.L)], {}
 
+    def lookup_sees_cached(ctx):
+        # Why a rank's lookup may be read as "is chunk c cached": stored(r, c) = rank r's store
+        # holds a key the store path wrote for c; cached(c) <=> some rank's store does (skolem
+        # witness w(c)); the store path writes c only on own(c), the rank that looks it up.  Then for
+        # an owned chunk, the rank's own-store answer equals cached(c).
+        s = _MinSetup(ctx, owner)
+        i, c = ints(ctx, "i c")
+        I = z3.IntSort(ctx)
+        stored = z3.Function("stored", I, I, z3.BoolSort(ctx))
+        w = z3.Function("w", I, I)
+        cached_intro = z3.Implies(stored(i, c), s.cached(c))
+        cached_elim = z3.Implies(s.cached(c), z3.And(between(0, w(c), s.N), stored(w(c), c)))
+        only_owner = z3.Implies(stored(w(c), c), w(c) == s.own(c))
+        return [*s.base(), between(0, c, s.K), s.own_total(c), s.own(c) == i, cached_intro, cached_elim,
+                only_owner, stored(i, c) != s.cached(c)], {}
+
     def lcp_unique(ctx):
         # The LCP's defining properties determine it: two solutions L, L2 are equal.
         s = _MinSetup(ctx, owner)
@@ -160,6 +176,7 @@ def _min_theorem(tag: str, owner: str, statement: str) -> Theorem:
         return [*s.expanded(4, 2), s.L == 2], {}
 
     obligations = [
+        Obligation(f"{tag}.lookup_sees_cached", lookup_sees_cached),
         Obligation(f"{tag}.lcp_unique", lcp_unique),
         Obligation(f"{tag}.rep_unique", rep_unique),
         Obligation(f"{tag}.lemma_owner_of_L_reports_le_L", rep_le_lcp),
