@@ -1,0 +1,107 @@
+"""Known-bad `RankStore` clients: each breaks one store-layer property, proving the store layer can fail.
+
+`BAD_STORES` maps a name to `(factory, property)`; each factory is a client factory
+`factory(n_ranks) -> list[RankStore]` usable as `--client properties.bad_stores:<name>_factory`.
+Every blocking one unblocks on `close()`, so an abandoned worker thread ends with the session.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Callable
+
+from model.store import MemoryStore
+
+#: How long a blocking bad store blocks at most when nobody closes it.
+BLOCK_SECONDS = 30.0
+
+
+class BlockingMissStore(MemoryStore):
+    """A GET of a missing key waits for a reply that never comes (instead of answering None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        if value is None:
+            self.released.wait(BLOCK_SECONDS)
+        return value
+
+    def close(self) -> None:
+        self.released.set()
+        super().close()
+
+
+class LostAsyncStore(MemoryStore):
+    """`get_async` hands out a future that never completes."""
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._check()
+        return concurrent.futures.Future()
+
+
+class TruncatingStore(MemoryStore):
+    """Values longer than a 1 KiB buffer come back cut to 1 KiB."""
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        return value[:1024] if value is not None else None
+
+
+class AsyncKeyMismatchStore(MemoryStore):
+    """The async path builds its key differently from the write path (it adds a prefix), so it always misses."""
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        return super().get_async("async:" + key)
+
+
+class UnusableAfterMissStore(MemoryStore):
+    """After a GET misses, the connection is left in a bad state: every later call raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.poisoned = False
+
+    def _check(self) -> None:
+        super()._check()
+        if self.poisoned:
+            raise ConnectionError("protocol error: unexpected reply left on the connection")
+
+    def get(self, key: str) -> bytes | None:
+        value = super().get(key)
+        if value is None:
+            self.poisoned = True
+        return value
+
+
+def _per_rank(cls: type) -> Callable[..., list]:
+    def factory(n_ranks: int, **options: Any) -> list:
+        return [cls() for _ in range(n_ranks)]
+
+    factory.__name__ = factory.__qualname__ = f"{cls.__name__}_factory"
+    return factory
+
+
+def shared_server_factory(n_ranks: int, **options: Any) -> list[MemoryStore]:
+    """Every rank's client talks to ONE shared store: a key one rank writes shows up on the others."""
+    shared = MemoryStore()
+    return [shared] * n_ranks
+
+
+blocking_miss_factory = _per_rank(BlockingMissStore)
+lost_async_factory = _per_rank(LostAsyncStore)
+truncating_factory = _per_rank(TruncatingStore)
+async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
+unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
+
+#: Every bad store: its factory and the store-layer property it violates.
+BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
+    "blocking-miss": (blocking_miss_factory, "store-hang"),
+    "lost-async": (lost_async_factory, "store-hang"),
+    "truncating": (truncating_factory, "store-roundtrip"),
+    "async-key-mismatch": (async_key_mismatch_factory, "store-roundtrip"),
+    "unusable-after-miss": (unusable_after_miss_factory, "store-error"),
+    "shared-server": (shared_server_factory, "store-roundtrip"),
+}

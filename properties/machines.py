@@ -1,0 +1,439 @@
+"""The two property layers as Hypothesis state machines.
+
+- `ProtocolMachine`: stores prompts, evicts, looks up, starts loads, moves one rank at a time and injects
+  faults; every finished episode is checked with `model.checks.check_outcome` (all the contract's properties)
+  and must replay under `model.harness.run_case` to the same verdict.
+- `StoreMachine`: drives one client's `RankStore`s (put, get, contains, delete, get_async, wait, get_batch)
+  against an in-memory oracle, every call bounded in time.
+
+Both read their protocol and client from `properties.config.current()` (set by the pytest plugin's
+`--protocol` / `--client`). A failure raises one `<Property>Violated` exception per violated property (an
+`ExceptionGroup` of them when several are), so Hypothesis shrinks each distinct failure on its own; the final
+(minimal) failing run also writes a `model.trace.Trace` under the configured `found_dir`.
+
+The program Hypothesis prints for a failure runs as-is after `from properties.machines import *`.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from hypothesis import event, note
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from model.checks import PROPERTIES
+from model.contract import StoreCallTimeout
+from model.harness import run_case
+from model.sim import Violation
+from model.trace import Trace, encode
+from properties import config, strategies as s
+from properties.bounded import call_bounded
+from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
+
+__all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS",
+           "violated_properties", "write_found"]
+
+#: Rule executions per layer (`properties.bench` reads it).
+RULE_STEPS: collections.Counter = collections.Counter()
+
+#: The store layer's properties (the names `model.storeops` gives them).
+STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
+
+
+class PropertyViolated(AssertionError):
+    """A property of the contract did not hold; `property` names it."""
+
+    property: str = ""
+
+
+def _class_name(prop: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^a-zA-Z0-9]+", prop)) + "Violated"
+
+
+#: One exception class per property, so that Hypothesis tells distinct failures apart.
+VIOLATED: dict[str, type[PropertyViolated]] = {}
+for _prop in (*PROPERTIES, *STORE_PROPERTIES, "replay"):
+    _cls = type(_class_name(_prop), (PropertyViolated,), {"property": _prop, "__module__": __name__})
+    VIOLATED[_prop] = globals()[_cls.__name__] = _cls
+    __all__.append(_cls.__name__)
+
+
+def _violation_error(v: Violation) -> PropertyViolated:
+    cls = VIOLATED.get(v.property) or type(_class_name(v.property), (PropertyViolated,), {"property": v.property})
+    return cls(f"{v.property}: {v.summary}")
+
+
+def raise_violations(violations: list[Violation], context: str) -> None:
+    """Raise the violations: one exception, or a group of one per distinct property."""
+    first: dict[str, Violation] = {}
+    for v in violations:
+        first.setdefault(v.property, v)
+    errors = [_violation_error(v) for v in first.values()]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup(f"{context}: violated {', '.join(first)}", errors)
+
+
+def violated_properties(exc: BaseException) -> set[str]:
+    """The property names carried by `exc` (a `PropertyViolated` or a group holding some)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return set().union(*(violated_properties(e) for e in exc.exceptions))
+    return {exc.property} if isinstance(exc, PropertyViolated) else set()
+
+
+def _final_run() -> bool:
+    """Whether this is the run Hypothesis reports (or a run outside Hypothesis, e.g. a pasted program)."""
+    try:
+        return current_build_context().is_final
+    except InvalidArgument:
+        return True
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
+
+
+def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
+    """Save `trace` as `<parts>-<hash>.json` in `found_dir`; an identical file is kept, never overwritten."""
+    body = trace.dumps()
+    stem = "-".join(_slug(p) for p in parts) + "-" + hashlib.sha256(body.encode()).hexdigest()[:12]
+    for i in itertools.count(1):
+        path = Path(found_dir) / (stem + (f"-{i}" if i > 1 else "") + ".json")
+        if path.exists() and path.read_text() == body:
+            return path
+        try:
+            return trace.save(path)
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+# == the protocol layer ================================================================================
+class ProtocolMachine(RuleBasedStateMachine):
+    """Episodes of one prompt: store, evict, look up, load one rank step at a time, with faults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = config.current()
+        self.protocol = self.cfg.protocol_object()
+        self.ep: Episode | None = None
+
+    def _phase(self) -> str | None:
+        return self.ep.phase if self.ep is not None else None
+
+    # -- rules --------------------------------------------------------------------------------------
+    @precondition(lambda self: self.ep is None)
+    @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
+    def store_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
+        """Every rank runs `rank_store` for a fresh prompt (a new episode)."""
+        RULE_STEPS["protocol"] += 1
+        self.ep = Episode(self.protocol, self.cfg.stores(n_ranks), n_ranks, n_chunks, salt)
+        self._check_if_done()
+
+    @precondition(lambda self: self._phase() in (STORED, LOOKED_UP, LOADING) and self.ep.k > 0)
+    @rule(chunk=s.chunk_index, rank=s.evict_rank)
+    def evict(self, chunk: int, rank: int | None) -> None:
+        """Evict a chunk's keys (from one rank or all): before lookup, after it, or during the load."""
+        RULE_STEPS["protocol"] += 1
+        e = self.ep.evict(chunk % self.ep.k, None if rank is None else rank % self.ep.n)
+        event(f"evict while {self.ep.phase}")
+        note(f"evicted {e} while {self.ep.phase}")
+
+    @precondition(lambda self: self._phase() == STORED)
+    @rule()
+    def lookup(self) -> None:
+        """All ranks look up at one instant and the scheduler plans the load."""
+        RULE_STEPS["protocol"] += 1
+        self.ep.lookup()
+        out = self.ep.out
+        note(f"lookup: cached {sorted(out.cached)}, LCP {out.lcp}, reports {out.reports}, planned {out.planned}")
+        self._check_if_done()
+
+    @precondition(lambda self: self._phase() in (LOOKED_UP, LOADING))
+    @rule(rank=s.rank_index, ahead=s.async_ahead)
+    def lose_completion(self, rank: int, ahead: int) -> None:
+        """A rank's upcoming GetAsync completion will never arrive."""
+        RULE_STEPS["protocol"] += 1
+        note(f"lost completion {self.ep.lose(rank % self.ep.n, ahead)}")
+
+    @precondition(lambda self: self._phase() in (LOOKED_UP, LOADING))
+    @rule(rank=s.rank_index, ahead=s.async_ahead, seconds=s.delays)
+    def delay_completion(self, rank: int, ahead: int, seconds: float) -> None:
+        """A rank's upcoming GetAsync completion arrives late."""
+        RULE_STEPS["protocol"] += 1
+        note(f"delayed completion {self.ep.delay(rank % self.ep.n, ahead, seconds)}")
+
+    @precondition(lambda self: self._phase() == LOOKED_UP)
+    @rule()
+    def start_load(self) -> None:
+        """Every rank starts its load program."""
+        RULE_STEPS["protocol"] += 1
+        self.ep.start_load()
+        self._check_if_done()
+
+    @precondition(lambda self: self._phase() == LOADING)
+    @rule(choice=s.move_choice)
+    def move(self, choice: int) -> None:
+        """Hypothesis picks which runnable rank takes its next effect."""
+        RULE_STEPS["protocol"] += 1
+        self.ep.move(choice)
+        self._check_if_done()
+
+    @precondition(lambda self: self._phase() in (STORED, LOOKED_UP, LOADING))
+    @rule()
+    def finish(self) -> None:
+        """Run the rest of the episode (lowest runnable rank first) and check it."""
+        RULE_STEPS["protocol"] += 1
+        self.ep.finish()
+        self._check_if_done()
+
+    # -- invariants ---------------------------------------------------------------------------------
+    @invariant()
+    def lookup_is_sound_and_complete(self) -> None:
+        """Once looked up: `planned == LCP` (soundness and completeness)."""
+        if self._phase() == LOOKED_UP:
+            self._check_lookup()
+
+    def _check_lookup(self) -> None:
+        bad = self.ep.lookup_violations()
+        if bad:
+            # finish the episode first, so every later property (e.g. within-plan) is reported with it
+            self.ep.finish()
+            self._check_if_done()
+
+    def _check_if_done(self) -> None:
+        """When the episode is over: every property of the contract, then the next episode may start."""
+        ep = self.ep
+        if ep is None or ep.phase != DONE:
+            return
+        self.ep = None
+        out = ep.out
+        event(f"episode: n_ranks={ep.n} n_chunks={ep.k} planned={out.planned} "
+              f"u={sorted({len(r) for r in out.results.values() if hasattr(r, '__len__')})}")
+        if not out.violations:
+            ep.cleanup()
+            return
+        self.cfg.discard()
+        replay = run_case(self.protocol, ep.case())
+        mismatch = set(replay.violated()) != set(out.violated())
+        if _final_run():
+            note(f"case: {ep.case()!r}")
+            if self.cfg.write_traces:
+                trace = Trace.from_outcome(out, protocol_ref=self.cfg.protocol_ref(), client=self.cfg.client_label(),
+                                           origin="pytest properties/ (ProtocolMachine)")
+                path = write_found(trace, self.cfg.found_dir, out.protocol, out.violations[0].property)
+                note(f"counterexample trace: {path}")
+        if mismatch and self.cfg.client_label() == "model":
+            raise VIOLATED["replay"](f"run_case replays this episode to {replay.violated()}, the machine saw "
+                                     f"{out.violated()}")
+        raise_violations(out.violations, f"protocol {out.protocol}")
+
+    def teardown(self) -> None:
+        """Finish and check an episode left open, so every run ends with a full check."""
+        if self.ep is not None:
+            self.ep.finish()
+            self._check_if_done()
+
+
+# == the store-client layer ==============================================================================
+class Pending:
+    """An outstanding `get_async`: its future and every value it may rightly resolve to."""
+
+    def __init__(self, rank: int, key: str, future: Any, allowed: list, index: int = -1) -> None:
+        self.rank, self.key, self.future, self.allowed, self.index = rank, key, future, allowed, index
+
+    def __repr__(self) -> str:
+        return f"Pending(rank={self.rank}, key={self.key!r}, index={self.index})"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return f"{len(b)} bytes {b[:8]!r}{'...' if len(b) > 8 else ''}"
+    return repr(v)
+
+
+_namespaces = itertools.count()
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """One client's stores (two ranks) against a dict oracle, every call bounded in time."""
+
+    futures = Bundle("futures")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = config.current()
+        self.stores = self.cfg.stores(s.STORE_RANKS)
+        self.timeout = self.cfg.op_timeout
+        self.read_paths = [tuple(getattr(st, "read_paths", ("get", "get_async"))) for st in self.stores]
+        self.oracle: list[dict[str, bytes]] = [{} for _ in self.stores]
+        self.pending: list[Pending] = []
+        self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
+        self.ops: list[dict] = []
+        self.failed = False
+
+    # -- calling the client -----------------------------------------------------------------------------
+    def _fail(self, prop: str, message: str) -> None:
+        self.failed = True
+        self.cfg.discard()
+        if _final_run() and self.cfg.write_traces:
+            trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
+                          client=self.cfg.client_label(), config={"n_ranks": len(self.stores)},
+                          ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
+                          verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
+                          origin="pytest properties/ (StoreMachine)")
+            note(f"counterexample trace: {write_found(trace, self.cfg.found_dir, self.cfg.client_label(), prop)}")
+        raise VIOLATED[prop](f"{prop}: {message}")
+
+    def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
+        fn = getattr(self.stores[rank], op)
+        where = f"rank {rank}: {op}({key!r})"
+        if len(self.ops) > 1:
+            where += f" after {self.ops[-2]['op']}({self.ops[-2].get('key', self.ops[-2].get('keys'))!r})"
+        try:
+            return call_bounded(self.timeout, op, str(key), fn, *args)
+        except StoreCallTimeout as exc:
+            self._fail("store-hang", f"{where}: {exc}")
+        except Exception as exc:
+            self._fail("store-error", f"{where} raised {type(exc).__name__}: {exc}")
+
+    def _record(self, op: str, rank: int, **args: Any) -> None:
+        RULE_STEPS["store"] += 1
+        self.ops.append({"op": op, "rank": rank, **args})
+
+    def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
+        if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
+            self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
+        value = None if got is None else bytes(got)
+        if value not in allowed:
+            shown = " or ".join(_short(a) for a in allowed)
+            self._fail("store-roundtrip", f"rank {rank}: {what} returned {_short(value)}, expected {shown}")
+
+    # -- rules -----------------------------------------------------------------------------------------
+    @rule(rank=s.store_rank, key=s.keys, value=s.values)
+    def put(self, rank: int, key: str, value: bytes) -> None:
+        """Write a value; the oracle records it."""
+        self._record("put", rank, key=key, value=value)
+        self._call(rank, "put", key, self.ns + key, value)
+        self.oracle[rank][key] = value
+        for p in self.pending:
+            if p.rank == rank and p.key == key:
+                p.allowed.append(value)
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def get(self, rank: int, key: str) -> None:
+        """A GET answers the oracle's value, or None (promptly) on a miss."""
+        self._record("get", rank, key=key)
+        event("get hit" if key in self.oracle[rank] else "get miss")
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)])
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def contains(self, rank: int, key: str) -> None:
+        """`contains` agrees with the oracle."""
+        self._record("contains", rank, key=key)
+        got = self._call(rank, "contains", key, self.ns + key)
+        if got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
+            self._fail("store-roundtrip", f"rank {rank}: contains({key!r}) returned {got!r}, "
+                                          f"expected {key in self.oracle[rank]}")
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def delete(self, rank: int, key: str) -> None:
+        """Delete a key (present or not)."""
+        self._record("delete", rank, key=key)
+        self._call(rank, "delete", key, self.ns + key)
+        self.oracle[rank].pop(key, None)
+        for p in self.pending:
+            if p.rank == rank and p.key == key:
+                p.allowed.append(None)
+
+    @rule(target=futures, rank=s.store_rank, key=s.keys)
+    def get_async(self, rank: int, key: str) -> Pending:
+        """Start an async GET; the call itself returns promptly with a future."""
+        self._record("get_async", rank, key=key)
+        future = self._call(rank, "get_async", key, self.ns + key)
+        if not isinstance(future, concurrent.futures.Future):
+            self._fail("store-error", f"rank {rank}: get_async({key!r}) returned {type(future).__name__}, "
+                                      "not a concurrent.futures.Future")
+        p = Pending(rank, key, future, [self.oracle[rank].get(key)], len(self.pending))
+        self.pending.append(p)
+        return p
+
+    @rule(p=futures)
+    def wait(self, p: Pending) -> None:
+        """Every async GET completes within the bound, with the value the key had meanwhile."""
+        self._record("wait", p.rank, key=p.key, handle=p.index)
+        self._await(p)
+
+    def _await(self, p: Pending) -> None:
+        try:
+            got = p.future.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            self._fail("store-hang", f"rank {p.rank}: the future of get_async({p.key!r}) did not complete within "
+                                     f"{self.timeout:g} s")
+        except Exception as exc:
+            self._fail("store-error", f"rank {p.rank}: the future of get_async({p.key!r}) raised "
+                                      f"{type(exc).__name__}: {exc}")
+        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed)
+
+    @precondition(lambda self: all("get_batch" in paths for paths in self.read_paths))
+    @rule(rank=s.store_rank, keys=s.batch_keys)
+    def get_batch(self, rank: int, keys: list[str]) -> None:
+        """A batch GET answers, per key, what a single GET would."""
+        self._record("get_batch", rank, keys=keys)
+        got = self._call(rank, "get_batch", keys, [self.ns + k for k in keys])
+        got = list(got) if got is not None else None
+        if got is None or len(got) != len(keys):
+            self._fail("store-roundtrip", f"rank {rank}: get_batch({keys!r}) returned {got!r:.80}, "
+                                          f"not {len(keys)} results")
+        for k, g in zip(keys, got):
+            self._expect(rank, f"get_batch(...{k!r}...)", g, [self.oracle[rank].get(k)])
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def read_every_path(self, rank: int, key: str) -> None:
+        """A key (written through `put`) reads the same through every read path the client has."""
+        self._record("read_every_path", rank, key=key)
+        expected = [self.oracle[rank].get(key)]
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
+        if "get_async" in self.read_paths[rank]:
+            future = self._call(rank, "get_async", key, self.ns + key)
+            self._await(Pending(rank, key, future, expected))
+        if "get_batch" in self.read_paths[rank]:
+            got = self._call(rank, "get_batch", [key], [self.ns + key])
+            self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Every outstanding async GET completes; the client still answers; the keys written are removed."""
+        if self.failed:
+            return
+        for p in self.pending:
+            self._await(p)
+        probe = "probe-absent"
+        for r in range(len(self.stores)):
+            self._record("get", r, key=probe)
+            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None])
+            for key in self.oracle[r]:
+                self._call(r, "delete", key, self.ns + key)
+
+
+def replay_store_ops(ops: list[dict]) -> None:
+    """Re-run a `store-ops` trace's ops through `StoreMachine`'s rules (raises what the rules raise)."""
+    from model.trace import decode
+
+    machine = StoreMachine()
+    for op in ops:
+        args = {k: decode(v) for k, v in op.items() if k not in ("op", "rank")}
+        if op["op"] == "wait":
+            machine.wait(machine.pending[args["handle"]])
+        else:
+            getattr(machine, op["op"])(rank=op["rank"], **args)
+    machine.teardown()

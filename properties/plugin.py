@@ -1,0 +1,67 @@
+"""The `shardcheck` pytest plugin (entry point `pytest11`): `pytest properties/ --protocol MOD:ATTR --client NAME`.
+
+Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
+`properties.resolve.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
+traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take).
+The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
+`--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
+"""
+from __future__ import annotations
+
+import pytest
+
+from properties import config as run_config
+from properties import profiles
+from properties.resolve import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardcheck", "shardcheck property layers")
+    group.addoption("--protocol", default=None, metavar="MOD:ATTR",
+                    help=f"sharding protocol to check: {', '.join(PROTOCOLS)} or MOD:ATTR (default: paper)")
+    group.addoption("--client", default=None, metavar="NAME|MOD:ATTR",
+                    help=f"store client to check: {', '.join(CLIENTS)} or MOD:ATTR naming a factory (default: model)")
+    group.addoption("--found-dir", default=None, metavar="DIR",
+                    help="where failing runs are written as traces (default: <rootdir>/counterexamples/found)")
+    group.addoption("--op-timeout", default=2.0, type=float, metavar="SECONDS",
+                    help="how long one store-client call may take before it counts as a hang (default: 2)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profiles.register(config.rootpath)
+    from hypothesis import settings
+
+    if not config.getoption("hypothesis_profile", None):
+        try:
+            settings.load_profile(profiles.chosen())
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    protocol, client = config.getoption("protocol"), config.getoption("client")
+    try:
+        resolve_protocol(protocol)
+        resolve_client(client)
+    except ResolveError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
+    run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
+                                              op_timeout=config.getoption("op_timeout"))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from hypothesis import settings
+
+    cur = run_config.current()
+    return (f"shardcheck: protocol {cur.protocol_ref()}, client {cur.client_label()}, "
+            f"hypothesis profile {settings.get_current_profile_name()}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from hypothesis import settings
+
+    if settings.get_current_profile_name() == "ci":
+        profiles.seed_test(item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    run_config.current().close()

@@ -1,0 +1,48 @@
+"""Hypothesis profiles for the property layers, chosen by `HYPOTHESIS_PROFILE` (default `dev`).
+
+- `dev`: fast, for every local `pytest` run.
+- `ci`: derandomized (a fixed seed per test, see `seed_test`) and with a directory example database kept in
+  `.hypothesis/ci-examples`, so a failure found once is replayed first on every later run. Hypothesis's own
+  `derandomize=True` switches the database off, which is why the seed is fixed by the plugin instead.
+- `nightly`: many examples and longer runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+PROFILES = ("dev", "ci", "nightly")
+DEFAULT_PROFILE = "dev"
+CI_DATABASE = Path(".hypothesis") / "ci-examples"
+
+
+def register(root: Path | str = ".") -> None:
+    """Register the three profiles (the ci database lives under `root`)."""
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    settings.register_profile("dev", max_examples=40, stateful_step_count=25, **common)
+    settings.register_profile("ci", max_examples=100, stateful_step_count=30, print_blob=True,
+                              database=DirectoryBasedExampleDatabase(str(Path(root) / CI_DATABASE)), **common)
+    settings.register_profile("nightly", max_examples=5000, stateful_step_count=60, print_blob=True,
+                              phases=tuple(Phase), **common)
+
+
+def chosen(environ: dict | None = None) -> str:
+    """The profile `HYPOTHESIS_PROFILE` names (default `dev`); an unknown name raises `ValueError`."""
+    name = (environ if environ is not None else os.environ).get("HYPOTHESIS_PROFILE") or DEFAULT_PROFILE
+    if name not in PROFILES:
+        raise ValueError(f"HYPOTHESIS_PROFILE={name!r}: expected one of {', '.join(PROFILES)}")
+    return name
+
+
+def seed_test(test_id: str) -> None:
+    """Make the next Hypothesis test draw from a seed fixed by `test_id` (how the ci profile derandomizes
+    while keeping its database: `@seed` and `derandomize=True` would both switch the database off)."""
+    from hypothesis import core
+
+    digest = int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:8], "big")
+    core.threadlocal._hypothesis_global_random = random.Random(digest)

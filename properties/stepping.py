@@ -1,0 +1,204 @@
+"""`Episode`: one `model.harness.run_case` taken apart so that a state machine drives it rule by rule.
+
+The store phase, the lookup and every load step do exactly what `run_case` does (same simulator, same
+shadow of written keys, same checks), and every choice is recorded, so `episode.case()` re-runs the
+episode with `run_case(protocol, episode.case())` to the same outcome.
+
+The load is stepped through `model.sim.Simulator`'s own methods (`_send`, `runnable`, `_move`,
+`_diagnose_stuck`): `Simulator.run()` only runs a load to its end, and one step of its loop is what a
+`move` rule must do. `_step` below is that loop body, kept line for line the same.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from model.checks import check_outcome, completeness, soundness
+from model.contract import StoreCallTimeout
+from model.effects import Put
+from model.faults import Eviction, FaultPlan
+from model.harness import Case, Outcome, _lookup, _Shadow, chunk_hashes, kv_bytes, leading_run
+from model.sim import Event, Simulator, SimResult, Violation, lowest_runnable, simulate
+from model.harness import default_step_bound
+
+STORED, LOOKED_UP, LOADING, DONE = "stored", "looked-up", "loading", "done"
+
+
+class Episode:
+    """One prompt: stored by every rank, then evicted from, looked up and loaded as the rules say."""
+
+    def __init__(self, protocol: Any, stores: Sequence[Any], n_ranks: int, n_chunks: int, salt: str) -> None:
+        n, k = n_ranks, n_chunks
+        self.protocol, self.stores, self.n, self.k, self.salt = protocol, stores, n, k, salt
+        self.before: list[Eviction] = []
+        self.after: list[Eviction] = []
+        self.during: list[Eviction] = []
+        self.lost: list[tuple[int, int]] = []
+        self.delayed: list[tuple[int, int, float]] = []
+        self.sim: Simulator | None = None
+        hashes, kv = chunk_hashes(k, salt), kv_bytes(k, salt)
+        chunk_of = {v: c for c, v in enumerate(kv)}
+        name = str(getattr(protocol, "name", type(protocol).__name__))
+        store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
+                         step_bound=self.bound() + 10 * k * n)
+        written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
+        for ev in store.events:
+            if ev.note == "" and type(ev.effect).__name__ == "Put" and ev.rank is not None:
+                written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
+        self.shadow = _Shadow(stores, written)
+        self.out = Outcome(self.case(), name, hashes, kv, written, frozenset(), 0, events=list(store.events))
+        self.phase = STORED
+        if store.violations:
+            self.out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
+            self.phase = DONE
+
+    # -- the recorded choices -------------------------------------------------------------------------
+    def bound(self) -> int:
+        return default_step_bound(self.n, self.k)
+
+    def faults(self) -> FaultPlan:
+        return FaultPlan(self.before, self.after, self.during, self.lost, self.delayed)
+
+    def case(self) -> Case:
+        """The `Case` that `run_case` replays this episode from."""
+        schedule = tuple(self.sim.made) if self.sim is not None else ()
+        return Case(self.n, self.k, self.salt, self.faults(), schedule)
+
+    # -- rules ----------------------------------------------------------------------------------------
+    def evict(self, chunk: int, rank: int | None) -> Eviction:
+        """Evict `chunk` (from `rank`, or every rank) now: before lookup, after it, or before the next load step."""
+        if self.phase == STORED:
+            e = Eviction(chunk, rank)
+            self.before.append(e)
+            self.shadow.evict(e)
+        elif self.phase == LOOKED_UP:
+            e = Eviction(chunk, rank)
+            self.after.append(e)
+            self.shadow.evict(e)
+        else:
+            assert self.phase == LOADING and self.sim is not None
+            e = Eviction(chunk, rank, self.sim.step)
+            self.during.append(e)
+            self.sim.evictions.setdefault(e.step, []).append(e)
+        return e
+
+    def lookup(self) -> None:
+        """Every rank looks up at one instant; the scheduler combines the reports (as `run_case` does)."""
+        out, n = self.out, self.n
+        try:
+            out.cached = self.shadow.cached()
+            out.lcp = leading_run(out.cached, self.k)
+            out.reports = [_lookup(self.protocol, r, n, out.hashes, self.stores[r], out.events) for r in range(n)]
+            out.planned = self.protocol.combine(list(out.reports), self.k)
+            out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
+        except StoreCallTimeout as exc:
+            out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key,
+                                                                  "seconds": exc.seconds})]
+            self.phase = DONE
+            return
+        if not isinstance(out.planned, int) or isinstance(out.planned, bool):
+            out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
+            self.phase = DONE
+            return
+        self.phase = LOOKED_UP
+
+    def lookup_violations(self) -> list[Violation]:
+        """Soundness and completeness of the lookup just made (known before any load step)."""
+        return soundness(self.out) + completeness(self.out)
+
+    def _next_async(self, rank: int, ahead: int) -> int:
+        return (self.sim.ranks[rank].n_async if self.sim is not None else 0) + ahead
+
+    def lose(self, rank: int, ahead: int) -> tuple[int, int]:
+        """The completion of `rank`'s `ahead`-th next `GetAsync` will never arrive."""
+        x = (rank, self._next_async(rank, ahead))
+        self.lost.append(x)
+        if self.sim is not None:
+            self.sim.lost.add(x)
+        return x
+
+    def delay(self, rank: int, ahead: int, seconds: float) -> tuple[int, int, float]:
+        """The completion of `rank`'s `ahead`-th next `GetAsync` arrives `seconds` after it was issued."""
+        x = (rank, self._next_async(rank, ahead), seconds)
+        self.delayed.append(x)
+        if self.sim is not None:
+            self.sim.delayed[x[:2]] = seconds
+        return x
+
+    def start_load(self) -> None:
+        """Every rank starts its load program (the simulator primes each to its first effect)."""
+        assert self.phase == LOOKED_UP
+        sim = Simulator([self.protocol.rank_load(r, self.n, self.out.hashes, self.out.planned) for r in range(self.n)],
+                        self.stores, phase="load", chooser=lowest_runnable, step_bound=self.bound(),
+                        lost=self.lost, delayed=self.delayed, evict=self.shadow.evict)
+        self.sim = sim
+        self.phase = LOADING
+        for r in range(sim.n):
+            sim._send(r, None, first=True)
+        if self._over():
+            self.finish()
+
+    def runnable(self) -> list[int]:
+        return self.sim.runnable() if self.sim is not None else []
+
+    def move(self, choice: int) -> int | None:
+        """Move one runnable rank (`choice` indexes the runnable ones, wrapping); the moved rank."""
+        moved: list[int] = []
+        self._step(lambda runnable: moved.append(runnable[choice % len(runnable)]) or moved[0])
+        if self._over():
+            self.finish()
+        return moved[0] if moved else None
+
+    def _over(self) -> bool:
+        sim = self.sim
+        return bool(sim.violations) or not sim.runnable() or sim.step >= sim.step_bound
+
+    def _step(self, choose: Callable[[list[int]], int]) -> bool:
+        """One iteration of `Simulator.run`'s loop; False when the load is over."""
+        sim = self.sim
+        if sim.violations:
+            return False
+        runnable = sim.runnable()
+        if not runnable:
+            return False
+        if sim.step >= sim.step_bound:
+            sim.violations.append(Violation(
+                "termination", f"ranks {runnable} still running after the step bound of {sim.step_bound}",
+                {"ranks": runnable, "step_bound": sim.step_bound}))
+            return False
+        r = choose(runnable)
+        for e in sim.evictions.get(sim.step, ()):
+            if sim.evict is not None:
+                sim.evict(e)
+            sim.events.append(Event(sim.step, e.rank, 0.0, sim.phase, e, note="evict"))
+        sim.made.append(r)
+        sim._move(r)
+        sim.step += 1
+        return True
+
+    def finish(self) -> Outcome:
+        """Run what is left of the episode (the load with the lowest runnable rank first) and check it."""
+        if self.phase == STORED:
+            self.lookup()
+        if self.phase == LOOKED_UP:
+            self.start_load()
+        if self.phase == LOADING:
+            sim = self.sim
+            while self._step(lambda runnable: runnable[0]):
+                pass
+            if not sim.violations:
+                sim._diagnose_stuck()
+            self.out.load = SimResult(sim.results, sim.events, sim.made, sim.violations, sim.step, sim.reads, sim.sigs)
+            self.out.events.extend(sim.events)
+            self.out.case = self.case()
+            self.out.violations = check_outcome(self.out)
+            self.phase = DONE
+        self.out.case = self.case()
+        return self.out
+
+    def cleanup(self) -> None:
+        """Delete every key this episode wrote (stores are reused across episodes)."""
+        for ev in self.out.events:
+            if isinstance(ev.effect, Put) and ev.rank is not None and ev.note == "":
+                self.stores[ev.rank].delete(ev.effect.key)

@@ -1,0 +1,37 @@
+"""Every Hypothesis strategy the property machines draw from.
+
+Sizes are small on purpose: each protocol bug of `model.variants` shows with 1-4 ranks and at most 6 chunks,
+and small sizes make shrunk counterexamples readable. Indices (`chunk`, `rank`, `choice`) are drawn from a
+fixed range and wrapped by the machine (`chunk % n_chunks`), so every drawn value is meaningful in every
+state and shrinks towards 0.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from model.protocols import DEFAULT_WAIT_TIMEOUT
+
+# -- protocol layer -----------------------------------------------------------------------------------
+n_ranks = st.integers(1, 4)
+n_chunks = st.integers(0, 6)
+salts = st.sampled_from(["s0", "s1", "s2"])
+chunk_index = st.integers(0, 5)
+#: `None`: every rank's copy of the chunk; else a rank (wrapped by the machine).
+evict_rank = st.none() | st.integers(0, 3)
+rank_index = st.integers(0, 3)
+#: Which of a rank's next `GetAsync`s a fault hits (0: the next one).
+async_ahead = st.integers(0, 3)
+#: Completion delays around the reference wait timeout: within it, and past it.
+delays = st.sampled_from([DEFAULT_WAIT_TIMEOUT / 4, DEFAULT_WAIT_TIMEOUT * 2, DEFAULT_WAIT_TIMEOUT * 10])
+#: Which runnable rank moves next (wrapped over the runnable ranks; 0: the lowest).
+move_choice = st.integers(0, 3)
+
+# -- store layer ---------------------------------------------------------------------------------------
+STORE_RANKS = 2
+store_rank = st.integers(0, STORE_RANKS - 1)
+#: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.
+keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0"]) | st.text(
+    st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=24)
+#: Values: empty, small, and a few larger ones (byte-exact round trips, truncation, binary zeros).
+values = st.binary(max_size=64) | st.binary(min_size=1000, max_size=5000)
+batch_keys = st.lists(keys, min_size=0, max_size=4)
