@@ -1,7 +1,7 @@
 """Reference sharding protocols, each embodying one claim of the paper."""
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Generator, Mapping, Sequence
 
 import attrs
 
@@ -27,7 +27,7 @@ class PaperProtocol:
     issues the same two collectives whatever fails, so collectives never desynchronize.
     """
 
-    name: str = "paper"
+    name: ClassVar[str] = "paper"
 
     def owner(self, chunk: int, n_ranks: int) -> int:
         return chunk % n_ranks
@@ -83,7 +83,7 @@ class PaperProtocolAsync(PaperProtocol):
     each completion is awaited with a bounded `Wait`; a timeout counts as a failed chunk, so a lost
     completion shortens the usable prefix instead of stalling the rank (the paper's fix (iii)+(iv))."""
 
-    name: str = "paper-async"
+    name: ClassVar[str] = "paper-async"
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
 
     def fetch_own(self, rank: int, n_ranks: int, chunk_hashes: Sequence[str],
@@ -109,7 +109,7 @@ class Rank0SingleWriter:
     paper measured (one shared Valkey, 0.78-0.89 GB/s against 2.53 GB/s needed).
     """
 
-    name: str = "rank0-single-writer"
+    name: ClassVar[str] = "rank0-single-writer"
 
     def owner(self, chunk: int, n_ranks: int) -> int:
         return 0

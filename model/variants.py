@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 
 from model.effects import AllGather, AllReduceMin, Get, GetAsync, Put, TIMED_OUT, Wait
@@ -14,7 +16,7 @@ from model.protocols import PaperProtocol, PaperProtocolAsync, assemble, owned_c
 class OwnCountReport(PaperProtocol):
     """Flawed lookup (i): a rank reports how many of its OWN chunks are present in a row, not a global index."""
 
-    name: str = "own-count-report"
+    name: ClassVar[str] = "own-count-report"
 
     def rank_lookup(self, rank, n_ranks, chunk_hashes, contains) -> int:
         count = 0
@@ -29,7 +31,7 @@ class OwnCountReport(PaperProtocol):
 class EmptyRankReportsZero(PaperProtocol):
     """Flawed lookup (ii): a rank that owns no chunk (short prompt, n_chunks < n_ranks) reports 0."""
 
-    name: str = "empty-rank-reports-zero"
+    name: ClassVar[str] = "empty-rank-reports-zero"
 
     def rank_lookup(self, rank, n_ranks, chunk_hashes, contains) -> int:
         if not owned_chunks(self, rank, n_ranks, len(chunk_hashes)):
@@ -41,7 +43,7 @@ class EmptyRankReportsZero(PaperProtocol):
 class MaxCombine(PaperProtocol):
     """Flawed scheduler (iii): takes the maximum over ranks instead of the minimum."""
 
-    name: str = "max-combine"
+    name: ClassVar[str] = "max-combine"
 
     def combine(self, reports, n_chunks) -> int:
         return max(reports, default=n_chunks)
@@ -51,7 +53,7 @@ class MaxCombine(PaperProtocol):
 class MismatchedOwnership(PaperProtocol):
     """Flawed (iv): the store path places chunk c on rank c mod N, the lookup and load look on (c+1) mod N."""
 
-    name: str = "mismatched-ownership"
+    name: ClassVar[str] = "mismatched-ownership"
 
     def rank_store(self, rank, n_ranks, chunk_hashes, kv):
         for c in range(len(chunk_hashes)):
@@ -66,7 +68,7 @@ class MismatchedOwnership(PaperProtocol):
 class GappyLoad(PaperProtocol):
     """Load keeps fetching past a miss and gathers whatever it got: results with holes (prefix)."""
 
-    name: str = "gappy-load"
+    name: ClassVar[str] = "gappy-load"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         fetched = {}
@@ -84,7 +86,7 @@ class GiveUpOnLocalMiss(PaperProtocol):
     """A rank whose own fetch missed falls back to recomputing everything (returns no chunk) yet still joins
     both collectives, while the other ranks load the agreed prefix (agreement)."""
 
-    name: str = "give-up-on-local-miss"
+    name: ClassVar[str] = "give-up-on-local-miss"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         first_failed, fetched = yield from self.fetch_own(rank, n_ranks, chunk_hashes, planned)
@@ -98,7 +100,7 @@ class AlignedPlanGreedyLoad(PaperProtocol):
     """Scheduler rounds the plan down to whole rounds of N chunks; load ignores the plan and takes all it
     finds (within-plan, and completeness)."""
 
-    name: str = "aligned-plan-greedy-load"
+    name: ClassVar[str] = "aligned-plan-greedy-load"
 
     def combine(self, reports, n_chunks) -> int:
         planned = min(reports, default=n_chunks)
@@ -112,7 +114,7 @@ class AlignedPlanGreedyLoad(PaperProtocol):
 class ByteOffByOne(PaperProtocol):
     """Assembles gathered chunks with an off-by-one slice: the last byte of every value is lost (integrity)."""
 
-    name: str = "byte-off-by-one"
+    name: ClassVar[str] = "byte-off-by-one"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         result = yield from super().rank_load(rank, n_ranks, chunk_hashes, planned)
@@ -123,7 +125,7 @@ class ByteOffByOne(PaperProtocol):
 class PessimisticLoad(PaperProtocol):
     """Always drops the last planned chunk "to be safe", even with no fault (maximality)."""
 
-    name: str = "pessimistic-load"
+    name: ClassVar[str] = "pessimistic-load"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         return (yield from super().rank_load(rank, n_ranks, chunk_hashes, max(0, planned - 1)))
@@ -133,7 +135,7 @@ class PessimisticLoad(PaperProtocol):
 class EarlyExitOnMiss(PaperProtocol):
     """A rank whose fetch missed skips the agreement and goes straight to the exchange (desync)."""
 
-    name: str = "early-exit-on-miss"
+    name: ClassVar[str] = "early-exit-on-miss"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         first_failed, fetched = yield from self.fetch_own(rank, n_ranks, chunk_hashes, planned)
@@ -146,7 +148,7 @@ class EarlyExitOnMiss(PaperProtocol):
 class SkipEmptyGather(PaperProtocol):
     """A rank with nothing to contribute below the agreed prefix skips the AllGather (deadlock)."""
 
-    name: str = "skip-empty-gather"
+    name: ClassVar[str] = "skip-empty-gather"
 
     def rank_load(self, rank, n_ranks, chunk_hashes, planned):
         first_failed, fetched = yield from self.fetch_own(rank, n_ranks, chunk_hashes, planned)
@@ -161,7 +163,7 @@ class SkipEmptyGather(PaperProtocol):
 class UnboundedWaitAsync(PaperProtocolAsync):
     """Async load that waits for each completion with no timeout: a lost completion stalls it (hang)."""
 
-    name: str = "unbounded-wait-async"
+    name: ClassVar[str] = "unbounded-wait-async"
     wait_timeout: float | None = None
 
 
@@ -169,7 +171,7 @@ class UnboundedWaitAsync(PaperProtocolAsync):
 class RetryUntilPresent(PaperProtocol):
     """Retries a missing chunk's GET until it appears: an evicted chunk never does (termination)."""
 
-    name: str = "retry-until-present"
+    name: ClassVar[str] = "retry-until-present"
 
     def fetch_own(self, rank, n_ranks, chunk_hashes, planned):
         fetched = {}
@@ -186,7 +188,7 @@ class WrongAsyncKey(PaperProtocolAsync):
     """Async GET builds its key without the rank suffix the store path used (key-consistency): every async
     read misses, as in the paper's third client bug."""
 
-    name: str = "wrong-async-key"
+    name: ClassVar[str] = "wrong-async-key"
 
     def fetch_own(self, rank, n_ranks, chunk_hashes, planned):
         mine = owned_chunks(self, rank, n_ranks, planned)

@@ -76,38 +76,40 @@ def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
 
 
 # -- check ------------------------------------------------------------------------------------------
-def cmd_check(args: Any) -> int:
+def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: float, seed: int = 0,
+              out_dir: str = "counterexamples/found", progress: bool = False) -> dict:
+    """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from model.search import SearchStats, minimise, search
     from model.trace import Trace
-    if args.budget <= 0:
-        raise UsageError(f"--budget must be positive, got {args.budget:g}")
-    protocol, ref, factory, client = _resolve(args.protocol, args.client)
+    if budget <= 0:
+        raise UsageError(f"--budget must be positive, got {budget:g}")
+    protocol, ref, factory, client = _resolve(protocol_spec, client_spec)
     start = time.monotonic()
-    deadline = start + args.budget
+    deadline = start + budget
     stats = SearchStats()
     last = [start]
 
     def should_stop() -> bool:
         now = time.monotonic()
-        if not args.json and now - last[0] >= 5:
+        if progress and now - last[0] >= 5:
             last[0] = now
-            _err(f"  ... {stats.cases} cases, {now - start:.0f}/{args.budget:g} s, largest {stats.largest}")
+            _err(f"  ... {stats.cases} cases, {now - start:.0f}/{budget:g} s, largest {stats.largest}")
         return now >= deadline
 
     with _runner(factory, client) as run:
-        found = search(protocol, runner=run, should_stop=should_stop, seed=args.seed, stats=stats)
+        found = search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats)
         if found is not None:
             found = minimise(protocol, found, runner=run, budget_runs=500)
     result: dict[str, Any] = {"protocol": protocol.name, "client": client, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
-                                        "seconds": round(time.monotonic() - start, 3), "budget": args.budget,
-                                        "seed": args.seed}}
+                                        "seconds": round(time.monotonic() - start, 3), "budget": budget,
+                                        "seed": seed}}
     if found is not None:
         out = found.outcome
         trace = Trace.from_outcome(out, protocol_ref=ref, client=client, origin=f"check:{found.engine}",
                                    expect={client: "reproduces"})
-        path = _save_unique(trace, Path(args.out), f"{protocol.name}-{out.violations[0].property}")
+        path = _save_unique(trace, Path(out_dir), f"{protocol.name}-{out.violations[0].property}")
         result["verdict"] = "violated"
         seen = set()
         for v in out.violations:
@@ -117,11 +119,17 @@ def cmd_check(args: Any) -> int:
                                              "summary": v.summary})
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
+    return result
+
+
+def cmd_check(args: Any) -> int:
+    result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
+                       progress=not args.json)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print_check(result)
-    return EXIT_VIOLATED if found is not None else EXIT_HELD
+    return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD
 
 
 def _print_check(r: dict) -> None:
@@ -182,25 +190,30 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, stores_for: Any)
     return "fixed", ("no violation" if not props else f"other violations only: {', '.join(sorted(set(props)))}")
 
 
-def cmd_replay(args: Any) -> int:
+def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | None = None) -> tuple[str, list[dict]]:
+    """`shardcheck replay` as a function: the client's name and one row per trace."""
     from model.trace import Trace, TraceError
-    paths = trace_paths(args.paths)
     traces = []
-    for p in paths:
+    for p in trace_paths(paths):
         try:
             traces.append((p, Trace.load(p)))
         except TraceError as exc:
             raise UsageError(str(exc)) from None
-    _, _, factory, client = _resolve(None, args.client)
+    _, _, factory, client = _resolve(None, client_spec)
     rows = []
     with _runner(factory, client) as run:
         stores_for = _stores_for(run, factory, client)
         for p, t in traces:
             t0 = time.monotonic()
-            outcome, why = replay_one(t, args.protocol, run, stores_for)
+            outcome, why = replay_one(t, protocol_spec, run, stores_for)
             expected = t.expect.get(client)
             rows.append({"path": str(p), "property": t.property, "outcome": outcome, "expected": expected,
                          "matches": outcome == expected, "why": why, "seconds": round(time.monotonic() - t0, 3)})
+    return client, rows
+
+
+def cmd_replay(args: Any) -> int:
+    client, rows = run_replay(args.paths, args.client, args.protocol)
     if args.json:
         print(json.dumps({"client": client, "results": rows}, indent=2))
     else:
@@ -210,10 +223,10 @@ def cmd_replay(args: Any) -> int:
             flag = "" if not args.expect or r["matches"] else "  <-- expectation not met"
             print(f"{r['path']:<{w}}  {r['property'] or '-':<16} {r['outcome']:<10} {r['expected'] or '-':<10} "
                   f"{r['why']}{flag}")
-    if any(r["outcome"] == "error" for r in rows) and not args.expect:
-        return EXIT_USAGE
     if args.expect:
         return EXIT_HELD if all(r["matches"] for r in rows) else EXIT_VIOLATED
+    if any(r["outcome"] == "error" for r in rows):
+        return EXIT_USAGE
     return EXIT_VIOLATED if any(r["outcome"] == "reproduces" for r in rows) else EXIT_HELD
 
 

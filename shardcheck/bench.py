@@ -1,0 +1,41 @@
+"""`shardcheck bench`: throughput of the explorer, the Hypothesis layers and the Z3 proofs. A benchmark,
+never a test: it measures and reports; targets are printed beside the figures, not asserted."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+TARGETS = {"explorer.states_per_s": 150_000, "hypothesis.protocol_steps_per_s": 5_000,
+           "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0}
+
+
+def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure each engine for about `seconds`; the contract's bench JSON."""
+    say = progress or (lambda _msg: None)
+    say(f"explorer: {seconds:g} s of breadth-first search on the reference protocol ...")
+    from model.explore import bench as explorer_bench
+    explorer = explorer_bench(seconds)
+    say("hypothesis: rule steps per second on the protocol and store layers ...")
+    from properties.bench import measure
+    hypothesis = measure(seconds)
+    say("z3: every theorem on 10 seeds ...")
+    import proofs
+    t = time.monotonic()
+    results = proofs.run_all(seeds=10)
+    z3 = {"max_theorem_s": max(r["seconds"] for r in results), "theorems": len(results),
+          "wall_s": round(time.monotonic() - t, 3)}
+    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3}
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    rows = [("explorer.states_per_s", r["explorer"]["states_per_s"]),
+            ("hypothesis.protocol_steps_per_s", r["hypothesis"]["protocol_steps_per_s"]),
+            ("hypothesis.store_steps_per_s", r["hypothesis"]["store_steps_per_s"]),
+            ("z3.max_theorem_s", r["z3"]["max_theorem_s"])]
+    out = [f"{'figure':<34} {'measured':>12} {'target':>10}  met"]
+    for name, value in rows:
+        target = TARGETS[name]
+        met = value <= target if name.startswith("z3") else value >= target
+        out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
+    out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s)")
+    return "\n".join(out)

@@ -1,0 +1,87 @@
+"""`shardcheck verify` (what `make verify` runs): the proofs, the checks of every reference protocol and
+demo variant, the explorer's manifest, the real LMCache clients against real Valkey servers started
+here, and the corpus replayed against each client, with a summary table."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+
+REAL_CLIENTS = ("lmcache", "lmcache-patched")
+
+
+def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str, str]]) -> None:
+    print(f"... {name}", file=sys.stderr, flush=True)
+    t = time.monotonic()
+    try:
+        got, detail = fn()
+    except UsageError as exc:
+        got, detail = "error", str(exc)
+    rows.append({"step": name, "expected": expected, "got": got, "ok": got == expected, "detail": detail,
+                 "seconds": round(time.monotonic() - t, 1)})
+
+
+def run_verify(*, budget: float, as_json: bool) -> int:
+    import proofs
+    from model.protocols import REFERENCE_PROTOCOLS
+    from model.variants import DEMO_VARIANTS
+    from shardcheck.commands import run_check, run_replay
+    from shardcheck.corpus import CORPUS
+
+    rows: list[dict] = []
+    out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
+
+    def prove() -> tuple[str, str]:
+        results = proofs.run_all(seeds=10)
+        bad = [r["theorem"] for r in results if r["result"] != r["expected"]]
+        worst = max(r["seconds"] for r in results)
+        return ("as expected" if not bad else "unexpected"), (
+            f"{len(results)} theorems/refutations on 10 seeds, max {worst:.2f} s" + (f"; off: {bad}" if bad else ""))
+
+    _step(rows, "Z3 proofs (T1-T5, flawed variants)", "as expected", prove)
+
+    def check(spec: str, client: str | None = None, secs: float = budget) -> Callable[[], tuple[str, str]]:
+        def go() -> tuple[str, str]:
+            r = run_check(spec, client, budget=secs, out_dir=out_dir)
+            props = sorted({v["property"] for v in r["violations"]})
+            return r["verdict"], f"{r['stats']['cases']} cases" + (f"; {', '.join(props)}" if props else "")
+        return go
+
+    for name in REFERENCE_PROTOCOLS:
+        _step(rows, f"check {name} (model)", "held", check(name))
+    for variant, prop in DEMO_VARIANTS.items():
+        ref = f"{variant.__module__}:{variant.__name__}"
+        _step(rows, f"check demo {variant.__name__} -> {prop}", "violated", check(ref, secs=min(budget, 10)))
+
+    def manifest() -> tuple[str, str]:
+        from model.explore import check_manifest
+        drift = check_manifest()
+        return ("no drift" if not drift else "drift"), ("; ".join(drift) if drift else "every entry matches")
+
+    _step(rows, "explorer manifest", "no drift", manifest)
+    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", check("paper", "lmcache"))
+    _step(rows, "check paper on lmcache-patched (real Valkey)", "held", check("paper", "lmcache-patched"))
+
+    for client in ("model", *REAL_CLIENTS):
+        def replay(client: str = client) -> tuple[str, str]:
+            _, res = run_replay([str(CORPUS)], client)
+            off = [r["path"] for r in res if not r["matches"]]
+            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
+        _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
+
+    ok = all(r["ok"] for r in rows)
+    if as_json:
+        print(json.dumps({"ok": ok, "steps": rows}, indent=2))
+    else:
+        w = max(len(r["step"]) for r in rows)
+        print(f"\n{'step':<{w}}  {'expected':<12} {'got':<12} {'s':>6}  detail")
+        for r in rows:
+            mark = "" if r["ok"] else "  <-- FAILED"
+            print(f"{r['step']:<{w}}  {r['expected']:<12} {r['got']:<12} {r['seconds']:>6}  {r['detail'][:90]}{mark}")
+        print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
+              f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
+    return EXIT_HELD if ok else EXIT_VIOLATED
