@@ -121,6 +121,7 @@ class _Row:
     hung: str = ""            # the op never returned: why
     coll: int | None = None   # collective index (arrive / collective rows)
     ranks: tuple[int, ...] = ()  # evict: the stores it hits
+    results: dict[int, str] = field(default_factory=dict)  # collective: each rank's result
     bad: str = ""             # a violation is marked on this row: its short text
     prop: str = ""            # ... and the property
 
@@ -132,11 +133,13 @@ class _Violation:
     rank: int | None = None       # where it is marked (None: the run as a whole)
     row: int | None = None        # the row it is marked on (None: at the end of the lifelines)
     waits_for: dict[int, list[int]] = field(default_factory=dict)   # deadlock: the wait-for graph
+    coll: int | None = None       # desync: the collective whose arrivals disagree
 
 
 @dataclass
 class _Picture:
     title: str
+    summary: str
     header: list[str]
     n: int
     rows: list[_Row]
@@ -225,12 +228,15 @@ def _protocol_rows(trace: Trace, keys: _Keys, n: int) -> list[_Row]:
                 if last is not None and last.kind == "collective" and last.coll == k and k is not None:
                     if rank is not None:  # one completion row for all ranks' results of collective k
                         last.ranks = last.ranks + (rank,)
-                        last.result += f" r{rank}:{_brief(res, 30)}"
+                        last.results[rank] = _brief(res, 40)
+                        last.result = _results_text(last.results, n)
                     continue
                 row.kind, row.coll, row.rank = "collective", k, None
                 row.text = f"#{k} {name}{root} complete" if k is not None else f"{name}{root} complete"
                 row.ranks = (rank,) if rank is not None else ()
-                row.result = f"r{rank}:{_brief(res, 30)}" if rank is not None else _brief(res, 30)
+                if rank is not None:
+                    row.results[rank] = _brief(res, 40)
+                row.result = _results_text(row.results, n) if rank is not None else _brief(res, 40)
         elif name in ("Put", "Get", "GetAsync", "Wait") and isinstance(effect, dict):
             if name == "Put":
                 size = _nbytes(effect.get("value"))
@@ -265,19 +271,49 @@ def _protocol_rows(trace: Trace, keys: _Keys, n: int) -> list[_Row]:
         rows.append(row)
     if "lookup" not in phase_seen:
         evictions("evict_before_lookup", "before lookup", "lookup")
-    return rows
+    return _collapse(rows)
+
+
+def _collapse(rows: list[_Row]) -> list[_Row]:
+    """Runs of the same op with the same result on one rank (a retry loop) as one row: `(x128, to step 129)`."""
+    out: list[_Row] = []
+    run = 1
+    for row in rows + [_Row("end", "")]:
+        prev = out[-1] if out else None
+        if (prev is not None and row.kind == prev.kind == "op" and row.rank == prev.rank and row.text == prev.text
+                and row.phase == prev.phase and not row.hung and not prev.hung
+                and row.result.split("  (x")[0] == prev.result.split("  (x")[0]):
+            run += 1
+            prev.result = f"{prev.result.split('  (x')[0]}  (x{run}, to step {row.step})"
+            continue
+        run = 1
+        if row.kind != "end":
+            out.append(row)
+    return out
+
+
+def _results_text(results: dict[int, str], n: int) -> str:
+    """`-> 1 (every rank)` when all ranks got the same, else each rank's."""
+    if len(results) == n and len(set(results.values())) == 1:
+        return f"-> {next(iter(results.values()))}" + (" (every rank)" if n > 1 else "")
+    return " ".join(f"r{r}: {v}" for r, v in sorted(results.items()))
 
 
 def _ops_rows(trace: Trace, keys: _Keys) -> list[_Row]:
+    """One row per recorded op: `model.storeops.run_ops` records (result, oracle, outcome, seconds) or the
+    bare ops of a property-test counterexample (op, rank, key/keys/value/handle)."""
     rows = []
-    skip = {"rank", "op", "key", "result", "value", "expected", "hung", "error", "status", "elapsed", "seconds",
-            "duration", "time", "start", "end", "timeout", "args", "index"}
+    skip = {"rank", "op", "key", "keys", "handle", "result", "value", "oracle", "outcome", "expected", "hung",
+            "error", "status", "elapsed", "seconds", "duration", "time", "start", "end", "timeout", "args", "index"}
     for i, op in enumerate(trace.ops):
         if not isinstance(op, dict):
             continue
         rank = _int(op.get("rank"))
         name = str(op.get("op"))
-        text = name + (f" {keys(op['key'])}" if "key" in op else "")
+        text = name + (f" h{op['handle']}" if _int(op.get("handle")) is not None else "")
+        text += f" {keys(op['key'])}" if "key" in op else ""
+        if isinstance(op.get("keys"), list):
+            text += " [" + ",".join(keys(k) for k in op["keys"][:4]) + (",.." if len(op["keys"]) > 4 else "") + "]"
         size = _nbytes(op.get("value"))
         if size is not None:
             text += f" {size}B"
@@ -287,7 +323,11 @@ def _ops_rows(trace: Trace, keys: _Keys) -> list[_Row]:
         if extra:
             text += " " + " ".join(extra)
         t = next((_num(op[k]) for k in ("time", "start") if _num(op.get(k)) is not None), None)
-        if "result" in op:
+        if "result" in op and (name in ("put", "delete") and op["result"] is None):
+            res = "ok"
+        elif "result" in op and isinstance(op["result"], bool):
+            res = "yes" if op["result"] else "no"
+        elif "result" in op:
             res = _result(op["result"])
         elif "status" in op:
             res = _brief(op["status"], 20)
@@ -298,8 +338,14 @@ def _ops_rows(trace: Trace, keys: _Keys) -> list[_Row]:
             res += f" in {dur:g}s"
         if op.get("error"):
             res += f" error {_clip(str(op['error']), 30)}"
-        row = _Row("op", "ops", i, t, rank, text.strip(), res.strip())
-        status = str(op.get("status", "")).lower()
+        outcome = op.get("outcome")
+        if "oracle" in op and outcome not in (None, "ok", "hang") and name not in ("put", "delete"):
+            res += f" (oracle: {_result(op['oracle'])})"
+        if isinstance(outcome, str) and outcome not in ("ok", "hang", "mismatch"):
+            res += f" raised {_clip(outcome, 40)}"
+        row = _Row("op", "ops", _int(op.get("index")) if _int(op.get("index")) is not None else i, t, rank,
+                   text.strip(), res.strip())
+        status = str(op.get("status", outcome or "")).lower()
         if op.get("hung") or status in ("hung", "hang", "never returned") or (
                 isinstance(op.get("error"), str) and re.search(r"hang|did not return|never", op["error"], re.I)):
             row.hung, row.result = "never returned", "never returns" + (f" ({res})" if res else "")
@@ -327,8 +373,32 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
         detail = detail if isinstance(detail, dict) else {}
         rank = _int(detail.get("rank"))
         mark = _Violation(prop, f"!! {prop}: {summary}", rank)
-        if prop == "hang":
+        if trace.kind == "store-ops" and prop != "hang":
+            # the op that failed: the one the detail names, else the last one recorded (recording stops there)
+            index = _int(detail.get("index"))
+            at = [i for i, r in enumerate(rows) if index is None or r.step == index][-1:]
+            for i in at:
+                r = rows[i]
+                mark.row, mark.rank = i, r.rank
+                if prop == "store-hang" or r.hung:
+                    r.hung = r.hung or "never returned"
+                    r.result = "never returns"
+                    r.bad = "HANG"
+                    if r.rank is not None:
+                        bad_status[r.rank] = "HUNG"
+                else:
+                    r.bad = prop
+                    if r.rank is not None:
+                        bad_status[r.rank] = prop
+                r.prop = prop
+                mark.text = f"!! {prop} at op #{r.step} ({r.text} on rank {r.rank}): {summary}"
+        elif prop == "hang":
             at = [i for i, r in enumerate(rows) if r.hung and (rank is None or r.rank == rank)]
+            index = _int(detail.get("index", detail.get("op")))
+            if not at and trace.kind == "store-ops" and rank is not None:  # the op the verdict names, else the last
+                at = [i for i, r in enumerate(rows) if r.rank == rank and (index is None or r.step == index)][-1:]
+                for i in at:
+                    rows[i].hung = rows[i].hung or "never returned"
             if at:
                 r = rows[at[-1]]
                 mark.row, mark.rank = at[-1], r.rank
@@ -342,7 +412,7 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
             elif rank is not None:
                 bad_status[rank] = "HUNG"
         elif prop == "desync" and _int(detail.get("collective")) is not None:
-            k = detail["collective"]
+            k = mark.coll = detail["collective"]
             who = detail.get("ranks") if isinstance(detail.get("ranks"), dict) else {}
             for i, r in enumerate(rows):
                 if r.kind == "arrive" and r.coll == k and (not who or r.rank in who):
@@ -401,6 +471,10 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
                 bad_status[rank] = f"raised {detail.get('exception', '')}".strip()
             if stuck and mark.rank is None:
                 mark.rank = stuck[0]
+                at = [i for i, r in enumerate(rows) if r.rank == stuck[0]]
+                if at:
+                    mark.row = at[-1]
+                    rows[at[-1]].bad, rows[at[-1]].prop = "still running at the step bound", prop
         elif prop == "agreement" and isinstance(detail.get("u"), dict):
             for q, u in detail["u"].items():
                 if str(q).isdigit():
@@ -424,7 +498,7 @@ def _header(trace: Trace, n: int) -> tuple[str, list[str]]:
     violations = trace.verdict.get("violations", []) if isinstance(trace.verdict, dict) else []
     props = sorted({str(v.get("property")) for v in violations if isinstance(v, dict)})
     verdict = f"VIOLATED {', '.join(props)}" if props else "every property held"
-    title = f"{name}: {trace.property or ('held' if not props else props[0])} - {trace.summary}"
+    title = f"{name}: {trace.property or ('every property held' if not props else props[0])}"
     cfg = trace.config if isinstance(trace.config, dict) else {}
     lines = [f"protocol {name}" + (f" ({ref})" if ref else "") + f"   client {trace.client}   kind {trace.kind}"
              + (f"   origin {trace.origin}" if trace.origin else "")]
@@ -505,7 +579,19 @@ def _picture(trace: Trace) -> _Picture:
                     violations.append(_Violation("hang", f"!! hang: rank {row.rank} never returns from {row.text}",
                                                  row.rank, i))
     title, header = _header(trace, n)
-    return _Picture(title, header, n, rows, status, bad_status, violations, trace.kind)
+    for row in rows:  # nothing from the trace reaches a terminal or the SVG with control characters
+        row.text, row.result, row.hung, row.bad = map(_safe, (row.text, row.result, row.hung, row.bad))
+    for v in violations:
+        v.text = _safe(v.text)
+    return _Picture(_safe(title), _safe(str(trace.summary)), [_safe(h) for h in header], n, rows,
+                    {r: _safe(s) for r, s in status.items()}, bad_status, violations, trace.kind)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _safe(text: str) -> str:
+    return _CONTROL.sub("?", text)
 
 
 # -- the terminal timeline ---------------------------------------------------------------------------------
@@ -518,10 +604,12 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
     prefix = 18
     col = max(14, min(52, (width - prefix) // max(1, p.n)))
     red = (lambda s: f"{_RED}{s}{_RESET}") if color else (lambda s: s)
-    out = [f"== shardcheck trace: {p.title}"[:width + 40]] + [_clip(h, width - 1) for h in p.header] + [""]
+    out = [_clip(f"== shardcheck trace: {p.title}", width)] + _wrap(f"summary  {p.summary}", width)[:6]
+    out += [_clip(h, width) for h in p.header] + [""]
     out.append(f"{'phase':<6}{'step':>5}{'t':>6} " + "".join(f"| rank {r}".ljust(col) for r in range(p.n)))
     out.append("-" * min(width, prefix + col * p.n))
     gone: set[int] = set()  # lifelines that ended (hung)
+    timed = any(row.time for row in p.rows)  # logical time only matters once a Wait or timeout advanced it
     last_phase = None
 
     def lifelines(cells: dict[int, str]) -> str:
@@ -537,12 +625,13 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
         if row.phase != last_phase:
             out.append(f"-- {row.phase} " + "-" * max(0, min(width, prefix + col * p.n) - len(row.phase) - 4))
             last_phase = row.phase
-        lead = f"{row.phase[:6]:<6}{'' if row.step is None else row.step:>5}" \
-               f"{'' if row.time is None else format(row.time, 'g'):>6} "
+        lookup = row.phase == "lookup"
+        lead = f"{row.phase[:6]:<6}{'' if row.step is None or lookup else row.step:>5}" \
+               f"{'' if row.time is None or lookup or not timed else format(row.time, 'g'):>6} "
         mark = [v for v in p.violations if v.row == i]
         if row.kind in ("collective", "combine") or (row.kind == "evict" and row.rank is None):
             span = row.ranks if row.kind == "evict" else tuple(range(p.n))
-            text = row.text + (f": {row.result}" if row.result else "")
+            text = row.text + (f" {row.result}" if row.result else "")
             if row.bad:
                 text = f"!! {text} ({row.prop})"
             line = lead + _band(text, span, p.n, col, "=" if row.kind != "evict" else "~", gone)
@@ -558,7 +647,7 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
                 gone.add(row.rank)
         out.append(red(line) if row.bad else line)
         for v in mark:
-            out.append(red(" " * prefix + _clip(v.text, width - prefix)))
+            out.extend(red(" " * prefix + line) for line in _wrap(v.text, width - prefix))
     out.append("-- end " + "-" * max(0, min(width, prefix + col * p.n) - 7))
     cells = {r: ("X " if p.status[r] == "HUNG" else "# " if r in p.bad_status else "o ") + p.status[r]
              for r in range(p.n)}
@@ -571,7 +660,7 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
                                f"({', '.join(p.status.get(q, '?') for q in qs)})"))
     if p.violations:
         out.append("")
-        out.extend(red(_clip(v.text, width * 2)) for v in p.violations)
+        out.extend(red(line) for v in p.violations for line in _wrap(v.text, width))
     else:
         out.append("")
         out.append("verdict: every property held")
@@ -597,7 +686,8 @@ def _band(text: str, span: tuple[int, ...], n: int, col: int, fill: str, gone: s
 # -- the SVG sequence diagram --------------------------------------------------------------------------
 _BAD_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 RED, INK, GREY, BLUE, ORANGE = "#c62828", "#222", "#999", "#1565c0", "#ef6c00"
-_COL, _LEFT, _STORE_DX = 320, 120, 150
+_COL, _LEFT, _STORE_DX = 360, 120, 190
+_CH = 6.7  # the width of one character of the 11px monospace font
 
 
 def _t(text: Any) -> str:
@@ -613,8 +703,9 @@ class _Svg:
                               markerWidth="7", markerHeight="7", orient="auto-start-reverse")
             ET.SubElement(m, "path", d="M0,0 L10,5 L0,10 z", fill=colour)
         ET.SubElement(self.root, "style").text = (
-            "text{font-family:DejaVu Sans Mono,Menlo,Consolas,monospace;font-size:11px;fill:#222}"
+            "text{font-family:DejaVu Sans Mono,Menlo,Consolas,monospace;font-size:11px}"
             ".title{font-size:15px;font-weight:bold}.head{font-size:11px;fill:#444}"
+            "text{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}"
             ".violation text,text.bad{fill:#c62828;font-weight:bold}.phase{fill:#777;font-size:10px}")
         self.body = ET.SubElement(self.root, "g")
         self.has_violation_id = False
@@ -627,7 +718,9 @@ class _Svg:
         return e
 
     def text(self, x: float, y: float, s: str, parent: ET.Element | None = None, **attrs: Any) -> ET.Element:
-        return self.el("text", parent, s, x=f"{x:.1f}", y=f"{y:.1f}", **attrs)
+        e = self.el("text", parent, s, x=f"{x:.1f}", y=f"{y:.1f}", **attrs)
+        e.set("{http://www.w3.org/XML/1998/namespace}space", "preserve")  # keep the header's column spacing
+        return e
 
     def violation(self, prop: str, rank: int | None, **extra: Any) -> ET.Element:
         """A group marking a violation: class "violation", the first one also id "violation"."""
@@ -652,11 +745,15 @@ def svg(trace: Trace) -> str:
     """The trace as an SVG sequence diagram (well-formed XML; the violation in red, `class="violation"`)."""
     p = _picture(trace)
     d = _Svg()
-    width = _LEFT + p.n * _COL + 40
-    d.text(12, 22, f"shardcheck: {p.title}", class_="title")
+    width = max(_LEFT + p.n * _COL + 40, 800)
+    d.text(12, 22, _clip(f"shardcheck: {p.title}", int((width - 24) / 9.2)), class_="title")
     y = 42
+    for line in _wrap(p.summary, int((width - 24) / _CH))[:6]:
+        d.text(12, y, line, class_="head", font_style="italic")
+        y += 14
+    y += 4
     for line in p.header:
-        d.text(12, y, line, class_="head")
+        d.text(12, y, _clip(line, int((width - 24) / _CH)), class_="head")
         y += 14
     head_y = y + 10
     for r in range(p.n):
@@ -677,7 +774,7 @@ def svg(trace: Trace) -> str:
             d.text(10, y + 12, f"{row.phase} phase", class_="phase")
             last_phase = row.phase
             y += 18
-        if row.step is not None or row.time is not None:
+        if row.phase != "lookup" and (row.step is not None or row.time is not None):
             d.text(10, y + 14, ("" if row.step is None else f"step {row.step}")
                    + ("" if not row.time else f" t={row.time:g}"), class_="phase")
         marks = [v for v in p.violations if v.row == i]
@@ -685,22 +782,28 @@ def svg(trace: Trace) -> str:
             x0, x1 = _rank_x(0) - 50, _rank_x(p.n - 1) + 50 if row.kind == "collective" else _store_x(p.n - 1) + 50
             x1 = max(x1, x0 + 260)
             parent = d.violation(row.prop, None) if row.bad else bands
-            d.el("rect", parent, x=x0, y=y, width=x1 - x0, height=30, rx=6,
+            h = 30 if row.result else 20
+            d.el("rect", parent, x=x0, y=y, width=x1 - x0, height=h, rx=6,
                  fill="#fdecea" if row.bad else ("#ede7f6" if row.kind == "collective" else "#e8f5e9"),
                  stroke=RED if row.bad else ("#5e35b1" if row.kind == "collective" else "#2e7d32"),
                  class_="collective" if row.kind == "collective" else "combine",
                  data_collective="" if row.coll is None else row.coll)
             d.text((x0 + x1) / 2, y + 13, row.text, parent, text_anchor="middle", font_weight="bold")
-            d.text((x0 + x1) / 2, y + 25, _clip(row.result, int((x1 - x0) / 6.7)), parent, text_anchor="middle")
-            y += 40
+            if row.result:
+                d.text((x0 + x1) / 2, y + 25, _clip(row.result, int((x1 - x0) / _CH)), parent, text_anchor="middle")
+            y += h + 10
         elif row.kind == "evict":
             g = d.el("g", class_="evict")
-            for r in row.ranks:
-                if 0 <= r < p.n:
-                    sx = _store_x(r)
-                    d.el("path", g, d=f"M{sx - 6},{y + 4} L{sx + 6},{y + 16} M{sx + 6},{y + 4} L{sx - 6},{y + 16}",
-                         stroke=ORANGE, stroke_width=3)
-                    d.text(sx + 10, y + 14, row.text, g, fill=ORANGE)
+            hit = [r for r in row.ranks if 0 <= r < p.n]
+            for r in hit:
+                sx = _store_x(r)
+                d.el("path", g, d=f"M{sx - 6},{y + 4} L{sx + 6},{y + 16} M{sx + 6},{y + 4} L{sx - 6},{y + 16}",
+                     stroke=ORANGE, stroke_width=3)
+            if hit:  # one label, beside the first store it hits (left of it when that is the last store)
+                sx = _store_x(hit[0])
+                left = hit[0] == p.n - 1 and p.n > 1
+                d.text(sx - 10 if left else sx + 10, y + 14, row.text, g, fill=ORANGE,
+                       text_anchor="end" if left else "start")
             y += 24
         elif row.rank is not None:
             rx, sx = _rank_x(row.rank), _store_x(row.rank)
@@ -725,7 +828,7 @@ def svg(trace: Trace) -> str:
                     d.el("path", parent, d=f"M{rx - 9},{y + 23} L{rx + 9},{y + 41} M{rx + 9},{y + 23} L{rx - 9},{y + 41}",
                          stroke=RED, stroke_width=3.5)
                     d.text(rx - 14, y + 36, "HUNG", parent, text_anchor="end", fill=RED, class_="bad")
-                    d.text(rx + 14, y + 36, f"{row.result}: {row.hung}", parent, fill=RED, class_="bad")
+                    d.text(rx + 14, y + 36, row.hung, parent, fill=RED, class_="bad")
                     y += 48
                 else:
                     d.el("line", parent, x1=sx, y1=y + 29, x2=rx, y2=y + 29, stroke=colour, stroke_dasharray="4,3",
@@ -734,11 +837,13 @@ def svg(trace: Trace) -> str:
                     if row.bad:
                         d.text(sx + 8, y + 17, f"<- {row.bad}", parent, fill=RED, class_="bad")
                     y += 38
+        y += 8 if marks else 0
         for v in marks:
             g = d.violation(v.prop, v.rank, data_row=i)
-            x = _rank_x(v.rank) if v.rank is not None else _rank_x(0)
-            d.text(x + 14 if v.rank is not None else 12, y + 2, _clip(v.text, int((width - x) / 6.7)), g, fill=RED)
-            y += 16
+            for line in _wrap(v.text, int((width - _LEFT - 20) / _CH)):
+                d.text(_LEFT, y + 4, line, g, fill=RED)
+                y += 15
+            y += 4
     # the end of every lifeline, the wait-for graph, the violations in words
     y += 8
     end_y = y
@@ -761,19 +866,32 @@ def svg(trace: Trace) -> str:
         d.text(rx, end_y + 14, status, parent, text_anchor="middle", fill=RED if bad else INK)
     y = end_y + 34
     for v in p.violations:
+        if v.coll is not None:  # desync: box the disagreeing arrivals of that collective
+            ys = [yy for (q, c), yy in arrive_y.items() if c == v.coll]
+            if ys:
+                g = d.violation(v.prop, v.rank, data_collective=v.coll)
+                x0, x1 = _rank_x(0) - 50, width - 12
+                d.el("rect", g, x=x0, y=min(ys) - 12, width=x1 - x0, height=max(ys) - min(ys) + 24, rx=6,
+                     fill="none", stroke=RED, stroke_width=1.5, stroke_dasharray="6,3")
+                d.text(x1 - 8, min(ys) + 2, f"collective #{v.coll}:", g, fill=RED, text_anchor="end")
+                d.text(x1 - 8, min(ys) + 16, "never completes", g, fill=RED, text_anchor="end")
         if not v.waits_for:
             continue
         g = d.violation("deadlock", min(v.waits_for), data_graph="waits-for")
+        d.text(12, y + 4, "wait-for graph", g, fill=RED)
+        lane = 0
         for r, qs in sorted(v.waits_for.items()):
-            y0 = arrive_y.get((r, max((c for (q, c) in arrive_y if q == r and c is not None), default=None)), end_y)
             for q in qs:
                 if not 0 <= q < p.n or q == r:
                     continue
+                lane += 1
                 x0, x1 = _rank_x(r), _rank_x(q)
-                mid = (x0 + x1) / 2
-                d.el("path", g, d=f"M{x0},{y0} C{mid},{y0} {mid},{end_y - 10} {x1},{end_y - 2}", fill="none",
+                low = end_y + 20 + 48 * lane
+                d.el("path", g, d=f"M{x0},{end_y + 20} C{x0},{low} {x1},{low} {x1},{end_y + 22}", fill="none",
                      stroke=RED, stroke_width=2, marker_end="url(#arrow-red)")
-                d.text(mid, (y0 + end_y) / 2 - 4, f"rank {r} waits for rank {q}", g, text_anchor="middle", fill=RED)
+                d.text((x0 + x1) / 2, end_y + 20 + 36 * lane + 16,
+                       f"rank {r} waits for rank {q} ({p.status.get(q, '?')})", g, text_anchor="middle", fill=RED)
+        y = end_y + 50 + 48 * lane
     for v in p.violations:
         g = d.violation(v.prop, v.rank, data_summary="1")
         for line in _wrap(v.text, int((width - 24) / 6.7)):
@@ -789,7 +907,7 @@ def svg(trace: Trace) -> str:
     d.root.insert(2, ET.Element("rect", {"x": "0", "y": "0", "width": str(int(width)), "height": str(int(height)),
                                          "fill": "white"}))
     title = ET.Element("title")
-    title.text = _t(f"shardcheck: {p.title}")
+    title.text = _t(f"shardcheck: {p.title} - {p.summary}")
     d.root.insert(0, title)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(d.root, encoding="unicode") + "\n"
 
@@ -799,7 +917,11 @@ def bad_prop(p: _Picture, rank: int) -> str:
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    words, lines, cur = text.split(" "), [], ""
+    """`text` in lines of at most `width` characters (continuation lines indented by 3)."""
+    width = max(width, 8)
+    words, lines, cur = [], [], ""
+    for w in text.split(" "):  # a word too long for a line is cut into pieces
+        words.extend(w[i:i + width - 4] for i in range(0, max(len(w), 1), width - 4))
     for w in words:
         if cur and len(cur) + 1 + len(w) > width:
             lines.append(cur)
