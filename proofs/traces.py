@@ -57,7 +57,7 @@ def summary_of(w: dict[str, Any]) -> str:
     return (f"Z3 counterexample for {w['variant']} ({w['property']}): with N={w['n_ranks']} ranks, "
             f"K={w['n_chunks']} chunks and cached set {cached} the longest cached prefix is {w['lcp']}, but "
             f"the ranks report {w['reports']} and the scheduler plans {w['planned']} {rel} {w['lcp']}: {why}. "
-            f"Found by proofs.flawed (bounded search N<={NMAX}, K<={KMAX}, minimised by N+K, N, cached count) and "
+            f"Found by proofs.flawed (bounded search N<={NMAX}, K<={KMAX}, minimised by N+K, N, evictions) and "
             f"replayed in the simulator with the non-cached chunks evicted before lookup.")
 
 
