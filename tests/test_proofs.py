@@ -123,7 +123,8 @@ def test_saved_counterexample_traces_replay(reports, variant):
     """counterexamples/z3-<variant>.json loads, matches the current Z3 model, and replays to its violation."""
     path = COUNTEREXAMPLE_DIR / f"z3-{variant}.json"
     trace = Trace.load(path)
-    assert trace.expect == {"model": "reproduces"} and trace.summary
+    assert trace.expect["model"] == "reproduces" and len(trace.summary) > 40
+    assert set(trace.expect.values()) == {"reproduces"}  # a protocol flaw, whatever the client
     w = next(r.counterexample for r in reports.values() if r.counterexample and r.counterexample["variant"] == variant)
     assert trace.config["n_ranks"] == w["n_ranks"] and trace.config["n_chunks"] == w["n_chunks"]
     assert trace.lookup["cached"] == w["cached"]
