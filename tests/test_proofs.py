@@ -50,8 +50,7 @@ def test_vacuity(reports, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_stable_on_every_seed(reports, name):
-    """Every obligation gets its expected answer on all 10 seeds, under 1 s solver time per seed and
-    within the fixed rlimit budget."""
+    """Every obligation answers as expected on all 10 seeds, within 1 s per seed, the rlimit budget and a 2x effort spread."""
     r = reports[name]
     assert len(r.checks) == SEEDS
     th = next(t for t in (*THEOREMS, *FLAWED) if t.name == name)
@@ -92,8 +91,7 @@ def test_cli_exit_code(capsys):
 
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_flawed_models_violate_in_plain_python(reports, th):
-    """Every seed's Z3 model is a concrete config that violates when evaluated in plain Python,
-    and the minimised model is the same on every seed."""
+    """Every seed's Z3 model is a concrete config that violates in plain Python; the minimised model is seed-independent."""
     r = reports[th.name]
     witnesses = [per_seed[0].witness for per_seed in r.checks]
     for w in (c.witness for per_seed in r.checks for c in per_seed):
@@ -107,8 +105,7 @@ def test_flawed_models_violate_in_plain_python(reports, th):
 
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_flawed_models_replay_in_simulator(reports, th):
-    """The Z3 configuration run through the variant's demo protocol in the harness gives the same
-    violation and the same reports/plan; the reference protocol on it holds every property."""
+    """Z3's config through the variant's demo protocol in the harness gives the same violation; PaperProtocol holds on it."""
     w = reports[th.name].counterexample
     out = replay(w)
     assert VARIANTS[w["variant"]][1] in out.violated()
@@ -135,8 +132,7 @@ def test_saved_counterexample_traces_replay(reports, variant):
 
 
 def test_bounded_sweep_min_over_ranks_is_lcp():
-    """Cross-check of T1 (not the proof): the reference lookup + min equals the LCP for every
-    N <= 4, K <= 6 and every cached subset."""
+    """Cross-check of T1 (not the proof): PaperProtocol lookup + min = LCP for N <= 4, K <= 6, every cached subset."""
     proto = PaperProtocol()
     for n, k in itertools.product(range(1, 5), range(0, 7)):
         hashes = [f"h{c}" for c in range(k)]
@@ -203,8 +199,7 @@ def _collective_kinds(proto, n: int, k: int, failed: set[int], how: object) -> l
 
 @pytest.mark.parametrize("proto", [PaperProtocol(), PaperProtocolAsync()], ids=lambda p: p.name)
 def test_bounded_collective_sequence_is_rank_and_fault_independent(proto):
-    """Cross-check of T4's structural argument: the real rank_load issues AllReduceMin then
-    AllGather on every rank, for every subset of failed fetches (N <= 4, K <= 5)."""
+    """Cross-check of T4: the real rank_load issues AllReduceMin, AllGather on every rank for every failed-fetch subset."""
     outcomes = (None, TIMED_OUT) if isinstance(proto, PaperProtocolAsync) else (None,)
     for n, k in itertools.product(range(1, 5), range(0, 6)):
         for bits in range(1 << k):
@@ -223,8 +218,7 @@ def test_committed_counterexample_files_are_all_z3_variants():
 
 @pytest.mark.parametrize("cls_name", ["EarlyExitOnMiss", "SkipEmptyGather"])
 def test_collective_cross_check_catches_desync_variants(cls_name):
-    """The lockstep driver has teeth: variants that branch their collectives on local faults give
-    different collective sequences on different ranks for some failure subset."""
+    """The lockstep driver has teeth: variants branching collectives on local faults diverge for some failure subset."""
     import model.variants as variants
     proto = getattr(variants, cls_name)()
     diverged = False
@@ -238,8 +232,7 @@ def test_collective_cross_check_catches_desync_variants(cls_name):
 
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_flawed_counterexample_is_minimal(reports, th):
-    """Dropping a rank, the last chunk or one eviction (i.e. caching one more chunk) from the Z3
-    counterexample loses the violation (plain-Python evaluation)."""
+    """Dropping a rank, the last chunk or one eviction from the Z3 counterexample loses the violation."""
     w = reports[th.name].counterexample
     n, k, cached = w["n_ranks"], w["n_chunks"], set(w["cached"])
     smaller = []
@@ -254,8 +247,7 @@ def test_flawed_counterexample_is_minimal(reports, th):
 
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_saved_counterexample_has_not_drifted(reports, th):
-    """The committed z3-<variant>.json equals what the current Z3 model and simulator produce
-    (regenerate with python -m proofs --write-counterexamples)."""
+    """The committed z3-<variant>.json equals what Z3 and the simulator produce now (python -m proofs --write-counterexamples)."""
     from proofs.traces import build_trace
     r = reports[th.name]
     path = COUNTEREXAMPLE_DIR / f"z3-{r.counterexample['variant']}.json"
