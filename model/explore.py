@@ -5,7 +5,7 @@ Pure Python, no I/O (the manifest tooling lives in `model.explore_manifest`).
 
 # The model explored
 One global state is
-    (lid_0, ..., lid_{N-1}, fc)
+    (lid_0, ..., lid_{N-1}, fc), packed into one int (fc + sum lid_r << (24 + 24 r)),
 where `lid_r` interns rank r's local state (trie node, status flag, its own store's contents, its async
 completions) and `fc = cfg * (max_faults + 1) + faults_used` names the initial configuration (which
 units were evicted before lookup) and how many faults the run has used. Everything else a run
@@ -100,6 +100,9 @@ _STORE_KINDS = (_PUT, _GET, _GETASYNC, _WAIT)
 _RUN, _ARRIVED, _HUNG = 0, 1, 2
 # async completion status
 _OK, _LOST, _DELAYED = 0, 1, 2
+# a global state packed into one int: fc in the low _FB bits, then _LB bits per rank's local state id
+_FB = _LB = 24
+_FMASK = _LMASK = (1 << _LB) - 1
 
 
 class ExploreError(Exception):
@@ -353,6 +356,12 @@ class _Explorer:
         self.L_moves: list[int] = []
         self.L_br: list = []
         self.L_ev: list = []
+        self.L_fast: list = []  # per lid: [(cost, packed delta, new lid | _Bad, kind)]; kind 0 move, 1 arrive, 2 bad
+        self.L_evd: list = []  # per lid: packed deltas of its eager evictions
+        self.L_sig: list[int] = []  # per lid: the id of the collective signature it waits in (-1: not arrived)
+        self.sig_ids: dict = {}
+        self.coll_packed: dict[int, int] = {}  # packed lids (no fc) all arrived -> packed lids after completion
+        self.shift = [_FB + _LB * r for r in range(n)]
         self.coll_memo: dict = {}
         self.term_memo: dict = {}
         self.store_violations: list[Violation] = []
@@ -411,7 +420,44 @@ class _Explorer:
             self.L_moves.append(node.depth + (flag != _RUN))
             self.L_br.append(None)
             self.L_ev.append(None)
+            self.L_fast.append(None)
+            self.L_evd.append(None)
+            self.L_sig.append(self.sig_ids.setdefault(collective_signature(node.effect), len(self.sig_ids))
+                              if flag == _ARRIVED else -1)
+            if got > _LMASK:
+                raise ExploreError(f"more than {_LMASK} local states of one rank: configuration too big")
         return got
+
+    def pack(self, lids: Sequence[int], fc: int) -> int:
+        st = fc
+        for r, x in enumerate(lids):
+            st |= x << self.shift[r]
+        return st
+
+    def unpack(self, st: int) -> tuple:
+        """(lid_0, ..., lid_{N-1}, fc) of a packed state."""
+        return tuple((st >> sh) & _LMASK for sh in self.shift) + (st & _FMASK,)
+
+    def fast(self, lid: int) -> list:
+        """`branches(lid)` as packed deltas, for the search loop."""
+        out = self.L_fast[lid]
+        if out is None:
+            sh = self.shift[self.L_node[lid].rank]
+            out = []
+            for cost, nl, label in self.branches(lid):
+                if type(nl) is not int:
+                    out.append((cost, 0, nl, 2))
+                else:
+                    out.append((cost, ((nl - lid) << sh) + cost, nl, 1 if label[0] == "arrive" else 0))
+            self.L_fast[lid] = out
+        return out
+
+    def fast_evictions(self, lid: int) -> list:
+        out = self.L_evd[lid]
+        if out is None:
+            sh = self.shift[self.L_node[lid].rank]
+            out = self.L_evd[lid] = [((nl - lid) << sh) + 1 for nl, _ in self.evictions(lid)]
+        return out
 
     # -- rank-local transitions -------------------------------------------------------------------------
     def branches(self, lid: int) -> list:
@@ -490,24 +536,22 @@ class _Explorer:
     def arrive(self, lids: tuple, r: int) -> Any:
         """After rank r arrived (lids already hold its arrived lid): the same lids, the lids after the
         collective completed, or a `_Bad` desync."""
+        L_sig = self.L_sig
+        sig = L_sig[lids[r]]
+        complete = True
+        for q, x in enumerate(lids):
+            other = L_sig[x]
+            if other < 0:
+                complete = False
+            elif other != sig:
+                nodes = [self.L_node[x] for x in lids]
+                return _Bad("desync", f"collective #{self._coll_index(nodes[r])}: rank {q} entered "
+                            f"{_sig_text(nodes[q].effect)}, rank {r} entered {_sig_text(nodes[r].effect)}")
+        if not complete:
+            return lids
         got = self.coll_memo.get(lids)
-        if got is not None:
-            return got
-        n, nodes = self.n, [self.L_node[x] for x in lids]
-        me = nodes[r].effect
-        sig = collective_signature(me)
-        got = lids
-        for q in range(n):
-            if q != r and self.L_flag[lids[q]] == _ARRIVED:
-                other = nodes[q].effect
-                if collective_signature(other) != sig:
-                    got = _Bad("desync", f"collective #{self._coll_index(nodes[r])}: rank {q} entered "
-                               f"{_sig_text(other)}, rank {r} entered {_sig_text(me)}")
-                    break
-        else:
-            if all(self.L_flag[x] == _ARRIVED for x in lids):
-                got = self._complete(lids, nodes)
-        self.coll_memo[lids] = got
+        if got is None:
+            got = self.coll_memo[lids] = self._complete(lids, [self.L_node[x] for x in lids])
         return got
 
     @staticmethod
@@ -540,7 +584,7 @@ class _Explorer:
 
     # -- terminal states ------------------------------------------------------------------------------------
     def terminal(self, st: tuple) -> list[Violation]:
-        """Every violation of a state where no rank can move."""
+        """Every violation of a state (unpacked) where no rank can move."""
         n = self.n
         fc = st[n]
         cfg, faults = divmod(fc, self.maxf + 1)
@@ -583,9 +627,10 @@ class _Explorer:
                        load)
 
     # -- successors, slowly (counterexample reconstruction) ---------------------------------------------
-    def successors(self, st: tuple) -> Iterable[tuple[tuple, Any]]:
-        """Every (label, successor state or _Bad) of `st`, in the search's order."""
+    def successors(self, packed: int) -> Iterable[tuple[tuple, Any]]:
+        """Every (label, packed successor state or _Bad) of a packed state, in the search's order."""
         n, maxf = self.n, self.maxf
+        st = self.unpack(packed)
         fc = st[n]
         budget = maxf - fc % (maxf + 1)
         ranks = [r for r in range(n) if self.L_run[st[r]]]
@@ -605,13 +650,14 @@ class _Explorer:
                         yield (r, label), got
                         continue
                     ns = got + (fc + cost,)
-                yield (r, label), ns
+                yield (r, label), self.pack(ns[:n], ns[n])
         if not self.reduction and budget and ranks:
             for q in range(n):
                 for nl, chunk in self.evictions(st[q]):
-                    yield (q, ("eager-evict", chunk)), st[:q] + (nl,) + st[q + 1:n] + (fc + 1,)
+                    yield (q, ("eager-evict", chunk)), self.pack(st[:q] + (nl,) + st[q + 1:n], fc + 1)
 
     def steps(self, st: tuple) -> int:
+        """Moves made to reach an unpacked state."""
         return sum(self.L_moves[x] for x in st[:self.n])
 
 
@@ -625,17 +671,17 @@ _CHECK_EVERY = 4096
 
 
 class _Found(Exception):
-    def __init__(self, parent: tuple | None, label: Any, prop: str, cfg: int | None = None) -> None:
+    def __init__(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
         self.parent, self.label, self.prop, self.cfg = parent, label, prop, cfg
 
 
 class _Search(_Explorer):
     def run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
         t0 = time.perf_counter()
-        self.seen: dict[tuple, tuple | None] = {}
+        self.seen: dict[int, int | None] = {}
         self.transitions = 0
         self.depth = 0
-        self.dead: set[tuple] = set()
+        self.dead: set[int] = set()
         try:
             verdict = self._bfs(should_stop, progress, t0)
         except _Found as found:
@@ -658,7 +704,7 @@ class _Search(_Explorer):
                 "seconds": dt, "states_per_s": len(self.seen) / dt if dt > 0 else 0.0,
                 "trie_nodes": self.tries.count, "local_states": len(self.L_node)}
 
-    def _initial(self) -> list[tuple]:
+    def _initial(self) -> list[int]:
         n, maxf1 = self.n, self.maxf + 1
         for v in self.store_violations:
             self._found(None, None, v.property, 0)
@@ -682,7 +728,9 @@ class _Search(_Explorer):
                 lids.append(self.lid(root, _RUN, cfg.stores[r], ()))
             if len(lids) < n:
                 continue
-            st = tuple(lids) + (ci * maxf1,)
+            if ci * maxf1 > _FMASK:
+                raise ExploreError(f"more than {_FMASK // maxf1} initial configurations: configuration too big")
+            st = self.pack(lids, ci * maxf1)
             if st in self.seen:
                 continue
             self.seen[st] = None
@@ -690,92 +738,115 @@ class _Search(_Explorer):
             self._check_new(st, 0)
         return frontier
 
-    def _check_new(self, st: tuple, depth: int, parent: tuple | None = None, label: Any = None) -> None:
-        """The checks of a newly reached state (not on the hot path: quiescent or near the step bound)."""
-        n, L_run = self.n, self.L_run
-        runnable = any(L_run[x] for x in st[:n])
-        if not runnable:
+    def _check_new(self, packed: int, depth: int) -> None:
+        """The checks of a newly reached state (off the hot path: quiescent, or near the step bound)."""
+        st = self.unpack(packed)
+        if not any(self.L_run[x] for x in st[:self.n]):
             for v in self.terminal(st):
-                self._found(st, None, v.property)
+                self._found(packed, None, v.property)
         elif depth >= self.bound and (self.reduction or self.steps(st) >= self.bound):
-            self.dead.add(st)  # the simulator stops here: never expanded
-            self._found(st, None, "termination")
+            self.dead.add(packed)  # the simulator stops here: never expanded
+            self._found(packed, None, "termination")
 
-    def _found(self, parent: tuple | None, label: Any, prop: str, cfg: int | None = None) -> None:
+    def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
         """Report a violation, unless only other properties are searched for."""
         if self.properties is None or prop in self.properties:
             raise _Found(parent, label, prop, cfg)
 
     def _bfs(self, should_stop, progress, t0) -> str:
         n, maxf, maxf1, reduction, bound = self.n, self.maxf, self.maxf + 1, self.reduction, self.bound
-        seen, L_run, L_br, branches, arrive = self.seen, self.L_run, self.L_br, self.branches, self.arrive
-        check_new, dead = self._check_new, self.dead
+        seen, L_run, L_fast, L_evd = self.seen, self.L_run, self.L_fast, self.L_evd
+        fast, fast_evictions, arrive, pack, unpack = self.fast, self.fast_evictions, self.arrive, self.pack, self.unpack
+        check_new, dead, found = self._check_new, self.dead, self._found
+        shifts, L_sig, coll_packed = self.shift, self.L_sig, self.coll_packed
+        budgets = [maxf - f % maxf1 for f in range(maxf1)]
         frontier = self._initial()
         while frontier:
-            nxt: list[tuple] = []
+            nxt: list[int] = []
+            append = nxt.append
             d1 = self.depth + 1
             near = d1 >= bound  # only then can a state reach the step bound (steps <= depth)
+            trans = 0
             for start in range(0, len(frontier), _CHECK_EVERY):
                 if should_stop is not None and should_stop():
+                    self.transitions += trans
                     return "incomplete"
                 if progress is not None:
                     progress(self._stats(t0))
                 for st in frontier[start:start + _CHECK_EVERY]:
                     if dead and st in dead:
                         continue
-                    fc = st[n]
-                    budget = maxf - fc % maxf1
+                    budget = budgets[(st & _FMASK) % maxf1]
+                    runnable = False
                     for r in range(n):
-                        lid = st[r]
+                        lid = (st >> shifts[r]) & _LMASK
                         if not L_run[lid]:
                             continue
-                        brs = L_br[lid]
+                        runnable = True
+                        brs = L_fast[lid]
                         if brs is None:
-                            brs = branches(lid)
-                        for cost, nl, label in brs:
+                            brs = fast(lid)
+                        for cost, delta, nl, kind in brs:
                             if cost > budget:
                                 continue
-                            self.transitions += 1
-                            if type(nl) is not int:
-                                self._found(st, (r, label), nl.property)
-                                continue
-                            if cost:
-                                ns = st[:r] + (nl,) + st[r + 1:n] + (fc + cost,)
-                            else:
-                                ns = st[:r] + (nl,) + st[r + 1:]
-                            if label[0] == "arrive":
-                                got = arrive(ns[:n], r)
-                                if type(got) is _Bad:
-                                    self._found(st, (r, label), got.property)
+                            trans += 1
+                            if kind:
+                                if kind == 2:
+                                    found(st, (r, self.branches(lid)[brs.index((cost, delta, nl, kind))][2]),
+                                          nl.property)
                                     continue
-                                ns = got + (ns[n],)
+                                ns = st + delta
+                                sig = L_sig[nl]
+                                complete = True
+                                for sh in shifts:
+                                    other = L_sig[(ns >> sh) & _LMASK]
+                                    if other != sig:
+                                        if other >= 0:  # a different collective: desync
+                                            complete = None
+                                            break
+                                        complete = False
+                                if complete is not False:
+                                    high = ns >> _FB
+                                    got = coll_packed.get(high)
+                                    if got is None:
+                                        lids = unpack(ns)
+                                        got = arrive(lids[:n], r)
+                                        if type(got) is _Bad:
+                                            found(st, (r, ("arrive",)), got.property)
+                                            continue
+                                        got = coll_packed[high] = pack(got, 0) >> _FB
+                                    ns = (got << _FB) | (ns & _FMASK)
                                 if ns in seen:
                                     continue
                                 seen[ns] = st
-                                nxt.append(ns)
+                                append(ns)
                                 check_new(ns, d1)
                                 continue
+                            ns = st + delta
                             if ns in seen:
                                 continue
                             seen[ns] = st
-                            nxt.append(ns)
+                            append(ns)
                             if near or not L_run[nl]:
                                 check_new(ns, d1)
                         if reduction:
                             break
-                    if not reduction and budget:
-                        if not any(L_run[x] for x in st[:n]):
-                            continue
+                    if budget and runnable and not reduction:
                         for q in range(n):
-                            for nl, chunk in self.evictions(st[q]):
-                                self.transitions += 1
-                                ns = st[:q] + (nl,) + st[q + 1:n] + (fc + 1,)
+                            lid = (st >> shifts[q]) & _LMASK
+                            evs = L_evd[lid]
+                            if evs is None:
+                                evs = fast_evictions(lid)
+                            for delta in evs:
+                                trans += 1
+                                ns = st + delta
                                 if ns in seen:
                                     continue
                                 seen[ns] = st
-                                nxt.append(ns)
+                                append(ns)
                                 if near:
                                     check_new(ns, d1)
+            self.transitions += trans
             frontier = nxt
             if frontier:
                 self.depth = d1
@@ -804,7 +875,7 @@ class _Search(_Explorer):
         if found.label is not None:
             steps.append((path[-1], found.label))
         self.depth = len(steps)
-        cfg = self.configs[path[0][n] // maxf1]
+        cfg = self.configs[(path[0] & _FMASK) // maxf1]
         schedule: list[int] = []
         evictions, lost, delayed = [], [], []
         for st, (r, label) in steps:
@@ -814,7 +885,7 @@ class _Search(_Explorer):
                 continue
             if label[0] == "evict":
                 evictions.append(Eviction(label[1], r, step=s))
-            i = len(self.L_async[st[r]])
+            i = len(self.L_async[self.unpack(st)[r]])
             if "lost" in label:
                 lost.append((r, i))
             if "delayed" in label:
