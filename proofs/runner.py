@@ -99,6 +99,9 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     ok = sum(r["result"] == r["expected"] for r in results)
+    slow = [r["theorem"] for r in results if float(r.get("seconds", 0)) >= MAX_SECONDS]
+    if slow:
+        lines.append(f"over {MAX_SECONDS} solver s on some seed: {', '.join(slow)}")
     lines.append(f"{ok}/{len(results)} theorems have their expected result "
                  f"(rlimit budget {RLIMIT:,} per obligation, limit {MAX_SECONDS} solver s per seed)")
     return "\n".join(lines)

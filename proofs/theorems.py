@@ -8,8 +8,12 @@ of a witness rank ``j0``).  A proof step never hands the quantifiers to the solv
 instances it needs (explicit witnesses such as "the rank owning chunk L") and asserts only those.
 Instances of true universal hypotheses are true, so an unsat quantifier-free obligation is a proof
 of the universal statement for every N >= 1, K >= 0 and every cached set / ownership / fault set.
-Nonlinear facts (c mod N, S*L, products over reals) are proved once as separate lemmas, and the
-main step uses fresh constants carrying only the lemma's conclusion.
+Nonlinear facts are proved once as separate lemmas: T1 keeps ``c mod N`` as a term but the only
+fact its steps rely on (0 <= c mod N < N) is the lemma ``mod_is_total_ownership``, instantiated where
+needed; T3's products S*L, S*K are replaced in the main step by fresh constants carrying only the
+lemmas' conclusions; T5's products over the reals go to nlsat in tiny separate obligations, with
+1/B and 1/R as variables x, y (x*B = 1, y*R = 1) instead of divisions.  A sequence of obligations
+sharing symbol names composes: an earlier lemma's conclusion appears as a hypothesis of a later one.
 """
 from __future__ import annotations
 
