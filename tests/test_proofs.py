@@ -143,7 +143,8 @@ def test_bounded_sweep_min_over_ranks_is_lcp():
             assert proto.combine(reports, k) == leading_run(cached, k), (n, k, cached, reports)
 
 
-def _collective_kinds(proto, n: int, k: int, failed: set[int], how: object) -> list[list[tuple]]:
+def _collective_kinds(proto, n: int, k: int, failed: set[int], how: object, results: dict | None = None
+                      ) -> list[list[tuple]]:
     """Drive every rank's real `rank_load` generator in lockstep (NCCL call-order matching); a fetch
     of a chunk in `failed` misses (or times out); return each rank's collective signatures."""
     hashes = [f"h{c}" for c in range(k)]
@@ -159,8 +160,10 @@ def _collective_kinds(proto, n: int, k: int, failed: set[int], how: object) -> l
             while not done[r] and pending[r] is None:
                 try:
                     eff = gens[r].send(sends[r])
-                except StopIteration:
+                except StopIteration as stop:
                     done[r] = True
+                    if results is not None:
+                        results[r] = stop.value
                     break
                 sends[r] = None
                 if isinstance(eff, (AllReduceMin, AllGather, Broadcast)):
@@ -199,15 +202,20 @@ def _collective_kinds(proto, n: int, k: int, failed: set[int], how: object) -> l
 
 @pytest.mark.parametrize("proto", [PaperProtocol(), PaperProtocolAsync()], ids=lambda p: p.name)
 def test_bounded_collective_sequence_is_rank_and_fault_independent(proto):
-    """Cross-check of T4: the real rank_load issues AllReduceMin, AllGather on every rank for every failed-fetch subset."""
+    """Cross-check of T4: real rank_load issues AllReduceMin, AllGather on every rank and loads 0..u-1, any failed subset."""
     outcomes = (None, TIMED_OUT) if isinstance(proto, PaperProtocolAsync) else (None,)
     for n, k in itertools.product(range(1, 5), range(0, 6)):
         for bits in range(1 << k):
             failed = {c for c in range(k) if bits >> c & 1}
             for how in outcomes:
-                kinds = _collective_kinds(proto, n, k, failed, how)
+                results: dict = {}
+                kinds = _collective_kinds(proto, n, k, failed, how, results)
                 assert all(seq == [("AllReduceMin", None), ("AllGather", None)] for seq in kinds), \
                     (n, k, failed, kinds)
+                # T4's u: min over ranks of the first failed own chunk = the first failed chunk overall
+                u = min(failed | {k})
+                assert all(sorted(res) == list(range(u)) for res in results.values()), (n, k, failed, results)
+                assert len(results) == n
 
 
 def test_committed_counterexample_files_are_all_z3_variants():
