@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hypothesis import event, note
+from hypothesis import event as _hyp_event, note as _hyp_note
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -91,10 +91,29 @@ def violated_properties(exc: BaseException) -> set[str]:
 
 def _final_run() -> bool:
     """Whether this is the run Hypothesis reports (or a run outside Hypothesis, e.g. a pasted program)."""
+    return current_build_context().is_final if _in_hypothesis() else True
+
+
+def _in_hypothesis() -> bool:
     try:
-        return current_build_context().is_final
+        current_build_context()
     except InvalidArgument:
-        return True
+        return False
+    return True
+
+
+def note(text: str) -> None:
+    """Hypothesis's `note` inside a test; printed when a program runs outside one (a pasted failing program)."""
+    if _in_hypothesis():
+        _hyp_note(text)
+    else:
+        print(text)
+
+
+def event(text: str) -> None:
+    """Hypothesis's `event` (statistics) inside a test; nothing outside one."""
+    if _in_hypothesis():
+        _hyp_event(text)
 
 
 def _slug(text: str) -> str:
@@ -419,8 +438,12 @@ class StoreMachine(RuleBasedStateMachine):
             self._await(p)
         probe = "probe-absent"
         for r in range(len(self.stores)):
+            # a miss, then one more call: the client must still answer after its last op and after a miss
             self._record("get", r, key=probe)
             self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None])
+            self._record("contains", r, key=probe)
+            if self._call(r, "contains", probe, self.ns + probe):
+                self._fail("store-roundtrip", f"rank {r}: contains({probe!r}) of a never-written key returned true")
             for key in self.oracle[r]:
                 self._call(r, "delete", key, self.ns + key)
 

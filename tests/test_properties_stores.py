@@ -1,0 +1,65 @@
+"""The store layer can fail: it catches every known-bad client of `properties.bad_stores`; `model` passes."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from model.trace import Trace
+from properties import config
+from properties.bad_stores import BAD_STORES
+from properties.machines import StoreMachine, replay_store_ops, violated_properties
+from properties.resolve import resolve_client
+
+FIND = settings(max_examples=200, stateful_step_count=25, derandomize=True, deadline=None,
+                phases=(Phase.generate,), report_multiple_bugs=False,
+                suppress_health_check=list(HealthCheck))
+#: Short, so that a hanging client costs little, yet far above what an in-memory call takes.
+OP_TIMEOUT = 0.25
+
+
+def _caught(client, found_dir) -> set[str]:
+    with config.using(client=client, found_dir=found_dir, op_timeout=OP_TIMEOUT):
+        try:
+            run_state_machine_as_test(StoreMachine, settings=FIND)
+        except (AssertionError, ExceptionGroup) as exc:
+            return violated_properties(exc)
+    return set()
+
+
+@pytest.mark.parametrize("name", list(BAD_STORES))
+def test_store_layer_catches_bad_client(name, tmp_path):
+    """The store machine fails on the bad client with the property it breaks, and writes a store-ops trace."""
+    factory, prop = BAD_STORES[name]
+    assert _caught(factory, tmp_path) == {prop}
+    (path,) = tmp_path.glob("*.json")
+    trace = Trace.load(path)
+    assert (trace.kind, trace.property) == ("store-ops", prop)
+    with config.using(client=factory, op_timeout=OP_TIMEOUT), pytest.raises(AssertionError) as info:
+        replay_store_ops(trace.ops)
+    assert violated_properties(info.value) == {prop}
+
+
+def test_memory_client_passes(tmp_path):
+    """The in-memory reference client passes the store layer."""
+    assert _caught(resolve_client("model"), tmp_path) == set()
+    assert not list(tmp_path.iterdir())
+
+
+def test_blocking_get_counts_as_hang_promptly():
+    """A GET that blocks is cut off at the op timeout, and the machine stays usable afterwards."""
+    factory, _ = BAD_STORES["blocking-miss"]
+    with config.using(client=factory, op_timeout=OP_TIMEOUT, write_traces=False):
+        machine = StoreMachine()
+        start = time.perf_counter()
+        with pytest.raises(AssertionError, match="store-hang: rank 0: get"):
+            machine.get(rank=0, key="missing")
+        assert time.perf_counter() - start < 1.0
+    with config.using(write_traces=False):
+        again = StoreMachine()
+        again.put(rank=0, key="k", value=b"v")
+        again.get(rank=0, key="k")
+        again.teardown()
+
