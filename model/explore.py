@@ -682,6 +682,7 @@ class _Search(_Explorer):
         self.transitions = 0
         self.depth = 0
         self.dead: set[int] = set()
+        self.terminals: set | None = getattr(self, "terminals", None)
         try:
             verdict = self._bfs(should_stop, progress, t0)
         except _Found as found:
@@ -716,9 +717,6 @@ class _Search(_Explorer):
             if not isinstance(planned, int) or isinstance(planned, bool):
                 self._found(None, None, "soundness", ci)
                 continue
-            lookup = self._outcome(cfg, False, None)
-            for v in soundness(lookup) + completeness(lookup):
-                self._found(None, None, v.property, ci)
             lids = []
             for r in range(n):
                 root = self.tries.root(r, planned)
@@ -735,6 +733,9 @@ class _Search(_Explorer):
                 continue
             self.seen[st] = None
             frontier.append(st)
+            lookup = self._outcome(cfg, False, None)
+            for v in soundness(lookup) + completeness(lookup):
+                self._found(None, None, v.property, ci)
             self._check_new(st, 0)
         return frontier
 
@@ -742,11 +743,20 @@ class _Search(_Explorer):
         """The checks of a newly reached state (off the hot path: quiescent, or near the step bound)."""
         st = self.unpack(packed)
         if not any(self.L_run[x] for x in st[:self.n]):
+            if self.terminals is not None:
+                self.terminals.add(self.terminal_signature(st))
             for v in self.terminal(st):
                 self._found(packed, None, v.property)
         elif depth >= self.bound and (self.reduction or self.steps(st) >= self.bound):
             self.dead.add(packed)  # the simulator stops here: never expanded
             self._found(packed, None, "termination")
+
+    def terminal_signature(self, st: tuple) -> tuple:
+        """A terminal state as (cfg, per rank (history, flag), whether a fault happened): everything the
+        terminal checks depend on."""
+        cfg, faults = divmod(st[self.n], self.maxf + 1)
+        return ((cfg,) + tuple((tuple(self.L_node[x].history()), self.L_flag[x]) for x in st[:self.n])
+                + (faults > 0,))
 
     def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
         """Report a violation, unless only other properties are searched for."""
@@ -932,3 +942,23 @@ def bench(seconds: float = 5.0, *, protocol: Any = None, n_ranks: int = 3, n_chu
             "seconds": res.seconds, "transitions": res.transitions, "verdict": res.verdict,
             "config": {"protocol": getattr(protocol, "name", type(protocol).__name__), "n_ranks": n_ranks,
                        "n_chunks": n_chunks, "reduction": reduction, "max_faults": 1}}
+
+
+def terminal_signatures(protocol: Any, n_ranks: int, n_chunks: int, *, reduction: bool, max_faults: int = 1,
+                        cached: Iterable[int] | str | None = None) -> set:
+    """Every reachable terminal state's signature (initial configuration, each rank's received results and
+    status, whether a fault happened), ignoring violations (a test hook). The reduced set must be a subset
+    of the unreduced one, equal to it once the fault flag is dropped (lazy eviction only drops evictions
+    nobody observes)."""
+    search = _Search(protocol, n_ranks, n_chunks, None if cached in (None, "all") else frozenset(cached),
+                     max_faults, reduction, "s0", None, frozenset())
+    search.terminals = set()
+    search.run(None, None)
+    return search.terminals
+
+
+if __name__ == "__main__":  # the manifest tooling (file I/O) lives in model.explore_manifest
+    import sys
+
+    from model.explore_manifest import main
+    sys.exit(main())

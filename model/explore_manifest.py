@@ -1,0 +1,149 @@
+"""The explorer's manifest (`model/manifest.json`): configurations with their expected verdict and
+distinct-state count, checked in CI (`tests/test_explore.py`), in the manner of tlaplus/Examples manifests.
+
+    python -m model.explore --update-manifest   # re-run every entry and rewrite its expectations
+    python -m model.explore --check             # exit 1 when an entry's verdict or count drifted
+    python -m model.explore --bench SECONDS     # states/s of the explorer (JSON)
+    python -m model.explore --reset-manifest    # rewrite the manifest from the default entries
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from model.explore import bench, explore
+
+MANIFEST = Path(__file__).with_name("manifest.json")
+SCHEMA = "shardcheck-explore-manifest"
+VERSION = 1
+REGENERATE = "python -m model.explore --update-manifest"
+
+REFERENCE = ("model.protocols:PaperProtocol", "model.protocols:PaperProtocolAsync",
+             "model.protocols:Rank0SingleWriter")
+#: (n_ranks, n_chunks, cached, max_faults, reduction) explored for every reference protocol.
+REFERENCE_CONFIGS = (
+    (2, 3, "all", 1, True), (2, 3, "all", 1, False),
+    (3, 2, "all", 1, True), (3, 2, "all", 1, False),
+    (3, 4, "all", 0, True), (3, 4, [0, 1, 2], 1, True),
+    (3, 5, "all", 2, True), (3, 5, "all", 2, False),
+    (4, 6, "all", 1, True), (4, 6, "all", 1, False),
+)
+#: demo variant -> (n_ranks, n_chunks): a small configuration where the explorer finds its property.
+VARIANT_CONFIGS = {
+    "OwnCountReport": (2, 3), "EmptyRankReportsZero": (3, 2), "MaxCombine": (2, 3),
+    "MismatchedOwnership": (2, 3), "GappyLoad": (2, 3), "GiveUpOnLocalMiss": (2, 3),
+    "AlignedPlanGreedyLoad": (2, 3), "ByteOffByOne": (2, 3), "PessimisticLoad": (2, 3),
+    "EarlyExitOnMiss": (2, 3), "SkipEmptyGather": (2, 3), "UnboundedWaitAsync": (2, 3),
+    "RetryUntilPresent": (2, 3), "WrongAsyncKey": (2, 3),
+}
+#: variants also explored without reduction (the full interleaving space).
+VARIANTS_FULL = ("EarlyExitOnMiss", "SkipEmptyGather", "UnboundedWaitAsync", "GiveUpOnLocalMiss")
+
+
+def resolve(ref: str) -> Any:
+    """`MOD:ATTR` -> a protocol instance (a class is instantiated with no arguments)."""
+    mod, _, attr = ref.partition(":")
+    obj = getattr(importlib.import_module(mod), attr)
+    return obj() if isinstance(obj, type) else obj
+
+
+def entry_name(e: dict) -> str:
+    cached = "all" if e["cached"] == "all" else "c" + "".join(map(str, e["cached"]))
+    proto = e["protocol"].rpartition(":")[2]
+    prop = f"-{'+'.join(e['properties'])}" if e.get("properties") else ""
+    return (f"{proto}-{e['n_ranks']}x{e['n_chunks']}-{cached}-f{e['max_faults']}-"
+            f"{'por' if e['reduction'] else 'full'}{prop}")
+
+
+def default_entries() -> list[dict]:
+    from model.variants import DEMO_VARIANTS
+    out = []
+    for ref in REFERENCE:
+        for n, k, cached, f, red in REFERENCE_CONFIGS:
+            out.append({"protocol": ref, "n_ranks": n, "n_chunks": k, "cached": cached, "max_faults": f,
+                        "reduction": red})
+    for cls, prop in DEMO_VARIANTS.items():
+        n, k = VARIANT_CONFIGS.get(cls.__name__, (2, 3))
+        for red in (True, False) if cls.__name__ in VARIANTS_FULL else (True,):
+            out.append({"protocol": f"{cls.__module__}:{cls.__name__}", "n_ranks": n, "n_chunks": k,
+                        "cached": "all", "max_faults": 1, "reduction": red, "properties": [prop]})
+    return [{"name": entry_name(e), **e} for e in out]
+
+
+def run_entry(e: dict):
+    """Explore one manifest entry."""
+    return explore(resolve(e["protocol"]), e["n_ranks"], e["n_chunks"],
+                   cached=None if e["cached"] == "all" else e["cached"], max_faults=e["max_faults"],
+                   reduction=e["reduction"], properties=e.get("properties"))
+
+
+def observed(res) -> dict:
+    """What the manifest records of a result."""
+    out = {"verdict": res.verdict, "states": res.states}
+    if res.verdict == "violated":
+        out["property"] = res.violation.property
+        out["depth"] = res.depth
+    return out
+
+
+def load(path: Path = MANIFEST) -> dict:
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {SCHEMA} v{VERSION} file")
+    return data
+
+
+def update(path: Path = MANIFEST, entries: list[dict] | None = None, out=sys.stdout) -> dict:
+    """Re-run every entry (of `entries`, or of the manifest at `path`) and write the expectations."""
+    if entries is None:
+        entries = load(path)["entries"] if Path(path).exists() else default_entries()
+    new = []
+    for e in entries:
+        e = {"name": e.get("name") or entry_name(e)} | {k: v for k, v in e.items() if k not in ("name", "expect")}
+        e["expect"] = observed(run_entry(e))
+        new.append(e)
+        print(f"{e['name']}: {e['expect']}", file=out)
+    data = {"schema": SCHEMA, "version": VERSION,
+            "about": "Exhaustive explorer configurations with the expected verdict and distinct-state count; "
+                     f"checked by tests/test_explore.py. Regenerate with `{REGENERATE}`.",
+            "entries": new}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def check(path: Path = MANIFEST, out=sys.stdout) -> int:
+    """0 when every entry still gives its expectations, 1 otherwise (each drift printed)."""
+    bad = 0
+    for e in load(path)["entries"]:
+        got = observed(run_entry(e))
+        if got != e["expect"]:
+            bad += 1
+            print(f"DRIFT {e['name']}: expected {e['expect']}, got {got}", file=out)
+    if bad:
+        print(f"{bad} entries drifted; if intended, regenerate with `{REGENERATE}`", file=out)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m model.explore", description=__doc__.splitlines()[0])
+    ap.add_argument("--manifest", type=Path, default=MANIFEST)
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--update-manifest", action="store_true")
+    group.add_argument("--reset-manifest", action="store_true")
+    group.add_argument("--check", action="store_true")
+    group.add_argument("--bench", type=float, metavar="SECONDS")
+    args = ap.parse_args(argv)
+    if args.update_manifest:
+        update(args.manifest)
+        return 0
+    if args.reset_manifest:
+        update(args.manifest, default_entries())
+        return 0
+    if args.check:
+        return check(args.manifest)
+    print(json.dumps(bench(args.bench)))
+    return 0

@@ -1,0 +1,150 @@
+"""The exhaustive explorer: the manifest (verdicts and exact state counts), every demo variant found with a
+replayable shortest counterexample, and the reductions' soundness checked against the full search."""
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from model.effects import TIMED_OUT, GetAsync, Wait
+from model.explore import ExploreError, bench, explore, terminal_signatures
+from model.explore_manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, entry_name, load, observed, resolve,
+                                    run_entry)
+from model.harness import run_case
+from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter, owned_chunks
+from model.trace import Trace
+from model.variants import DEMO_VARIANTS
+
+ENTRIES = load()["entries"]
+REFERENCE_CLASSES = (PaperProtocol, PaperProtocolAsync, Rank0SingleWriter)
+EVERY_CLASS = (*REFERENCE_CLASSES, *DEMO_VARIANTS)
+SMALL = ((2, 3, 1), (3, 2, 1), (2, 2, 2), (3, 3, 1))
+
+
+def _ref(cls) -> str:
+    return f"{cls.__module__}:{cls.__name__}"
+
+
+def _config(cls) -> tuple[int, int]:
+    return VARIANT_CONFIGS.get(cls.__name__, (2, 3))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
+def test_manifest_entry(entry):
+    got = observed(run_entry(entry))
+    assert got == entry["expect"], (
+        f"manifest entry {entry['name']} drifted: expected {entry['expect']}, got {got}. If the change is "
+        f"intended, regenerate the manifest with `{REGENERATE}` and commit model/manifest.json.")
+
+
+def test_manifest_covers_the_reference_protocols_and_every_variant():
+    names = [e["name"] for e in ENTRIES]
+    assert len(names) == len(set(names)) and all(e["name"] == entry_name(e) for e in ENTRIES)
+    for ref in REFERENCE:
+        mine = [e for e in ENTRIES if e["protocol"] == ref]
+        assert {e["reduction"] for e in mine} == {True, False}
+        assert all(e["expect"]["verdict"] == "held" for e in mine)
+    for cls, prop in DEMO_VARIANTS.items():
+        mine = [e for e in ENTRIES if e["protocol"] == _ref(cls)]
+        assert mine and all(e["expect"] | {"states": 0, "depth": 0} ==
+                            {"verdict": "violated", "property": prop, "states": 0, "depth": 0} for e in mine)
+        assert isinstance(resolve(_ref(cls)), cls)
+
+
+@pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
+def test_every_demo_variant_is_found_and_its_trace_replays(cls, tmp_path):
+    prop = DEMO_VARIANTS[cls]
+    res = explore(cls(), *_config(cls), properties=[prop])
+    assert res.verdict == "violated" and res.violation.property == prop
+    trace = res.trace(protocol_ref=_ref(cls))
+    assert trace.property == prop or prop in [v["property"] for v in trace.verdict["violations"]]
+    again = Trace.load(trace.save(tmp_path / "cex.json")).case()
+    cex = res.counterexample  # the trace records the whole schedule run_case ran (the explorer's is a prefix)
+    assert attrs.evolve(again, step_bound=None, schedule=cex.schedule) == cex and again.bound() == cex.bound()
+    assert again.schedule[:len(cex.schedule)] == cex.schedule
+    assert prop in run_case(cls(), again).violated()
+
+
+@pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
+def test_first_violation_replays_in_both_modes(cls):
+    verdicts = set()
+    for reduction in (True, False):
+        res = explore(cls(), *_config(cls), reduction=reduction)
+        verdicts.add(res.verdict)
+        assert res.verdict == "violated"
+        assert res.violation.property in run_case(cls(), res.counterexample).violated()
+        assert len(res.counterexample.schedule) <= res.depth
+    assert verdicts == {"violated"}
+
+
+@pytest.mark.parametrize("cls", EVERY_CLASS, ids=lambda c: c.__name__)
+def test_reduction_agrees_with_the_full_search(cls):
+    """Verdicts agree; the reduced terminal states are a subset of the full ones, equal up to the fault flag."""
+    prop = DEMO_VARIANTS.get(cls)
+    for n, k, f in SMALL:
+        for props in (None, [prop]) if prop else (None,):
+            a = explore(cls(), n, k, max_faults=f, reduction=True, properties=props)
+            b = explore(cls(), n, k, max_faults=f, reduction=False, properties=props)
+            assert a.verdict == b.verdict, (n, k, f, props)
+            if a.verdict == "violated":
+                assert a.violation.property in run_case(cls(), a.counterexample).violated()
+                assert b.violation.property in run_case(cls(), b.counterexample).violated()
+        red = terminal_signatures(cls(), n, k, reduction=True, max_faults=f)
+        full = terminal_signatures(cls(), n, k, reduction=False, max_faults=f)
+        assert red <= full
+        assert {s[:-1] for s in red} == {s[:-1] for s in full}
+
+
+@pytest.mark.parametrize("cls", REFERENCE_CLASSES, ids=lambda c: c.__name__)
+def test_reference_protocols_hold_and_the_reduction_shrinks(cls):
+    a = explore(cls(), 3, 4, reduction=True)
+    b = explore(cls(), 3, 4, reduction=False)
+    assert a.verdict == b.verdict == "held"
+    assert 0 < a.states < b.states and a.counterexample is None and a.trace() is None
+
+
+class _TimeoutIsFatal(PaperProtocolAsync):
+    """Test-only flaw: a timed-out completion raises instead of shortening the prefix."""
+
+    name = "timeout-is-fatal"
+
+    def fetch_own(self, rank, n_ranks, chunk_hashes, planned):
+        mine = owned_chunks(self, rank, n_ranks, planned)
+        handles = []
+        for c in mine:
+            handles.append((yield GetAsync(self.key(c, chunk_hashes[c], rank, n_ranks))))
+        fetched = {}
+        for c, h in zip(mine, handles):
+            value = yield Wait(h, self.wait_timeout)
+            if value is TIMED_OUT:
+                raise RuntimeError("timed out")
+            if value is None:
+                return c, fetched
+            fetched[c] = value
+        return planned, fetched
+
+
+def test_lost_and_delayed_completions_are_explored():
+    res = explore(_TimeoutIsFatal(), 2, 2, properties=["termination"])
+    assert res.verdict == "violated"
+    plan = res.counterexample.faults
+    assert plan.lost or plan.delayed
+    assert "termination" in run_case(_TimeoutIsFatal(), res.counterexample).violated()
+    assert explore(_TimeoutIsFatal(), 2, 2, max_faults=0).verdict == "held"
+
+
+def test_budgets_progress_and_bad_input():
+    seen = []
+    res = explore(PaperProtocolAsync(), 3, 5, max_faults=2, reduction=False, should_stop=lambda: bool(seen),
+                  progress=seen.append)
+    assert res.verdict == "incomplete" and seen and {"states", "transitions", "states_per_s"} <= set(seen[0])
+    assert explore(PaperProtocol(), 2, 3, cached=[0, 1]).verdict == "held"
+    assert explore(PaperProtocol(), 2, 3, cached=[0, 1]).states < explore(PaperProtocol(), 2, 3).states
+    with pytest.raises(ExploreError):
+        explore(PaperProtocol(), 2, 3, cached=[7])
+    with pytest.raises(ExploreError):
+        explore(PaperProtocol(), 2, 3, cached="some")
+
+
+def test_bench_reports_a_rate():
+    got = bench(0.3)
+    assert got["states"] > 0 and got["seconds"] > 0 and got["states_per_s"] > 0
