@@ -137,27 +137,42 @@ def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
 
 # == the protocol layer ================================================================================
 class ProtocolMachine(RuleBasedStateMachine):
-    """Episodes of one prompt: store, evict, look up, load one rank step at a time, with faults."""
+    """Episodes of one prompt: store, evict, look up, load one rank step at a time, with faults.
+
+    There is always an open episode: when one ends (checked), a fresh one with the same sizes starts, and
+    `lookup`, `start_load` and `move` first take the steps before them that have not happened yet. So every
+    rule is meaningful in every state, which keeps preconditions (and Hypothesis's rejected draws) away and
+    lets the shrinker delete any step.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.cfg = config.current()
         self.protocol = self.cfg.protocol_object()
         self.ep: Episode | None = None
+        self.sizes: tuple[int, int, str] = (1, 0, "s0")
 
-    def _phase(self) -> str | None:
-        return self.ep.phase if self.ep is not None else None
-
-    # -- rules --------------------------------------------------------------------------------------
-    @precondition(lambda self: self.ep is None)
-    @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
-    def store_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
-        """Every rank runs `rank_store` for a fresh prompt (a new episode)."""
-        RULE_STEPS["protocol"] += 1
+    def _open(self, n_ranks: int, n_chunks: int, salt: str) -> None:
+        self.sizes = (n_ranks, n_chunks, salt)
         self.ep = Episode(self.protocol, self.cfg.stores(n_ranks), n_ranks, n_chunks, salt)
         self._check_if_done()
 
-    @precondition(lambda self: self._phase() in (STORED, LOOKED_UP, LOADING) and self.ep.k > 0)
+    # -- rules --------------------------------------------------------------------------------------
+    @initialize(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
+    def first_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
+        """Every rank runs `rank_store` for the first prompt."""
+        RULE_STEPS["protocol"] += 1
+        self._open(n_ranks, n_chunks, salt)
+
+    @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
+    def store_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
+        """Finish (and check) the open episode, then every rank stores a new prompt."""
+        RULE_STEPS["protocol"] += 1
+        self.ep.finish()
+        self._check_if_done()
+        self._open(n_ranks, n_chunks, salt)
+
+    @precondition(lambda self: self.ep.k > 0)
     @rule(chunk=s.chunk_index, rank=s.evict_rank)
     def evict(self, chunk: int, rank: int | None) -> None:
         """Evict a chunk's keys (from one rank or all): before lookup, after it, or during the load."""
@@ -166,47 +181,53 @@ class ProtocolMachine(RuleBasedStateMachine):
         event(f"evict while {self.ep.phase}")
         note(f"evicted {e} while {self.ep.phase}")
 
-    @precondition(lambda self: self._phase() == STORED)
     @rule()
     def lookup(self) -> None:
-        """All ranks look up at one instant and the scheduler plans the load."""
+        """All ranks look up at one instant and the scheduler plans the load (once per episode)."""
         RULE_STEPS["protocol"] += 1
-        self.ep.lookup()
-        out = self.ep.out
-        note(f"lookup: cached {sorted(out.cached)}, LCP {out.lcp}, reports {out.reports}, planned {out.planned}")
-        self._check_if_done()
+        self._lookup()
 
-    @precondition(lambda self: self._phase() in (LOOKED_UP, LOADING))
+    def _lookup(self) -> None:
+        if self.ep.phase == STORED:
+            self.ep.lookup()
+            out = self.ep.out
+            note(f"lookup: cached {sorted(out.cached)}, LCP {out.lcp}, reports {out.reports}, planned {out.planned}")
+            self._check_if_done()
+
     @rule(rank=s.rank_index, ahead=s.async_ahead)
     def lose_completion(self, rank: int, ahead: int) -> None:
         """A rank's upcoming GetAsync completion will never arrive."""
         RULE_STEPS["protocol"] += 1
         note(f"lost completion {self.ep.lose(rank % self.ep.n, ahead)}")
 
-    @precondition(lambda self: self._phase() in (LOOKED_UP, LOADING))
     @rule(rank=s.rank_index, ahead=s.async_ahead, seconds=s.delays)
     def delay_completion(self, rank: int, ahead: int, seconds: float) -> None:
         """A rank's upcoming GetAsync completion arrives late."""
         RULE_STEPS["protocol"] += 1
         note(f"delayed completion {self.ep.delay(rank % self.ep.n, ahead, seconds)}")
 
-    @precondition(lambda self: self._phase() == LOOKED_UP)
     @rule()
     def start_load(self) -> None:
-        """Every rank starts its load program."""
+        """Every rank starts its load program (looking up first if that has not happened)."""
         RULE_STEPS["protocol"] += 1
-        self.ep.start_load()
-        self._check_if_done()
+        self._start_load()
 
-    @precondition(lambda self: self._phase() == LOADING)
+    def _start_load(self) -> None:
+        self._lookup()
+        if self.ep.phase == LOOKED_UP:
+            self.lookup_is_sound_and_complete()
+            self.ep.start_load()
+            self._check_if_done()
+
     @rule(choice=s.move_choice)
     def move(self, choice: int) -> None:
-        """Hypothesis picks which runnable rank takes its next effect."""
+        """Hypothesis picks which runnable rank takes its next effect (starting the load if need be)."""
         RULE_STEPS["protocol"] += 1
-        self.ep.move(choice)
-        self._check_if_done()
+        self._start_load()
+        if self.ep.phase == LOADING:
+            self.ep.move(choice)
+            self._check_if_done()
 
-    @precondition(lambda self: self._phase() in (STORED, LOOKED_UP, LOADING))
     @rule()
     def finish(self) -> None:
         """Run the rest of the episode (lowest runnable rank first) and check it."""
@@ -218,27 +239,24 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def lookup_is_sound_and_complete(self) -> None:
         """Once looked up: `planned == LCP` (soundness and completeness)."""
-        if self._phase() == LOOKED_UP:
-            self._check_lookup()
-
-    def _check_lookup(self) -> None:
-        bad = self.ep.lookup_violations()
-        if bad:
+        if self.ep is not None and self.ep.phase == LOOKED_UP and self.ep.lookup_violations():
             # finish the episode first, so every later property (e.g. within-plan) is reported with it
             self.ep.finish()
             self._check_if_done()
 
-    def _check_if_done(self) -> None:
-        """When the episode is over: every property of the contract, then the next episode may start."""
+    def _check_if_done(self, renew: bool = True) -> None:
+        """When the episode is over: every property of the contract, then a fresh episode of the same sizes."""
         ep = self.ep
         if ep is None or ep.phase != DONE:
             return
         self.ep = None
         out = ep.out
-        event(f"episode: n_ranks={ep.n} n_chunks={ep.k} planned={out.planned} "
-              f"u={sorted({len(r) for r in out.results.values() if hasattr(r, '__len__')})}")
+        event(f"episode: n_ranks={ep.n} n_chunks={ep.k} faults={ep.faults().size()} "
+              f"{'short' if out.planned != out.lcp or any(len(r) != out.planned for r in out.results.values()) else 'full'}")
         if not out.violations:
             ep.cleanup()
+            if renew:
+                self._open(*self.sizes)
             return
         self.cfg.discard()
         replay = run_case(self.protocol, ep.case())
@@ -256,10 +274,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         raise_violations(out.violations, f"protocol {out.protocol}")
 
     def teardown(self) -> None:
-        """Finish and check an episode left open, so every run ends with a full check."""
+        """Finish and check the open episode, so every run ends with a full check."""
         if self.ep is not None:
             self.ep.finish()
-            self._check_if_done()
+            self._check_if_done(renew=False)
 
 
 # == the store-client layer ==============================================================================
