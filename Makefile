@@ -19,8 +19,9 @@ $(STAMP): $(REQS)
 verify: venv
 	$(VENV)/bin/shardcheck verify
 
+# The ci Hypothesis profile is derandomized and keeps its example database (failures persist).
 test: venv
-	$(VENV)/bin/python -m pytest
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache out
