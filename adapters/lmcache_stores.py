@@ -1,0 +1,637 @@
+"""Real LMCache (0.5.6) store clients against real Valkey servers, one per rank.
+
+Each class implements the contract's `RankStore` (put/get/contains/delete/get_async/close) over a
+real LMCache client class, plus optional extra read paths listed in `read_paths`. Factories follow
+`factory(n_ranks, **options) -> list[RankStore]` (one store per rank, rank order):
+
+- `resp_factory`   (`--client lmcache`):        LMCache's `RemoteBackend` with `remote_url=resp://`
+  (RESPConnector over the native RESP client), built from `LMCacheEngineConfig`,
+  `LMCacheMetadata` (worker_id = rank, world_size = N) and a CPU `LocalCPUBackend`;
+- `native_factory` (`--client lmcache-native`): the native RESP client class the connector uses
+  (`lmcache.v1.storage_backend.native_clients.resp_client.RESPClient`), directly;
+- `valkey_factory` (`--client lmcache-valkey`): `RemoteBackend` with `remote_url=valkey://`
+  (LMCache's ValkeyConnector over valkey-glide).
+
+Options (keyword-only): `topology="per-rank"|"shared"`, `use_mla=True`, `op_timeout=5.0`,
+`urls=[...]` (already-running servers; per-rank: one per rank, shared: one), `password=None`,
+`num_workers=8`. Without `urls` the factory starts its own servers and the stores own them:
+closing every store stops them.
+
+Values: LMCache moves fixed-size KV chunks, so each contract value is carried in one LMCache
+chunk (`CHUNK_BYTES` bytes): a frame `b"SCV1" + len (u32 LE) + value + zero padding`. A chunk
+that LMCache returns as a hit but that holds no frame is handed back raw (all `CHUNK_BYTES`
+bytes), so a miss that LMCache reports as a hit shows up as wrong bytes, not as a silent miss.
+
+Keys: the contract's str key maps deterministically to `CacheEngineKey(model_name="shardcheck",
+world_size=N, worker_id=rank, chunk_hash=<63-bit blake2b of the str>, dtype=uint8)`; the RESP
+and Valkey servers then see LMCache's own key string `shardcheck@N@rank@<hex>@uint8`.
+
+Bounds: every call runs LMCache code on another thread (or on the store's event loop) and waits
+at most `op_timeout`; past it the call raises `model.contract.StoreCallTimeout(op, key, seconds)`.
+`close()` never blocks (LMCache's own close runs on a daemon thread for a short bounded time).
+
+`delete` is eviction: a DEL on a separate admin connection to the rank's server (LMCache 0.5.6's
+RESP connector has no remove; the harness evicts like the server's LRU would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import hashlib
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from adapters.valkey_servers import ServerSet, start_servers
+
+try:
+    from model.contract import StoreCallTimeout
+except ImportError:  # pragma: no cover - the model defines it; fallback with the same fields
+    class StoreCallTimeout(Exception):  # type: ignore[no-redef]
+        def __init__(self, op: str, key: str, seconds: float) -> None:
+            super().__init__(f"store call {op}({key!r}) did not return within {seconds:g} s")
+            self.op, self.key, self.seconds = op, key, seconds
+
+__all__ = [
+    "resp_factory", "native_factory", "valkey_factory", "StoreCallTimeout",
+    "BackendStore", "NativeStore", "CHUNK_BYTES", "encode_frame", "decode_frame", "lmcache_key",
+    "Bounded", "DEFAULT_OP_TIMEOUT",
+]
+
+DEFAULT_OP_TIMEOUT = 5.0
+MODEL_NAME = "shardcheck"
+CHUNK_TOKENS = 16
+NUM_LAYERS = 8
+# non-MLA: [2, layers, tokens, 1*16]; MLA: [1, layers, tokens, 1*32] -> both 4096 uint8 bytes
+KV_SHAPE = {False: (NUM_LAYERS, 2, CHUNK_TOKENS, 1, 16), True: (NUM_LAYERS, 1, CHUNK_TOKENS, 1, 32)}
+CHUNK_BYTES = 4096
+# LocalCPUBackend pins and zero-fills this much per store at start (0.25 GB took 1.2 s): keep it small
+LOCAL_CPU_GB = 0.02
+MAGIC = b"SCV1"
+HEADER = struct.Struct("<4sI")
+MAX_VALUE = CHUNK_BYTES - HEADER.size
+
+_quiet_done = False
+
+
+def _quiet_lmcache_logs(force: bool = False) -> None:
+    """LMCache logs every connector creation at INFO/WARNING; keep test output readable
+    (set SHARDCHECK_LMCACHE_LOGS=1 to see them)."""
+    global _quiet_done
+    if (_quiet_done and not force) or os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
+        return
+    _quiet_done = True
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("lmcache"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("lmcache").setLevel(logging.ERROR)
+
+
+# --------------------------------------------------------------------------- values and keys
+
+def encode_frame(value: bytes) -> bytes:
+    value = bytes(value)
+    if len(value) > MAX_VALUE:
+        raise ValueError(f"value of {len(value)} bytes exceeds one LMCache chunk ({MAX_VALUE} bytes)")
+    return HEADER.pack(MAGIC, len(value)) + value + bytes(CHUNK_BYTES - HEADER.size - len(value))
+
+
+def decode_frame(chunk: bytes | memoryview) -> bytes:
+    chunk = bytes(chunk)
+    if len(chunk) >= HEADER.size:
+        magic, n = HEADER.unpack_from(chunk)
+        if magic == MAGIC and HEADER.size + n <= len(chunk):
+            return chunk[HEADER.size:HEADER.size + n]
+    return chunk  # not a frame anybody wrote: hand it back raw
+
+
+def chunk_hash_of(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
+
+
+def lmcache_key(key: str, rank: int, n_ranks: int):
+    import torch
+    from lmcache.utils import CacheEngineKey
+
+    return CacheEngineKey(MODEL_NAME, n_ranks, rank, chunk_hash_of(key), torch.uint8)
+
+
+# --------------------------------------------------------------------------- bounded execution
+
+class Bounded:
+    """Runs LMCache calls so that a stuck call cannot hang the caller.
+
+    Sync calls run on a fresh daemon thread; coroutines run on the store's own event loop thread
+    (daemon). Waiting is bounded by `timeout`; a stuck call is abandoned (its thread stays parked
+    on LMCache's side, never joined).
+    """
+
+    def __init__(self, timeout: float, name: str) -> None:
+        self.timeout = float(timeout)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name=f"{name}-loop", daemon=True)
+        self._thread.start()
+        self.timeouts = 0
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            pass
+
+    def call(self, op: str, key: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        fut: cf.Future = cf.Future()
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller
+                fut.set_exception(e)
+
+        threading.Thread(target=run, name=f"lmcache-{op}", daemon=True).start()
+        try:
+            return fut.result(timeout)
+        except cf.TimeoutError:
+            self.timeouts += 1
+            raise StoreCallTimeout(op, key, timeout) from None
+
+    def submit(self, coro_fn: Callable[[], Any]) -> cf.Future:
+        """Schedule `coro_fn()` on the loop; returns the concurrent future (unbounded)."""
+        async def runner() -> Any:
+            return await coro_fn()
+
+        return asyncio.run_coroutine_threadsafe(runner(), self.loop)
+
+    def run(self, op: str, key: str, coro_fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        fut = self.submit(coro_fn)
+        try:
+            return fut.result(timeout)
+        except cf.TimeoutError:
+            fut.cancel()
+            self.timeouts += 1
+            raise StoreCallTimeout(op, key, timeout) from None
+
+    def on_loop(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run a plain function on the loop thread (LMCache objects that bind to the running loop)."""
+        async def runner() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(runner(), self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:
+            pass
+
+
+def _then(fut: cf.Future, fn: Callable[[Any], Any]) -> cf.Future:
+    """A concurrent future resolving to fn(result of fut) (or fut's exception)."""
+    out: cf.Future = cf.Future()
+
+    def done(f: cf.Future) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+            return
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            value = fn(f.result())
+        except BaseException as e:
+            if not out.done():
+                out.set_exception(e)
+            return
+        if not out.done():
+            out.set_result(value)
+
+    def cancel_source(o: cf.Future) -> None:
+        if o.cancelled():
+            fut.cancel()
+
+    out.add_done_callback(cancel_source)
+    fut.add_done_callback(done)
+    return out
+
+
+# --------------------------------------------------------------------------- admin (eviction)
+
+def _resp_command(port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
+    def enc(*a: str) -> bytes:
+        parts = [b"*%d\r\n" % len(a)]
+        for x in a:
+            b = x.encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        return b"".join(parts)
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        if password is not None:
+            s.sendall(enc("AUTH", password))
+            s.recv(64)
+        s.sendall(enc(*args))
+        return s.recv(4096)
+
+
+# --------------------------------------------------------------------------- server ownership
+
+class _Servers:
+    """The servers a factory call uses: given `urls`, or its own (stopped when all stores close)."""
+
+    def __init__(self, n_ranks: int, topology: str, urls: Sequence[str] | None,
+                 password: str | None) -> None:
+        if topology not in ("per-rank", "shared"):
+            raise ValueError(f"topology must be 'per-rank' or 'shared', got {topology!r}")
+        n_servers = n_ranks if topology == "per-rank" else 1
+        self.topology = topology
+        self.owned: ServerSet | None = None
+        self.password = password
+        if urls is None:
+            self.owned = start_servers(n_servers, password=password)
+            self.endpoints = [("127.0.0.1", p) for p in self.owned.ports]
+        else:
+            from urllib.parse import urlparse
+
+            if len(urls) != n_servers:
+                raise ValueError(f"topology {topology!r} with {n_ranks} ranks needs {n_servers} "
+                                 f"url(s), got {len(urls)}")
+            self.endpoints = []
+            for u in urls:
+                p = urlparse(u)
+                if p.hostname is None or p.port is None:
+                    raise ValueError(f"url {u!r} has no host:port")
+                self.endpoints.append((p.hostname, p.port))
+                if p.password and self.password is None:
+                    self.password = p.password
+        self._refs = n_ranks
+        self._lock = threading.Lock()
+
+    def endpoint(self, rank: int) -> tuple[str, int]:
+        return self.endpoints[rank if self.topology == "per-rank" else 0]
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            last = self._refs == 0
+        if last and self.owned is not None:
+            self.owned.stop()
+
+
+# --------------------------------------------------------------------------- base store
+
+class _StoreBase:
+    read_paths: tuple[str, ...] = ("get", "get_async")
+    client_name = "?"
+
+    def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool,
+                 op_timeout: float, num_workers: int) -> None:
+        _quiet_lmcache_logs()
+        self.rank = rank
+        self.n_ranks = n_ranks
+        self.use_mla = bool(use_mla)
+        self.op_timeout = float(op_timeout)
+        self.num_workers = int(num_workers)
+        self._servers = servers
+        self.host, self.port = servers.endpoint(rank)
+        self.password = servers.password
+        self.bounded = Bounded(op_timeout, f"shardcheck-{self.client_name}-r{rank}")
+        self._closed = False
+        self._lookup_ids = itertools.count()
+
+    # key naming
+    def lmcache_key(self, key: str):
+        return lmcache_key(key, self.rank, self.n_ranks)
+
+    def key_string(self, key: str) -> str:
+        return self.lmcache_key(key).to_string()
+
+    @property
+    def servers(self) -> ServerSet | None:
+        """The servers this store's factory started (None when it was given `urls`)."""
+        return self._servers.owned
+
+    def delete(self, key: str) -> None:
+        """Evict: DEL LMCache's key string on an admin connection to this rank's server."""
+        ks = self.key_string(key)
+        self.bounded.call("delete", key, lambda: _resp_command(self.port, self.password, "DEL", ks))
+
+    def server_keys(self) -> list[str]:
+        """Every key on this rank's server (diagnostics: which key names a client wrote)."""
+        raw = self.bounded.call("keys", "*", lambda: _resp_command(self.port, self.password, "KEYS", "*"))
+        parts = raw.split(b"\r\n")
+        return [p.decode() for i, p in enumerate(parts) if i > 0 and parts[i - 1].startswith(b"$")]
+
+    def _shutdown_client(self) -> None:  # subclass: LMCache's own close
+        pass
+
+    def close(self) -> None:
+        """Never blocks: LMCache's close runs on a daemon thread, waited for at most 0.05 s."""
+        if self._closed:
+            return
+        self._closed = True
+        t = threading.Thread(target=self._shutdown_client, name="lmcache-close", daemon=True)
+        t.start()
+        t.join(min(0.05, self.op_timeout))
+        self.bounded.stop()
+        self._servers.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(rank={self.rank}/{self.n_ranks}, {self.host}:{self.port}, "
+                f"mla={self.use_mla})")
+
+
+# --------------------------------------------------------------------------- RemoteBackend stores
+
+def _engine_objects(scheme: str, host: str, port: int, rank: int, n_ranks: int, use_mla: bool,
+                    password: str | None, num_workers: int, extra: dict | None = None):
+    import torch
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    extra_config: dict[str, Any] = {"save_chunk_meta": False}
+    if scheme == "resp":
+        extra_config["resp_num_threads"] = num_workers
+        if password is not None:
+            extra_config["password"] = password
+    elif scheme == "valkey":
+        extra_config["valkey_num_workers"] = num_workers
+        if password is not None:
+            extra_config["valkey_password"] = password
+    extra_config.update(extra or {})
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK_TOKENS, local_cpu=False, max_local_cpu_size=LOCAL_CPU_GB,
+        remote_url=f"{scheme}://{host}:{port}", remote_serde="naive", extra_config=extra_config)
+    metadata = LMCacheMetadata(
+        model_name=MODEL_NAME, world_size=n_ranks, local_world_size=n_ranks, worker_id=rank,
+        local_worker_id=rank, kv_dtype=torch.uint8, kv_shape=KV_SHAPE[bool(use_mla)],
+        use_mla=bool(use_mla), chunk_size=CHUNK_TOKENS)
+    return config, metadata
+
+
+class BackendStore(_StoreBase):
+    """One rank's store over LMCache's `RemoteBackend` (the remote tier the engine uses)."""
+
+    scheme = "resp"
+    client_name = "lmcache"
+    read_paths = ("get", "get_async", "get_batch", "get_prefix")
+    # extra contains paths: contains_batch (sync prefix count), contains_async (async prefix count)
+
+    def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
+                 op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
+                 extra_config: dict | None = None) -> None:
+        super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
+                         num_workers=num_workers)
+        from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+        from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+        _quiet_lmcache_logs(force=True)
+        self.config, self.metadata = _engine_objects(
+            self.scheme, self.host, self.port, rank, n_ranks, self.use_mla, self.password,
+            self.num_workers, extra_config)
+        self.cpu = LocalCPUBackend(self.config, self.metadata)
+        setup_timeout = max(10.0, self.op_timeout)
+        self.backend = self.bounded.call(
+            "connect", f"{self.scheme}://{self.host}:{self.port}",
+            lambda: RemoteBackend(self.config, self.metadata, self.bounded.loop, self.cpu),
+            timeout=setup_timeout)
+        if self.backend.connection is None:
+            raise ConnectionError(f"LMCache could not connect to {self.scheme}://{self.host}:{self.port}")
+        conn = self.backend.connection
+        inner = getattr(conn, "_connector", conn)
+        self.full_chunk_size_bytes = inner.full_chunk_size_bytes
+        assert self.full_chunk_size_bytes == CHUNK_BYTES, self.full_chunk_size_bytes
+        self._shapes, self._dtypes, self._fmt = inner.meta_shapes, inner.meta_dtypes, inner.meta_fmt
+
+    # memory objects
+    def _memory_obj(self, value: bytes):
+        frame = encode_frame(value)
+        mo = self.cpu.allocate(self._shapes, self._dtypes, self._fmt)
+        if mo is None:
+            raise MemoryError("LMCache LocalCPUBackend could not allocate a chunk")
+        view = mo.byte_array
+        if not isinstance(view, memoryview):
+            view = memoryview(view)
+        view.cast("B")[:] = frame
+        return mo
+
+    @staticmethod
+    def _bytes_of(mo) -> bytes:
+        view = mo.byte_array
+        if not isinstance(view, memoryview):
+            view = memoryview(view)
+        data = bytes(view.cast("B"))
+        try:
+            mo.ref_count_down()
+        except Exception:
+            pass
+        return data
+
+    def _value_of(self, mo) -> bytes | None:
+        if mo is None:
+            return None
+        return decode_frame(self._bytes_of(mo))
+
+    # contract
+    def put(self, key: str, value: bytes) -> None:
+        lk = self.lmcache_key(key)
+
+        def do() -> None:
+            mo = self._memory_obj(value)
+            try:
+                fut = self.backend.submit_put_task(lk, mo)
+                fut.result()
+            finally:
+                mo.ref_count_down()
+
+        self.bounded.call("put", key, do)
+
+    def get(self, key: str) -> bytes | None:
+        lk = self.lmcache_key(key)
+        return self.bounded.call("get", key, lambda: self._value_of(self.backend.get_blocking(lk)))
+
+    def contains(self, key: str) -> bool:
+        lk = self.lmcache_key(key)
+        return bool(self.bounded.call("contains", key, lambda: self.backend.contains(lk)))
+
+    def get_async(self, key: str) -> cf.Future:
+        """LMCache's async read path: `batched_get_non_blocking` (the prefetch path), one key."""
+        lk = self.lmcache_key(key)
+        lookup_id = f"shardcheck-{self.rank}-{next(self._lookup_ids)}"
+        fut = self.bounded.submit(lambda: self.backend.batched_get_non_blocking(lookup_id, [lk]))
+        return _then(fut, lambda objs: self._value_of(objs[0]) if objs else None)
+
+    # extra read paths
+    def get_batch(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`RemoteBackend.batched_get_blocking`: one value (or None) per key."""
+        lks = [self.lmcache_key(k) for k in keys]
+        label = ",".join(keys)
+        objs = self.bounded.call("get_batch", label, lambda: self.backend.batched_get_blocking(lks))
+        return [self._value_of(o) for o in objs]
+
+    def get_prefix(self, keys: Sequence[str]) -> list[bytes]:
+        """The async prefetch path on several keys: the values of the leading run of hits."""
+        lks = [self.lmcache_key(k) for k in keys]
+        lookup_id = f"shardcheck-{self.rank}-{next(self._lookup_ids)}"
+        objs = self.bounded.run("get_prefix", ",".join(keys),
+                                lambda: self.backend.batched_get_non_blocking(lookup_id, lks))
+        return [self._value_of(o) for o in objs]  # type: ignore[misc]
+
+    def contains_batch(self, keys: Sequence[str]) -> int:
+        """`RemoteBackend.batched_contains`: how many leading keys exist."""
+        lks = [self.lmcache_key(k) for k in keys]
+        return int(self.bounded.call("contains_batch", ",".join(keys),
+                                     lambda: self.backend.batched_contains(lks)))
+
+    def contains_async(self, keys: Sequence[str]) -> int:
+        """`RemoteBackend.batched_async_contains`: how many leading keys exist (async path)."""
+        lks = [self.lmcache_key(k) for k in keys]
+        lookup_id = f"shardcheck-{self.rank}-{next(self._lookup_ids)}"
+        return int(self.bounded.run("contains_async", ",".join(keys),
+                                    lambda: self.backend.batched_async_contains(lookup_id, lks)))
+
+    def _shutdown_client(self) -> None:
+        try:
+            self.backend.close()
+        except Exception:
+            pass
+
+
+class ValkeyBackendStore(BackendStore):
+    scheme = "valkey"
+    client_name = "lmcache-valkey"
+
+
+# --------------------------------------------------------------------------- native RESP client
+
+class NativeStore(_StoreBase):
+    """One rank's store over LMCache's native RESP client class (what RESPConnector wraps)."""
+
+    client_name = "lmcache-native"
+    read_paths = ("get", "get_async", "get_batch", "get_sync")
+
+    def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
+                 op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8) -> None:
+        super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
+                         num_workers=num_workers)
+        from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
+
+        self.client = self.bounded.on_loop(
+            lambda: RESPClient(self.host, self.port, self.num_workers, self.bounded.loop,
+                               "", self.password or ""),
+            timeout=max(10.0, self.op_timeout))
+
+    def put(self, key: str, value: bytes) -> None:
+        ks, frame = self.key_string(key), bytearray(encode_frame(value))
+        self.bounded.run("put", key, lambda: self.client.set(ks, memoryview(frame)))
+
+    def _read(self, buf: bytearray) -> bytes:
+        return decode_frame(buf)
+
+    def get(self, key: str) -> bytes | None:
+        ks, buf = self.key_string(key), bytearray(CHUNK_BYTES)
+
+        async def go() -> bytes | None:
+            await self.client.get(ks, memoryview(buf))
+            return self._read(buf)
+
+        return self.bounded.run("get", key, go)
+
+    def get_sync(self, key: str) -> bytes | None:
+        """The client's sync read path (`get_sync`), called from a worker thread."""
+        ks, buf = self.key_string(key), bytearray(CHUNK_BYTES)
+
+        def go() -> bytes | None:
+            self.client.get_sync(ks, memoryview(buf))
+            return self._read(buf)
+
+        return self.bounded.call("get_sync", key, go)
+
+    def get_async(self, key: str) -> cf.Future:
+        ks, buf = self.key_string(key), bytearray(CHUNK_BYTES)
+        fut = self.bounded.submit(lambda: self.client.get(ks, memoryview(buf)))
+        return _then(fut, lambda _: self._read(buf))
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes | None]:
+        kss = [self.key_string(k) for k in keys]
+        bufs = [bytearray(CHUNK_BYTES) for _ in keys]
+        self.bounded.run("get_batch", ",".join(keys),
+                         lambda: self.client.batch_get(kss, [memoryview(b) for b in bufs]))
+        return [self._read(b) for b in bufs]
+
+    def contains(self, key: str) -> bool:
+        ks = self.key_string(key)
+        return bool(self.bounded.run("contains", key, lambda: self.client.exists(ks)))
+
+    def contains_batch(self, keys: Sequence[str]) -> int:
+        kss = [self.key_string(k) for k in keys]
+        res = self.bounded.run("contains_batch", ",".join(keys), lambda: self.client.batch_exists(kss))
+        n = 0
+        for r in res:
+            if not r:
+                break
+            n += 1
+        return n
+
+    def _shutdown_client(self) -> None:
+        try:
+            self.bounded.on_loop(self.client.close, timeout=1.0)
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------- factories
+
+def _make(cls: type, n_ranks: int, *, topology: str = "per-rank", use_mla: bool = True,
+          op_timeout: float = DEFAULT_OP_TIMEOUT, urls: Sequence[str] | None = None,
+          password: str | None = None, num_workers: int = 8, **extra: Any) -> list:
+    if n_ranks < 1:
+        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
+    servers = _Servers(n_ranks, topology, urls, password)
+    stores: list = []
+    try:
+        for rank in range(n_ranks):
+            stores.append(cls(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
+                              num_workers=num_workers, **extra))
+    except BaseException:
+        for s in stores:
+            s.close()
+        for _ in range(n_ranks - len(stores)):
+            servers.release()
+        raise
+    return stores
+
+
+def resp_factory(n_ranks: int, **options: Any) -> list[BackendStore]:
+    """`--client lmcache`: LMCache's RemoteBackend over resp:// (RESPConnector), one per rank."""
+    return _make(BackendStore, n_ranks, **options)
+
+
+def native_factory(n_ranks: int, **options: Any) -> list[NativeStore]:
+    """`--client lmcache-native`: LMCache's native RESP client class, directly."""
+    return _make(NativeStore, n_ranks, **options)
+
+
+def valkey_factory(n_ranks: int, **options: Any) -> list[ValkeyBackendStore]:
+    """`--client lmcache-valkey`: LMCache's RemoteBackend over valkey:// (ValkeyConnector)."""
+    return _make(ValkeyBackendStore, n_ranks, **options)

@@ -1,0 +1,135 @@
+"""`--client lmcache-patched`: the `lmcache` client (RemoteBackend over resp://) with shardcheck's
+fixes for what `adapters.probe` finds in stock lmcache 0.5.6. Every fix is applied from outside
+LMCache (a subclass or a config switch); no LMCache code is copied.
+
+1. MLA worker-id collapse (findings `mla-rank-put-dropped`, `mla-sync-async-key-mismatch`):
+   with `use_mla` and world size > 1, RemoteBackend's "remote_enable_mla_worker_id_as0" mode
+   (on by default for MLA) silently skips every put of a rank != 0 and rewrites that rank's sync
+   reads (get, get_batch, contains) to worker 0's key, while the async read path
+   (batched_get_non_blocking) keeps the rank's own key. Under context parallelism each rank
+   stores different chunks in its own store, so the collapse loses data and makes read paths
+   disagree. Fix: LMCache's own switch, `remote_enable_mla_worker_id_as0 = False`.
+
+2. Missing-key GET never returns (findings `missing-get-hangs`, `client-wedged-after-misses`):
+   the native RESP client's GET of an absent key into a chunk-sized buffer never completes (the
+   worker waits for payload bytes after a nil reply), so `get`/`get_async`/`get_batch` of a miss
+   hang — RemoteBackend gives up only after `blocking_timeout_secs` (10 s) — and every miss
+   parks one native worker for good: after `num_workers` misses every later op (even a put) hangs.
+   Only the native code can fix the nil-reply handling itself; the mitigation here is a
+   `RESPConnector` subclass that (a) asks EXISTS (a command the native client answers correctly)
+   before GET and answers a miss at once without issuing the GET, and (b) bounds the remaining
+   GET (a key evicted between EXISTS and GET) and, when it is stuck, answers a miss and replaces
+   the native client (closing the old one frees its parked worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List, Optional
+
+from adapters.lmcache_stores import (
+    DEFAULT_OP_TIMEOUT,
+    BackendStore,
+    _make,
+)
+
+__all__ = ["patched_factory", "PatchedBackendStore", "patched_resp_connector_class",
+           "PATCHED_EXTRA_CONFIG"]
+
+#: Fix 1: LMCache's switch for the MLA worker-id collapse.
+PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
+
+_connector_class: Any = None
+
+
+def patched_resp_connector_class() -> type:
+    """`RESPConnector` with fix 2 (built lazily so importing this module does not import torch)."""
+    global _connector_class
+    if _connector_class is not None:
+        return _connector_class
+    from lmcache.v1.storage_backend.connector.redis_connector import RESPConnector
+    from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
+
+    class ExistsGuardedRESPConnector(RESPConnector):
+        """RESPConnector whose reads never issue a GET for a key the server does not hold, and
+        whose remaining GETs are bounded (a stuck one answers a miss and renews the client)."""
+
+        get_timeout: float = 1.0
+        _auth: tuple[str, str] = ("", "")
+        recycled: int = 0
+
+        def _renew_client(self) -> None:
+            old = self.client
+            self.client = RESPClient(self.host, self.port, self.num_threads, self.loop, *self._auth)
+            self.recycled += 1
+            try:
+                old.close()  # shuts its sockets: the parked native worker returns
+            except Exception:
+                pass
+
+        async def _bounded(self, coro: Any) -> tuple[bool, Any]:
+            try:
+                return True, await asyncio.wait_for(coro, self.get_timeout)
+            except asyncio.TimeoutError:
+                self._renew_client()
+                return False, None
+
+        async def _get(self, key: Any) -> Optional[Any]:
+            if not await self.client.exists(key.to_string()):
+                return None
+            ok, mo = await self._bounded(super()._get(key))
+            return mo if ok else None
+
+        async def _batched_get(self, keys: List[Any]) -> List[Optional[Any]]:
+            present = await self.client.batch_exists([k.to_string() for k in keys])
+            out: List[Optional[Any]] = [None] * len(keys)
+            idx = [i for i, p in enumerate(present) if p]
+            if idx:
+                ok, objs = await self._bounded(super()._batched_get([keys[i] for i in idx]))
+                if ok:
+                    for i, mo in zip(idx, objs):
+                        out[i] = mo
+            return out
+
+        async def batched_get_non_blocking(self, lookup_id: str, keys: List[Any]) -> List[Any]:
+            # the prefetch path hands back the leading run of hits (RemoteConnector's contract)
+            objs = await super().batched_get_non_blocking(lookup_id, keys)
+            prefix: List[Any] = []
+            for mo in objs:
+                if mo is None:
+                    break
+                prefix.append(mo)
+            for mo in objs[len(prefix):]:
+                if mo is not None:
+                    mo.ref_count_down()
+            return prefix
+
+    _connector_class = ExistsGuardedRESPConnector
+    return _connector_class
+
+
+class PatchedBackendStore(BackendStore):
+    """The `lmcache` store with both fixes: RemoteBackend over resp://, MLA collapse off, and
+    the exists-guarded, bounded RESP connector in place of the stock one."""
+
+    client_name = "lmcache-patched"
+
+    def __init__(self, rank: int, n_ranks: int, servers: Any, *, use_mla: bool = True,
+                 op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
+                 extra_config: dict | None = None) -> None:
+        super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
+                         num_workers=num_workers,
+                         extra_config={**PATCHED_EXTRA_CONFIG, **(extra_config or {})})
+        cls = patched_resp_connector_class()
+        conn = self.backend.connection
+        inner = getattr(conn, "_connector", conn)
+        # Fix 2: the connector RemoteBackend built is re-classed to the guarded subclass (same
+        # object, same native client and executor); only its read methods change.
+        inner.__class__ = cls
+        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 2))
+        inner._auth = ("", self.password or "")
+
+
+def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
+    """`--client lmcache-patched`: the `lmcache` client with shardcheck's fixes."""
+    return _make(PatchedBackendStore, n_ranks, **options)
