@@ -356,7 +356,9 @@ class _Explorer:
         self.L_moves: list[int] = []
         self.L_br: list = []
         self.L_ev: list = []
-        self.L_fast: list = []  # per lid: [(cost, packed delta, new lid | _Bad, kind)]; kind 0 move, 1 arrive, 2 bad
+        # per lid: [(cost, packed delta, new lid | _Bad, kind)]; kind 0 move, 1 arrive, 2 bad, 3 move after which
+        # the rank cannot move (the state may be terminal)
+        self.L_fast: list = []
         self.L_evd: list = []  # per lid: packed deltas of its eager evictions
         self.L_sig: list[int] = []  # per lid: the id of the collective signature it waits in (-1: not arrived)
         self.sig_ids: dict = {}
@@ -448,7 +450,8 @@ class _Explorer:
                 if type(nl) is not int:
                     out.append((cost, 0, nl, 2))
                 else:
-                    out.append((cost, ((nl - lid) << sh) + cost, nl, 1 if label[0] == "arrive" else 0))
+                    kind = 1 if label[0] == "arrive" else 0 if self.L_run[nl] else 3
+                    out.append((cost, ((nl - lid) << sh) + cost, nl, kind))
             self.L_fast[lid] = out
         return out
 
@@ -769,6 +772,7 @@ class _Search(_Explorer):
         fast, fast_evictions, arrive, pack, unpack = self.fast, self.fast_evictions, self.arrive, self.pack, self.unpack
         check_new, dead, found = self._check_new, self.dead, self._found
         shifts, L_sig, coll_packed = self.shift, self.L_sig, self.coll_packed
+        LMASK, FMASK, FB = _LMASK, _FMASK, _FB
         budgets = [maxf - f % maxf1 for f in range(maxf1)]
         frontier = self._initial()
         while frontier:
@@ -786,10 +790,10 @@ class _Search(_Explorer):
                 for st in frontier[start:start + _CHECK_EVERY]:
                     if dead and st in dead:
                         continue
-                    budget = budgets[(st & _FMASK) % maxf1]
+                    budget = budgets[(st & FMASK) % maxf1]
                     runnable = False
                     for r in range(n):
-                        lid = (st >> shifts[r]) & _LMASK
+                        lid = (st >> shifts[r]) & LMASK
                         if not L_run[lid]:
                             continue
                         runnable = True
@@ -801,6 +805,14 @@ class _Search(_Explorer):
                                 continue
                             trans += 1
                             if kind:
+                                if kind == 3:
+                                    ns = st + delta
+                                    if ns in seen:
+                                        continue
+                                    seen[ns] = st
+                                    append(ns)
+                                    check_new(ns, d1)
+                                    continue
                                 if kind == 2:
                                     found(st, (r, self.branches(lid)[brs.index((cost, delta, nl, kind))][2]),
                                           nl.property)
@@ -809,14 +821,14 @@ class _Search(_Explorer):
                                 sig = L_sig[nl]
                                 complete = True
                                 for sh in shifts:
-                                    other = L_sig[(ns >> sh) & _LMASK]
+                                    other = L_sig[(ns >> sh) & LMASK]
                                     if other != sig:
                                         if other >= 0:  # a different collective: desync
                                             complete = None
                                             break
                                         complete = False
                                 if complete is not False:
-                                    high = ns >> _FB
+                                    high = ns >> FB
                                     got = coll_packed.get(high)
                                     if got is None:
                                         lids = unpack(ns)
@@ -825,7 +837,7 @@ class _Search(_Explorer):
                                             found(st, (r, ("arrive",)), got.property)
                                             continue
                                         got = coll_packed[high] = pack(got, 0) >> _FB
-                                    ns = (got << _FB) | (ns & _FMASK)
+                                    ns = (got << FB) | (ns & FMASK)
                                 if ns in seen:
                                     continue
                                 seen[ns] = st
@@ -837,13 +849,13 @@ class _Search(_Explorer):
                                 continue
                             seen[ns] = st
                             append(ns)
-                            if near or not L_run[nl]:
+                            if near:
                                 check_new(ns, d1)
                         if reduction:
                             break
                     if budget and runnable and not reduction:
                         for q in range(n):
-                            lid = (st >> shifts[q]) & _LMASK
+                            lid = (st >> shifts[q]) & LMASK
                             evs = L_evd[lid]
                             if evs is None:
                                 evs = fast_evictions(lid)
@@ -926,22 +938,27 @@ def explore(protocol: Any, n_ranks: int, n_chunks: int, *, cached: Iterable[int]
     return search.run(should_stop, progress)
 
 
-def bench(seconds: float = 5.0, *, protocol: Any = None, n_ranks: int = 3, n_chunks: int = 7,
-          reduction: bool = False) -> dict:
-    """States per second of the explorer on the reference protocol, over about `seconds`.
+def bench(seconds: float = 5.0, *, protocol: Any = None, n_ranks: int = 5, n_chunks: int = 10, max_faults: int = 2,
+          reduction: bool = False, max_states: int = 6_000_000) -> dict:
+    """Distinct states per second of the explorer on the reference protocol, over about `seconds`.
 
-    Default configuration: `PaperProtocolAsync`, 3 ranks, 7 chunks, every cached set, one fault, no
-    reduction (the full interleaving space, which keeps growing past `seconds`).
+    Default configuration: `PaperProtocol`, 5 ranks, 10 chunks, every cached set, at most 2 faults, no
+    reduction: the full interleaving space (millions of states), stopped after `seconds` (or `max_states`,
+    to bound memory). `states_per_s` is over wall-clock time; `cpu_seconds` tells whether the machine was shared.
     """
-    from model.protocols import PaperProtocolAsync
-    protocol = PaperProtocolAsync() if protocol is None else protocol
+    from model.protocols import PaperProtocol
+    protocol = PaperProtocol() if protocol is None else protocol
+    holder: dict = {}
     deadline = time.perf_counter() + seconds
-    res = explore(protocol, n_ranks, n_chunks, reduction=reduction,
-                  should_stop=lambda: time.perf_counter() >= deadline)
+    c0 = time.process_time()
+    res = explore(protocol, n_ranks, n_chunks, max_faults=max_faults, reduction=reduction,
+                  progress=lambda stats: holder.update(stats),
+                  should_stop=lambda: time.perf_counter() >= deadline or holder.get("states", 0) >= max_states)
+    cpu = time.process_time() - c0
     return {"states_per_s": res.states / res.seconds if res.seconds else 0.0, "states": res.states,
-            "seconds": res.seconds, "transitions": res.transitions, "verdict": res.verdict,
+            "seconds": res.seconds, "cpu_seconds": cpu, "transitions": res.transitions, "verdict": res.verdict,
             "config": {"protocol": getattr(protocol, "name", type(protocol).__name__), "n_ranks": n_ranks,
-                       "n_chunks": n_chunks, "reduction": reduction, "max_faults": 1}}
+                       "n_chunks": n_chunks, "cached": "all", "max_faults": max_faults, "reduction": reduction}}
 
 
 def terminal_signatures(protocol: Any, n_ranks: int, n_chunks: int, *, reduction: bool, max_faults: int = 1,
