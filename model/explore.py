@@ -686,6 +686,7 @@ class _Search(_Explorer):
         self.depth = 0
         self.dead: set[int] = set()
         self.terminals: set | None = getattr(self, "terminals", None)
+        self.outcomes: set | None = getattr(self, "outcomes", None)
         try:
             verdict = self._bfs(should_stop, progress, t0)
         except _Found as found:
@@ -748,6 +749,8 @@ class _Search(_Explorer):
         if not any(self.L_run[x] for x in st[:self.n]):
             if self.terminals is not None:
                 self.terminals.add(self.terminal_signature(st))
+            if self.outcomes is not None:
+                self.outcomes.add(self.outcome_summary(st))
             for v in self.terminal(st):
                 self._found(packed, None, v.property)
         elif depth >= self.bound and (self.reduction or self.steps(st) >= self.bound):
@@ -760,6 +763,13 @@ class _Search(_Explorer):
         cfg, faults = divmod(st[self.n], self.maxf + 1)
         return ((cfg,) + tuple((tuple(self.L_node[x].history()), self.L_flag[x]) for x in st[:self.n])
                 + (faults > 0,))
+
+    def outcome_summary(self, st: tuple) -> tuple:
+        """A terminal state as (cached set, planned, each finished rank's result, violated properties)."""
+        cfg = self.configs[st[self.n] // (self.maxf + 1)]
+        nodes = [self.L_node[x] for x in st[:self.n]]
+        results = tuple(_freeze(nd.ret) if nd.kind == _DONE else None for nd in nodes)
+        return cfg.cached, cfg.planned, results, tuple(sorted({v.property for v in self.terminal(st)}))
 
     def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
         """Report a violation, unless only other properties are searched for."""
@@ -972,6 +982,23 @@ def terminal_signatures(protocol: Any, n_ranks: int, n_chunks: int, *, reduction
     search.terminals = set()
     search.run(None, None)
     return search.terminals
+
+
+def terminal_outcomes(protocol: Any, n_ranks: int, n_chunks: int, *, reduction: bool = True,
+                      max_faults: int = 1) -> set:
+    """Every reachable terminal state as (cached set, planned, per rank its frozen result or None, violated
+    properties): what a simulator run that ends with no rank able to move can produce (a test hook)."""
+    search = _Search(protocol, n_ranks, n_chunks, None, max_faults, reduction, "s0", None, frozenset())
+    search.outcomes = set()
+    search.run(None, None)
+    return search.outcomes
+
+
+def outcome_summary(outcome: Outcome) -> tuple:
+    """The same summary of a `run_case` outcome."""
+    n = outcome.case.n_ranks
+    results = tuple(_freeze(outcome.results[r]) if r in outcome.results else None for r in range(n))
+    return outcome.cached, outcome.planned, results, tuple(outcome.violated())
 
 
 if __name__ == "__main__":  # the manifest tooling (file I/O) lives in model.explore_manifest

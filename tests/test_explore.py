@@ -2,14 +2,18 @@
 replayable shortest counterexample, and the reductions' soundness checked against the full search."""
 from __future__ import annotations
 
+import random
+
 import attrs
 import pytest
 
 from model.effects import TIMED_OUT, GetAsync, Wait
-from model.explore import ExploreError, bench, explore, terminal_signatures
+from model.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
+                           terminal_signatures)
+from model.faults import Eviction, FaultPlan
 from model.explore_manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, entry_name, load, observed, resolve,
                                     run_entry)
-from model.harness import run_case
+from model.harness import Case, run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter, owned_chunks
 from model.trace import Trace
 from model.variants import DEMO_VARIANTS
@@ -148,3 +152,27 @@ def test_budgets_progress_and_bad_input():
 def test_bench_reports_a_rate():
     got = bench(0.3)
     assert got["states"] > 0 and got["seconds"] > 0 and got["states_per_s"] > 0
+
+
+@pytest.mark.parametrize("cls", EVERY_CLASS, ids=lambda c: c.__name__)
+def test_simulator_runs_are_among_the_explored_outcomes(cls):
+    """Differential check against `run_case`: random schedules and fault plans (within the explorer's fault
+    model: one fault after lookup, per-rank evictions) end in a terminal state the explorer reached, with
+    at most its violations (a plan's fault that no move observes only waives maximality)."""
+    rng = random.Random(f"explore-{cls.__name__}")
+    for n, k in ((2, 3), (3, 2)):
+        explored: dict = {}
+        for cached, planned, results, props in terminal_outcomes(cls(), n, k):
+            explored.setdefault((cached, planned, results), set()).add(props)
+        for _ in range(40):
+            plan = {"evict_before_lookup": [Eviction(c, r) for r in range(n) for c in range(k) if rng.random() < 0.3]}
+            kind = rng.choice(["none", "evict", "lost", "delayed"])
+            if kind == "evict":
+                plan["evict_during_load"] = [Eviction(rng.randrange(k), rng.randrange(n), rng.randrange(8))]
+            elif kind != "none":
+                plan[kind] = [(rng.randrange(n), rng.randrange(3)) + ((DELAY_SECONDS,) if kind == "delayed" else ())]
+            out = run_case(cls(), Case(n, k, faults=FaultPlan(**plan), seed=rng.randrange(10**6)))
+            if out.load is None or any(v.property in ("desync", "termination") for v in out.load.violations):
+                continue  # not a terminal state: the run stopped on a transition
+            cached, planned, results, props = outcome_summary(out)
+            assert any(set(props) <= set(p) for p in explored.get((cached, planned, results), ())), (plan, props)
