@@ -32,6 +32,7 @@ from model.checks import PROPERTIES
 from model.contract import StoreCallTimeout
 from model.harness import run_case
 from model.sim import Violation
+from model.store import MemoryStore
 from model.trace import Trace, encode
 from properties import config, strategies as s
 from properties.bounded import call_bounded
@@ -333,15 +334,21 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
         fn = getattr(self.stores[rank], op)
+        try:
+            if type(self.stores[rank]) is MemoryStore:
+                # the reference in-memory store (exactly that class) is a dict and cannot block: no thread hop
+                return fn(*args)
+            return call_bounded(self.timeout, op, str(key), fn, *args)
+        except StoreCallTimeout as exc:
+            self._fail("store-hang", f"{self._where(rank, op, key)}: {exc}")
+        except Exception as exc:
+            self._fail("store-error", f"{self._where(rank, op, key)} raised {type(exc).__name__}: {exc}")
+
+    def _where(self, rank: int, op: str, key: Any) -> str:
         where = f"rank {rank}: {op}({key!r})"
         if len(self.ops) > 1:
             where += f" after {self.ops[-2]['op']}({self.ops[-2].get('key', self.ops[-2].get('keys'))!r})"
-        try:
-            return call_bounded(self.timeout, op, str(key), fn, *args)
-        except StoreCallTimeout as exc:
-            self._fail("store-hang", f"{where}: {exc}")
-        except Exception as exc:
-            self._fail("store-error", f"{where} raised {type(exc).__name__}: {exc}")
+        return where
 
     def _record(self, op: str, rank: int, **args: Any) -> None:
         RULE_STEPS["store"] += 1

@@ -32,6 +32,10 @@ store_rank = st.integers(0, STORE_RANKS - 1)
 #: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.
 keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0"]) | st.text(
     st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=24)
+#: Large values (1-5 KB) as a short random pattern repeated: drawing thousands of independent bytes costs
+#: milliseconds per value, and a repeated pattern with a random length finds truncation and offsets as well.
+large_values = st.tuples(st.binary(min_size=1, max_size=16), st.integers(1000, 5000)).map(
+    lambda t: (t[0] * (t[1] // len(t[0]) + 1))[:t[1]])
 #: Values: empty, small, and a few larger ones (byte-exact round trips, truncation, binary zeros).
-values = st.binary(max_size=64) | st.binary(min_size=1000, max_size=5000)
+values = st.binary(max_size=64) | large_values
 batch_keys = st.lists(keys, min_size=0, max_size=4)
