@@ -177,6 +177,13 @@ def _thaw(v: Any) -> Any:
     return body
 
 
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an effect whose comparison raises: trust the type
+        return type(a) is type(b)
+
+
 # -- the rank tries -----------------------------------------------------------------------------------
 class _Node:
     """A rank-local program state, named by the results the rank received so far."""
@@ -233,14 +240,26 @@ class _Tries:
         new = _Node(node.rank, node.planned, node, key, node.depth + 1, reads, n_async)
         gen, node.gen = node.gen, None
         if gen is None:  # re-create and replay the history
-            gen = self.protocol.rank_load(node.rank, self.n, self.hashes, node.planned)
-            next(gen)
-            for edge in node.history():
-                gen.send(_thaw(edge))
+            gen = self._replay(node)
         self._advance(new, gen, _thaw(key))
         node.children[key] = new
         self.count += 1
         return new
+
+    def _replay(self, node: _Node) -> Any:
+        """A fresh generator of `node`'s rank program, fed `node`'s history (it must yield `node.effect`)."""
+        gen = self.protocol.rank_load(node.rank, self.n, self.hashes, node.planned)
+        try:
+            eff = next(gen)
+            for edge in node.history():
+                eff = gen.send(_thaw(edge))
+        except Exception as exc:  # noqa: BLE001
+            raise ExploreError(f"rank {node.rank}'s load program is not deterministic: replaying its history "
+                               f"raised {type(exc).__name__}: {exc}") from None
+        if not _same(eff, node.effect):
+            raise ExploreError(f"rank {node.rank}'s load program is not deterministic: replaying its history "
+                               f"yielded {eff!r}, not {node.effect!r}")
+        return gen
 
     @staticmethod
     def _advance(node: _Node, gen: Any, value: Any, first: bool = False) -> None:
@@ -481,12 +500,15 @@ class _Explorer:
         elif kind == _WAIT:
             out.append((0,) + self._wait(lid, node, store, asyncs, eff) + (("move",),))
         elif kind in (_PUT, _GET, _GETASYNC):
-            out.extend(self._store_op(node, store, asyncs, eff, kind, ("move",), 0))
-            if self.reduction and self.maxf:
-                chunk = self.evictable[r].get(eff.key)
-                if chunk is not None and eff.key in store.present:
-                    ev = self.stores.evict(store, chunk, self.evictable[r])
-                    out.extend(self._store_op(node, ev, asyncs, eff, kind, ("evict", chunk), 1))
+            try:
+                out.extend(self._store_op(node, store, asyncs, eff, kind, ("move",), 0))
+                if self.reduction and self.maxf:
+                    chunk = self.evictable[r].get(eff.key)
+                    if chunk is not None and eff.key in store.present:
+                        ev = self.stores.evict(store, chunk, self.evictable[r])
+                        out.extend(self._store_op(node, ev, asyncs, eff, kind, ("evict", chunk), 1))
+            except TypeError as exc:  # an unhashable key or a non-bytes value: the store call fails
+                out = [(0, _Bad("termination", f"rank {r}: {eff!r} failed: {exc}"), ("move",))]
         self.L_br[lid] = out
         return out
 
