@@ -73,6 +73,14 @@ must report the same property (`ExploreError` otherwise: the explorer and the si
 
 `reduction=False` explores the naive model: every interleaving of every runnable rank, and evictions
 as separate transitions of any present (rank, chunk) at any state where a rank can still move.
+
+# Speed
+Every rank-local successor is memoised per local state as (fault cost, packed delta): expanding a
+global state is integer shifts, one add per successor, and one dict look-up in `seen` (which also holds
+the BFS parent, for the shortest counterexample). cProfile showed, in turn: tuple slicing/hashing of
+global states, then unpacking/packing on every collective arrival, then module-global look-ups in the
+loop; what is left is the loop itself (int add, dict membership/insert, list append). `bench()`
+measures it (`python -m model.explore --bench SECONDS`; the manifest: `--update-manifest`, `--check`).
 """
 from __future__ import annotations
 
