@@ -1,10 +1,10 @@
 """Hypothesis profiles for the property layers, chosen by `HYPOTHESIS_PROFILE` (default `dev`).
 
-- `dev`: fast, for every local `pytest` run.
+- `dev`: fast, for every local `pytest` run (no explain phase; reports the first bug found, shrunk).
 - `ci`: derandomized (a fixed seed per test, see `seed_test`) and with a directory example database kept in
   `.hypothesis/ci-examples`, so a failure found once is replayed first on every later run. Hypothesis's own
   `derandomize=True` switches the database off, which is why the seed is fixed by the plugin instead.
-- `nightly`: many examples and longer runs.
+- `nightly`: many examples and longer runs, with every phase (explain too).
 """
 from __future__ import annotations
 
@@ -24,8 +24,12 @@ CI_DATABASE = Path(".hypothesis") / "ci-examples"
 def register(root: Path | str = ".") -> None:
     """Register the three profiles (the ci database lives under `root`)."""
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-    settings.register_profile("dev", max_examples=40, stateful_step_count=25, **common)
-    settings.register_profile("ci", max_examples=100, stateful_step_count=30, print_blob=True,
+    # the explain phase and shrinking every distinct bug on its own each multiply the time a failure takes
+    # (seconds per failing machine); dev reports the first bug, shrunk, without them
+    no_explain = tuple(p for p in Phase if p is not Phase.explain)
+    settings.register_profile("dev", max_examples=40, stateful_step_count=25, phases=no_explain,
+                              report_multiple_bugs=False, **common)
+    settings.register_profile("ci", max_examples=100, stateful_step_count=30, print_blob=True, phases=no_explain,
                               database=DirectoryBasedExampleDatabase(str(Path(root) / CI_DATABASE)), **common)
     settings.register_profile("nightly", max_examples=5000, stateful_step_count=60, print_blob=True,
                               phases=tuple(Phase), **common)

@@ -1,0 +1,145 @@
+"""`--protocol`/`--client` resolution, the pytest plugin end to end, profiles, and runnable printed programs."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.stateful import run_state_machine_as_test
+
+from model.harness import run_case
+from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter
+from model.store import MemoryStore, memory_factory
+from model.trace import Trace
+from model.variants import GiveUpOnLocalMiss, MaxCombine
+from properties import config, profiles
+from properties.bad_stores import TruncatingStore, async_key_mismatch_factory
+from properties.machines import ProtocolMachine, StoreMachine, violated_properties
+from properties.resolve import CLIENTS, ResolveError, resolve_client, resolve_protocol
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A protocol instance and a zero-argument factory, for `MOD:ATTR` naming them.
+INSTANCE = PaperProtocolAsync(wait_timeout=2.0)
+
+
+def make_protocol() -> Rank0SingleWriter:
+    return Rank0SingleWriter()
+
+
+def test_short_protocol_names():
+    """`paper`, `paper-async`, `rank0-single-writer` and no value resolve to the reference protocols."""
+    assert type(resolve_protocol(None)) is PaperProtocol
+    assert type(resolve_protocol("paper")) is PaperProtocol
+    assert type(resolve_protocol("paper-async")) is PaperProtocolAsync
+    assert type(resolve_protocol("rank0-single-writer")) is Rank0SingleWriter
+
+
+def test_mod_attr_class_instance_and_factory():
+    """MOD:ATTR may name a class (instantiated), an instance (used as is) or a factory (called)."""
+    assert type(resolve_protocol("model.variants:MaxCombine")) is MaxCombine
+    assert resolve_protocol(f"{__name__}:INSTANCE") is INSTANCE
+    assert type(resolve_protocol(f"{__name__}:make_protocol")) is Rank0SingleWriter
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("nosuch.module:P", "nosuch.module"),
+    ("model.protocols:NoSuchProtocol", "NoSuchProtocol"),
+    ("model.protocols", "MOD:ATTR"),
+    ("model.store:MemoryStore", "lacks the ShardingProtocol method"),
+])
+def test_unusable_protocol_is_a_clear_error(spec, named):
+    """An unimportable or non-protocol value raises ResolveError naming the value and the problem."""
+    with pytest.raises(ResolveError, match=re.escape(named)) as info:
+        resolve_protocol(spec)
+    assert spec in str(info.value)
+
+
+def test_client_names():
+    """The client table has exactly the contract's names; `model` is the in-memory factory."""
+    assert set(CLIENTS) == {"model", "lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched"}
+    assert resolve_client(None) is memory_factory and resolve_client("model") is memory_factory
+    stores = resolve_client("properties.bad_stores:TruncatingStore")(3)
+    assert len(stores) == 3 and all(type(s) is TruncatingStore for s in stores)
+    with pytest.raises(ResolveError, match="nosuch"):
+        resolve_client("nosuch:factory")
+    with pytest.raises(ResolveError, match="model.effects:TIMED_OUT"):
+        resolve_client("model.effects:TIMED_OUT")
+
+
+def test_profiles():
+    """dev is the default; ci keeps a directory database; an unknown profile name is an error."""
+    profiles.register("/repo")
+    assert profiles.chosen({}) == "dev" and profiles.chosen({"HYPOTHESIS_PROFILE": "ci"}) == "ci"
+    with pytest.raises(ValueError, match="HYPOTHESIS_PROFILE='fast'"):
+        profiles.chosen({"HYPOTHESIS_PROFILE": "fast"})
+    ci = settings.get_profile("ci")
+    assert isinstance(ci.database, DirectoryBasedExampleDatabase) and not ci.derandomize
+    assert settings.get_profile("nightly").max_examples > ci.max_examples > settings.get_profile("dev").max_examples
+
+
+def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "dev"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_plugin_usage_error_names_the_value(tmp_path):
+    """An unimportable --protocol stops pytest with a usage error (exit 4) that names it."""
+    run = _pytest(tmp_path, str(ROOT / "properties" / "test_protocol_layer.py"), "--protocol", "nosuch.mod:P")
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "nosuch.mod:P" in run.stderr
+
+
+def test_plugin_finds_bugs_from_another_directory(tmp_path):
+    """`pytest <repo>/properties --protocol M:A --client M:A` from elsewhere fails both layers and writes traces."""
+    found = tmp_path / "found"
+    run = _pytest(tmp_path, str(ROOT / "properties"), "--protocol", "model.variants:MaxCombine",
+                  "--client", "properties.bad_stores:async_key_mismatch_factory", "--found-dir", str(found))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "SoundnessViolated" in run.stdout and "StoreRoundtripViolated" in run.stdout
+    kinds = {Trace.load(p).kind: Trace.load(p) for p in found.glob("*.json")}
+    assert set(kinds) == {"protocol", "store-ops"}
+    assert "soundness" in run_case(MaxCombine(), kinds["protocol"].case()).violated()
+
+
+FIND = settings(max_examples=300, derandomize=True, deadline=None, phases=(Phase.generate, Phase.shrink),
+                report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+
+
+def _program(exc: BaseException) -> str:
+    """The Python lines of the failing program Hypothesis attached to `exc`."""
+    lines = getattr(exc, "__notes__", [])
+    return "\n".join(line for line in lines if re.match(r"(state\b|\w+_\d+ = state\.)", line))
+
+
+@pytest.mark.parametrize("machine, changes, prop", [
+    (ProtocolMachine, {"protocol": GiveUpOnLocalMiss()}, "agreement"),
+    (StoreMachine, {"client": async_key_mismatch_factory}, "store-roundtrip"),
+])
+def test_printed_program_runs_as_is(machine, changes, prop, tmp_path):
+    """The program Hypothesis prints for a failure runs as plain Python and fails the same way."""
+    with config.using(found_dir=tmp_path, **changes):
+        with pytest.raises((AssertionError, ExceptionGroup)) as info:
+            run_state_machine_as_test(machine, settings=FIND)
+        assert prop in violated_properties(info.value)
+        program = _program(info.value)
+        assert program.startswith(f"state = {machine.__name__}()") and program.endswith("state.teardown()")
+        namespace: dict = {}
+        with pytest.raises((AssertionError, ExceptionGroup)) as again:
+            exec("from properties.machines import *\n" + program, namespace)
+    assert prop in violated_properties(again.value)
+
+
+def test_memory_store_is_the_default_session_store():
+    """With no --client the machines use in-memory stores, shared across a session and renewed on discard."""
+    with config.using(client=None) as cur:
+        first = cur.stores(2)
+        assert all(type(s) is MemoryStore for s in first) and cur.stores(2) == first
+        cur.discard()
+        assert cur.stores(2)[0] is not first[0]
