@@ -104,7 +104,7 @@ def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[]
     """Enumerate every level for each size, smallest sizes first, then simulate random cases until
     `should_stop()`; return the first violation."""
     stats = stats if stats is not None else SearchStats()
-    for size in _sizes():
+    for size in (_sizes() if levels else []):
         for level in levels:
             for case in enumerate_cases(level, [size]):
                 if should_stop():

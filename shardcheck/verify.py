@@ -58,9 +58,13 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         _step(rows, f"check demo {variant.__name__} -> {prop}", "violated", check(ref, secs=min(budget, 10)))
 
     def manifest() -> tuple[str, str]:
-        from model.explore import check_manifest
-        drift = check_manifest()
-        return ("no drift" if not drift else "drift"), ("; ".join(drift) if drift else "every entry matches")
+        import io
+        from model import explore_manifest
+        report = io.StringIO()
+        bad = explore_manifest.check(out=report)
+        n = len(explore_manifest.load()["entries"])
+        return ("no drift" if not bad else "drift"), (report.getvalue().strip().replace("\n", "; ")
+                                                       if bad else f"{n} entries match")
 
     _step(rows, "explorer manifest", "no drift", manifest)
     _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", check("paper", "lmcache"))
