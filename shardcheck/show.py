@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from model.trace import Trace, TraceError, decode
 
 __all__ = ["timeline", "svg", "show_command"]
@@ -121,6 +123,7 @@ class _Row:
     hung: str = ""            # the op never returned: why
     coll: int | None = None   # collective index (arrive / collective rows)
     ranks: tuple[int, ...] = ()  # evict: the stores it hits
+    reads: str | None = None  # Get / GetAsync: the key read
     results: dict[int, str] = field(default_factory=dict)  # collective: each rank's result
     bad: str = ""             # a violation is marked on this row: its short text
     prop: str = ""            # ... and the property
@@ -168,6 +171,10 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _ints(v: Any) -> list[int]:
+    return [x for x in v if _int(x) is not None] if isinstance(v, (list, tuple)) else []
+
+
 def _eviction_text(e: dict, when: str = "") -> tuple[str, tuple[int, ...] | None]:
     rank = _int(e.get("rank"))
     where = f"r{rank}" if rank is not None else "all stores"
@@ -194,8 +201,6 @@ def _protocol_rows(trace: Trace, keys: _Keys, n: int) -> list[_Row]:
         phase = str(ev.get("phase", ""))
         if phase == "lookup" and "lookup" not in phase_seen:
             evictions("evict_before_lookup", "before lookup", "lookup")
-        if phase == "load" and "load" not in phase_seen and "lookup" in phase_seen:
-            pass
         phase_seen.add(phase)
         effect, res, note = ev.get("effect"), ev.get("result"), str(ev.get("note") or "")
         rank = _int(ev.get("rank"))
@@ -244,7 +249,9 @@ def _protocol_rows(trace: Trace, keys: _Keys, n: int) -> list[_Row]:
                 row.result = "ok" if res is None else _brief(res, 16)
             elif name == "Get":
                 row.text, row.result = f"Get {keys(effect.get('key'), rank)}", _result(res)
+                row.reads = effect.get("key")
             elif name == "GetAsync":
+                row.reads = effect.get("key")
                 h = res.get("$handle") if isinstance(res, dict) else None
                 row.text = f"GetAsync {keys(effect.get('key'), rank)}"
                 if isinstance(h, list) and len(h) == 3:
@@ -429,7 +436,7 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
             wf = detail.get("waits_for") if isinstance(detail.get("waits_for"), dict) else {}
             mark.waits_for = {int(r): [int(q) for q in qs] for r, qs in wf.items()
                               if _int(r) is not None and isinstance(qs, list)}
-            finished = [q for q in detail.get("finished", []) if _int(q) is not None]
+            finished = _ints(detail.get("finished"))
             parts = []
             for r, qs in sorted(mark.waits_for.items()):
                 k = max((x.coll for x in rows if x.kind == "arrive" and x.rank == r and x.coll is not None),
@@ -445,7 +452,7 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
                 parts.append(f"{_plural(finished)} finished without entering it")
                 for q in finished:
                     bad_status.setdefault(q, "finished")
-            cycle = detail.get("cycle") or []
+            cycle = _ints(detail.get("cycle"))
             if cycle:
                 parts.append("cycle " + " -> ".join(map(str, list(cycle) + [cycle[0]])))
             if parts:
@@ -458,13 +465,13 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
         elif prop == "key-consistency" and rank is not None:
             key = detail.get("key")
             at = [i for i, r in enumerate(rows) if r.rank == rank and r.kind == "op" and r.phase != "store"
-                  and isinstance(key, str) and _row_reads(trace, r, key)]
+                  and isinstance(key, str) and r.reads == key]
             if at:
                 mark.row = at[0]
                 rows[at[0]].bad, rows[at[0]].prop = "unwritten key", prop
             bad_status.setdefault(rank, prop)
         elif prop == "termination":
-            stuck = [q for q in detail.get("ranks", []) if _int(q) is not None]
+            stuck = _ints(detail.get("ranks"))
             for q in stuck:
                 bad_status[q] = "still running"
             if rank is not None:
@@ -484,12 +491,6 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
             bad_status.setdefault(rank, prop)
         out.append(mark)
     return out, bad_status
-
-
-def _row_reads(trace: Trace, row: _Row, key: str) -> bool:
-    """Whether the event behind `row` read `key` (matched through its text: the short key names it)."""
-    keys = _Keys(trace)
-    return row.text.split(" ")[1:2] == [keys(key, row.rank)] and row.text.split(" ")[0] in ("Get", "GetAsync")
 
 
 def _header(trace: Trace, n: int) -> tuple[str, list[str]]:
@@ -544,19 +545,34 @@ def _faults_text(faults: Any) -> str:
     return "; ".join(parts) if parts else "none"
 
 
+def _normalized(t: Trace) -> Trace:
+    """The trace with every field of the type the renderers expect (`Trace.load` checks only some of them)."""
+    def typed(v: Any, typ: type, default: Any) -> Any:
+        return v if isinstance(v, typ) else default
+
+    violations = typed(typed(t.verdict, dict, {}).get("violations"), list, [])
+    return attrs.evolve(
+        t, kind=str(t.kind), property=t.property if isinstance(t.property, str) else None, summary=str(t.summary),
+        protocol=typed(t.protocol, dict, {}), client=str(t.client), config=typed(t.config, dict, {}),
+        faults=typed(t.faults, dict, {}), schedule=typed(t.schedule, list, []), events=typed(t.events, list, []),
+        lookup=typed(t.lookup, dict, {}), ops=typed(t.ops, list, []),
+        verdict={"violations": [v for v in violations if isinstance(v, dict)]}, expect=typed(t.expect, dict, {}),
+        origin=str(t.origin or ""), notes=str(t.notes or ""))
+
+
+_MAX_RANKS = 256  # lifelines drawn at most (a hand-edited trace may name any rank)
+
+
 def _picture(trace: Trace) -> _Picture:
+    trace = _normalized(trace)
     keys = _Keys(trace)
-    if trace.kind == "store-ops":
-        ranks = [r for op in trace.ops if isinstance(op, dict) and (r := _int(op.get("rank"))) is not None]
-        n = max(ranks, default=0) + 1
-        rows = _ops_rows(trace, keys)
-    else:
-        n = _int(trace.config.get("n_ranks")) if isinstance(trace.config, dict) else None
-        seen = [r for e in trace.events if isinstance(e, dict) and (r := _int(e.get("rank"))) is not None]
-        n = max(n or 1, max(seen, default=0) + 1)
-        rows = _protocol_rows(trace, keys, n)
-    n = min(n, 256)
+    items = trace.ops if trace.kind == "store-ops" else trace.events
+    seen = [r for e in items if isinstance(e, dict) and (r := _int(e.get("rank"))) is not None]
+    n = min(max(_int(trace.config.get("n_ranks")) or 1, max(seen, default=0) + 1), _MAX_RANKS)
+    rows = _ops_rows(trace, keys) if trace.kind == "store-ops" else _protocol_rows(trace, keys, n)
     rows = [r for r in rows if r.rank is None or 0 <= r.rank < n]
+    for row in rows:  # an eviction or collective naming a rank the run does not have is drawn on the others
+        row.ranks = tuple(r for r in row.ranks if 0 <= r < n)
     violations, bad_status = _locate(trace, rows, n)
     status: dict[int, str] = {}
     done = {r.coll for r in rows if r.kind == "collective"}
@@ -616,7 +632,10 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
         parts = []
         for r in range(p.n):
             if r in cells:
-                parts.append(cells[r][:col - 1].ljust(col))
+                cell = cells[r]
+                if len(cell) > col - 1:  # narrow columns: the short form of an arrival, then cut visibly
+                    cell = cell.replace("enter #", "> #")
+                parts.append(_clip(cell, col - 1).ljust(col))
             else:
                 parts.append((" " if r in gone else "|").ljust(col))
         return "".join(parts).rstrip()
@@ -839,7 +858,7 @@ def svg(trace: Trace) -> str:
                     y += 38
         y += 8 if marks else 0
         for v in marks:
-            g = d.violation(v.prop, v.rank, data_row=i)
+            g = d.violation(v.prop, v.rank, data_note=i)
             for line in _wrap(v.text, int((width - _LEFT - 20) / _CH)):
                 d.text(_LEFT, y + 4, line, g, fill=RED)
                 y += 15
@@ -860,7 +879,7 @@ def svg(trace: Trace) -> str:
             d.el("line", x1=rx, x2=rx, y1=stop, y2=end_y, stroke=RED, stroke_dasharray="2,5", stroke_width=1.5)
         status = p.status.get(r, "")
         bad = r in p.bad_status
-        parent = d.violation(bad_prop(p, r), r, data_end="1") if bad else d.el("g", class_="end")
+        parent = d.violation(_bad_prop(p, r), r, data_end="1") if bad else d.el("g", class_="end")
         d.el("rect", parent, x=rx - 55, y=end_y, width=110, height=20, rx=4,
              fill="#fdecea" if bad else "#f5f5f5", stroke=RED if bad else GREY)
         d.text(rx, end_y + 14, status, parent, text_anchor="middle", fill=RED if bad else INK)
@@ -886,12 +905,12 @@ def svg(trace: Trace) -> str:
                     continue
                 lane += 1
                 x0, x1 = _rank_x(r), _rank_x(q)
-                low = end_y + 20 + 48 * lane
+                low = end_y + 20 + 64 * lane  # the curve's lowest point is 3/4 of the way down: 48 px per lane
                 d.el("path", g, d=f"M{x0},{end_y + 20} C{x0},{low} {x1},{low} {x1},{end_y + 22}", fill="none",
                      stroke=RED, stroke_width=2, marker_end="url(#arrow-red)")
-                d.text((x0 + x1) / 2, end_y + 20 + 36 * lane + 16,
+                d.text((x0 + x1) / 2, end_y + 20 + 48 * lane + 15,
                        f"rank {r} waits for rank {q} ({p.status.get(q, '?')})", g, text_anchor="middle", fill=RED)
-        y = end_y + 50 + 48 * lane
+        y = end_y + 50 + 64 * lane
     for v in p.violations:
         g = d.violation(v.prop, v.rank, data_summary="1")
         for line in _wrap(v.text, int((width - 24) / 6.7)):
@@ -912,7 +931,7 @@ def svg(trace: Trace) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(d.root, encoding="unicode") + "\n"
 
 
-def bad_prop(p: _Picture, rank: int) -> str:
+def _bad_prop(p: _Picture, rank: int) -> str:
     return next((v.prop for v in p.violations if v.rank == rank), p.violations[0].prop if p.violations else "")
 
 

@@ -16,7 +16,8 @@ from model.protocols import PaperProtocol, PaperProtocolAsync
 from model.store import MemoryStore
 from model.storeops import run_ops
 from model.trace import Trace, encode
-from model.variants import DEMO_VARIANTS, EarlyExitOnMiss, RetryUntilPresent, SkipEmptyGather, UnboundedWaitAsync
+from model.variants import (DEMO_VARIANTS, EarlyExitOnMiss, RetryUntilPresent, SkipEmptyGather, UnboundedWaitAsync,
+                            WrongAsyncKey)
 from shardcheck.show import show_command, svg, timeline
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -224,6 +225,30 @@ def test_svg_of_property_test_store_ops():
     first = root.find(".//*[@id='violation']")
     assert first.get("data-rank") == "0" and first.get("data-property") == "store-roundtrip"
     assert "wait h0 k" in timeline(t) and "!! store-roundtrip at op #3 (get k on rank 0):" in timeline(t)
+
+
+def test_svg_key_consistency_marks_the_read():
+    """A read of a key the store path never wrote is marked on that read, on each rank that made it."""
+    from model.variants import WrongAsyncKey
+    root = _parse(_trace(WrongAsyncKey(), Case(2, 2)))
+    marks = [e for e in _all(root, "violation") if e.get("data-property") == "key-consistency" and e.get("data-row")]
+    assert {e.get("data-rank") for e in marks} == {"0", "1"}
+    assert all("GetAsync" in _text(e) and "unwritten key" in _text(e) for e in marks)
+
+
+def test_renders_a_loadable_but_odd_trace(tmp_path, deadlock):
+    """Fields `Trace.load` does not check (events, details, ranks out of range) never break the renderers."""
+    data = deadlock.to_json()
+    data["events"] = data["events"][:3] + [None, 7, {"rank": 99, "effect": {"$effect": "Get"}}, {"effect": [1]},
+                                           {"rank": 0, "effect": {"$evict": {"chunk": 0, "rank": 10 ** 9}},
+                                            "note": "evict"}]
+    data["lookup"], data["faults"]["lost"] = None, []
+    data["verdict"]["violations"].append({"property": "deadlock", "detail": {"waits_for": 3, "cycle": 1.5}})
+    data["verdict"]["violations"].append("junk")
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(data))
+    t = Trace.load(path)
+    assert "!! deadlock" in timeline(t) and ET.fromstring(svg(t)).find(".//*[@id='violation']") is not None
 
 
 # -- the timeline ------------------------------------------------------------------------------------------
