@@ -423,7 +423,8 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
             who = detail.get("ranks") if isinstance(detail.get("ranks"), dict) else {}
             for i, r in enumerate(rows):
                 if r.kind == "arrive" and r.coll == k and (not who or r.rank in who):
-                    r.bad, r.prop = "mismatch", prop
+                    others = [f"r{q} {sig}" for q, sig in who.items() if q != r.rank]
+                    r.bad, r.prop = (f"vs {', '.join(others)}" if others else "mismatch"), prop
                     if mark.row is None or r.rank == max(who or [r.rank]):
                         mark.row, mark.rank = i, r.rank
             if who:
@@ -481,7 +482,7 @@ def _locate(trace: Trace, rows: list[_Row], n: int) -> tuple[list[_Violation], d
                 at = [i for i, r in enumerate(rows) if r.rank == stuck[0]]
                 if at:
                     mark.row = at[-1]
-                    rows[at[-1]].bad, rows[at[-1]].prop = "still running at the step bound", prop
+                    rows[at[-1]].bad, rows[at[-1]].prop = "still running", prop
         elif prop == "agreement" and isinstance(detail.get("u"), dict):
             for q, u in detail["u"].items():
                 if str(q).isdigit():
@@ -659,7 +660,7 @@ def timeline(trace: Trace, *, width: int = 120, color: bool = False) -> str:
             if row.hung:
                 text = f"X {row.text}: {row.result}"
             if row.bad:
-                text = f"!! {text}" if not row.hung else f"!! {text}"
+                text = f"!! {text}" + (f" <- {row.bad}" if not row.hung else "")
             line = lead + lifelines({row.rank: "|" + (" " if not row.bad and not row.hung else "") + text}
                                     if row.rank is not None else {})
             if row.hung and row.rank is not None:
@@ -764,7 +765,7 @@ def svg(trace: Trace) -> str:
     """The trace as an SVG sequence diagram (well-formed XML; the violation in red, `class="violation"`)."""
     p = _picture(trace)
     d = _Svg()
-    width = max(_LEFT + p.n * _COL + 40, 800)
+    width = max(_LEFT + p.n * _COL + 120, 800)
     d.text(12, 22, _clip(f"shardcheck: {p.title}", int((width - 24) / 9.2)), class_="title")
     y = 42
     for line in _wrap(p.summary, int((width - 24) / _CH))[:6]:
@@ -831,7 +832,8 @@ def svg(trace: Trace) -> str:
             if row.kind == "arrive":
                 arrive_y[(row.rank, row.coll)] = y + 10
                 d.el("circle", parent, cx=rx, cy=y + 10, r=5, fill=RED if row.bad else "#5e35b1")
-                d.text(rx + 10, y + 14, row.text + (f"  <- {row.bad}" if row.bad else ""), parent,
+                label = f"  <- mismatch {row.bad}" if row.prop == "desync" else f"  <- {row.bad}" if row.bad else ""
+                d.text(rx + 10, y + 14, row.text + label, parent,
                        fill=colour, class_="bad" if row.bad else "op")
                 y += 24
             elif row.kind == "report":
@@ -892,8 +894,7 @@ def svg(trace: Trace) -> str:
                 x0, x1 = _rank_x(0) - 50, width - 12
                 d.el("rect", g, x=x0, y=min(ys) - 12, width=x1 - x0, height=max(ys) - min(ys) + 24, rx=6,
                      fill="none", stroke=RED, stroke_width=1.5, stroke_dasharray="6,3")
-                d.text(x1 - 8, min(ys) + 2, f"collective #{v.coll}:", g, fill=RED, text_anchor="end")
-                d.text(x1 - 8, min(ys) + 16, "never completes", g, fill=RED, text_anchor="end")
+                d.text(x1 - 4, max(ys) + 26, f"collective #{v.coll} never completes", g, fill=RED, text_anchor="end")
         if not v.waits_for:
             continue
         g = d.violation("deadlock", min(v.waits_for), data_graph="waits-for")
