@@ -48,3 +48,33 @@ def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *arg
     if ok:
         return value
     raise value
+
+
+class BoundedStore:
+    """A `RankStore` whose every call goes through `call_bounded` (for the simulator, which calls stores
+    directly and names a `StoreCallTimeout` a hang)."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+        self.read_paths = tuple(getattr(inner, "read_paths", ("get", "get_async")))
+
+    def put(self, key: str, value: bytes) -> None:
+        return call_bounded(self.seconds, "put", key, self.inner.put, key, value)
+
+    def get(self, key: str) -> Any:
+        return call_bounded(self.seconds, "get", key, self.inner.get, key)
+
+    def contains(self, key: str) -> bool:
+        return call_bounded(self.seconds, "contains", key, self.inner.contains, key)
+
+    def delete(self, key: str) -> None:
+        return call_bounded(self.seconds, "delete", key, self.inner.delete, key)
+
+    def get_async(self, key: str) -> Any:
+        return call_bounded(self.seconds, "get_async", key, self.inner.get_async, key)
+
+    def get_batch(self, keys: list[str]) -> Any:
+        return call_bounded(self.seconds, "get_batch", ",".join(keys), self.inner.get_batch, keys)
+
+    def close(self) -> None:
+        return call_bounded(self.seconds, "close", "", self.inner.close)

@@ -35,7 +35,7 @@ from model.sim import Violation
 from model.store import MemoryStore
 from model.trace import Trace, encode
 from properties import config, strategies as s
-from properties.bounded import call_bounded
+from properties.bounded import BoundedStore, call_bounded
 from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
 
 __all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS",
@@ -155,7 +155,10 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def _open(self, n_ranks: int, n_chunks: int, salt: str) -> None:
         self.sizes = (n_ranks, n_chunks, salt)
-        self.ep = Episode(self.protocol, self.cfg.stores(n_ranks), n_ranks, n_chunks, salt)
+        # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
+        stores = [st if type(st) is MemoryStore else BoundedStore(st, self.cfg.op_timeout)
+                  for st in self.cfg.stores(n_ranks)]
+        self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt)
         self._check_if_done()
 
     # -- rules --------------------------------------------------------------------------------------
@@ -285,11 +288,11 @@ class ProtocolMachine(RuleBasedStateMachine):
 class Pending:
     """An outstanding `get_async`: its future and every value it may rightly resolve to."""
 
-    def __init__(self, rank: int, key: str, future: Any, allowed: list, index: int = -1) -> None:
-        self.rank, self.key, self.future, self.allowed, self.index = rank, key, future, allowed, index
+    def __init__(self, rank: int, key: str, future: Any, allowed: list) -> None:
+        self.rank, self.key, self.future, self.allowed = rank, key, future, allowed
 
     def __repr__(self) -> str:
-        return f"Pending(rank={self.rank}, key={self.key!r}, index={self.index})"
+        return f"Pending(rank={self.rank}, key={self.key!r})"
 
 
 def _short(v: Any) -> str:
@@ -351,7 +354,7 @@ class StoreMachine(RuleBasedStateMachine):
         return where
 
     def _record(self, op: str, rank: int, **args: Any) -> None:
-        RULE_STEPS["store"] += 1
+        """Log an op, before it runs, in `model.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
         self.ops.append({"op": op, "rank": rank, **args})
 
     def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
@@ -366,6 +369,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, key=s.keys, value=s.values)
     def put(self, rank: int, key: str, value: bytes) -> None:
         """Write a value; the oracle records it."""
+        RULE_STEPS["store"] += 1
         self._record("put", rank, key=key, value=value)
         self._call(rank, "put", key, self.ns + key, value)
         self.oracle[rank][key] = value
@@ -376,6 +380,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, key=s.keys)
     def get(self, rank: int, key: str) -> None:
         """A GET answers the oracle's value, or None (promptly) on a miss."""
+        RULE_STEPS["store"] += 1
         self._record("get", rank, key=key)
         event("get hit" if key in self.oracle[rank] else "get miss")
         self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)])
@@ -383,6 +388,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, key=s.keys)
     def contains(self, rank: int, key: str) -> None:
         """`contains` agrees with the oracle."""
+        RULE_STEPS["store"] += 1
         self._record("contains", rank, key=key)
         got = self._call(rank, "contains", key, self.ns + key)
         if got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
@@ -392,6 +398,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, key=s.keys)
     def delete(self, rank: int, key: str) -> None:
         """Delete a key (present or not)."""
+        RULE_STEPS["store"] += 1
         self._record("delete", rank, key=key)
         self._call(rank, "delete", key, self.ns + key)
         self.oracle[rank].pop(key, None)
@@ -402,22 +409,25 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(target=futures, rank=s.store_rank, key=s.keys)
     def get_async(self, rank: int, key: str) -> Pending:
         """Start an async GET; the call itself returns promptly with a future."""
-        self._record("get_async", rank, key=key)
+        RULE_STEPS["store"] += 1
+        self._record("get_async", rank, key=key)  # kept in the log only if the call itself fails
         future = self._call(rank, "get_async", key, self.ns + key)
+        self.ops.pop()
         if not isinstance(future, concurrent.futures.Future):
             self._fail("store-error", f"rank {rank}: get_async({key!r}) returned {type(future).__name__}, "
                                       "not a concurrent.futures.Future")
-        p = Pending(rank, key, future, [self.oracle[rank].get(key)], len(self.pending))
+        p = Pending(rank, key, future, [self.oracle[rank].get(key)])
         self.pending.append(p)
         return p
 
     @rule(p=futures)
     def wait(self, p: Pending) -> None:
         """Every async GET completes within the bound, with the value the key had meanwhile."""
-        self._record("wait", p.rank, key=p.key, handle=p.index)
+        RULE_STEPS["store"] += 1
         self._await(p)
 
     def _await(self, p: Pending) -> None:
+        self._record("get_async", p.rank, key=p.key)
         try:
             got = p.future.result(timeout=self.timeout)
         except concurrent.futures.TimeoutError:
@@ -432,6 +442,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, keys=s.batch_keys)
     def get_batch(self, rank: int, keys: list[str]) -> None:
         """A batch GET answers, per key, what a single GET would."""
+        RULE_STEPS["store"] += 1
         self._record("get_batch", rank, keys=keys)
         got = self._call(rank, "get_batch", keys, [self.ns + k for k in keys])
         got = list(got) if got is not None else None
@@ -444,13 +455,17 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(rank=s.store_rank, key=s.keys)
     def read_every_path(self, rank: int, key: str) -> None:
         """A key (written through `put`) reads the same through every read path the client has."""
-        self._record("read_every_path", rank, key=key)
+        RULE_STEPS["store"] += 1
         expected = [self.oracle[rank].get(key)]
+        self._record("get", rank, key=key)
         self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
         if "get_async" in self.read_paths[rank]:
+            self._record("get_async", rank, key=key)
             future = self._call(rank, "get_async", key, self.ns + key)
+            self.ops.pop()
             self._await(Pending(rank, key, future, expected))
         if "get_batch" in self.read_paths[rank]:
+            self._record("get_batch", rank, keys=[key])
             got = self._call(rank, "get_batch", [key], [self.ns + key])
             self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
 
@@ -471,17 +486,3 @@ class StoreMachine(RuleBasedStateMachine):
                 self._fail("store-roundtrip", f"rank {r}: contains({probe!r}) of a never-written key returned true")
             for key in self.oracle[r]:
                 self._call(r, "delete", key, self.ns + key)
-
-
-def replay_store_ops(ops: list[dict]) -> None:
-    """Re-run a `store-ops` trace's ops through `StoreMachine`'s rules (raises what the rules raise)."""
-    from model.trace import decode
-
-    machine = StoreMachine()
-    for op in ops:
-        args = {k: decode(v) for k, v in op.items() if k not in ("op", "rank")}
-        if op["op"] == "wait":
-            machine.wait(machine.pending[args["handle"]])
-        else:
-            getattr(machine, op["op"])(rank=op["rank"], **args)
-    machine.teardown()
