@@ -144,7 +144,14 @@ class Bounded:
         try:
             self.loop.run_forever()
         finally:
-            pass
+            # stopped by `stop()`: drop what is still pending (a stuck LMCache call) and close
+            try:
+                for task in asyncio.all_tasks(self.loop):
+                    task.cancel()
+                self.loop.run_until_complete(asyncio.sleep(0))
+            except Exception:
+                pass
+            self.loop.close()
 
     def call(self, op: str, key: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         timeout = self.timeout if timeout is None else timeout

@@ -20,6 +20,16 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    before GET and answers a miss at once without issuing the GET, and (b) bounds the remaining
    GET (a key evicted between EXISTS and GET) and, when it is stuck, answers a miss and replaces
    the native client (closing the old one frees its parked worker).
+
+`patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
+is the `lmcache-valkey` client with fix 1 and with fix 3:
+
+3. Valkey connector cannot authenticate (finding `valkey-auth-swapped`): lmcache 0.5.6's
+   ValkeyWorkerPool builds `glide_sync.ServerCredentials(username, password)` positionally, but
+   glide's signature is `ServerCredentials(password, username)`: with a password configured, the
+   client sends the username as the password and never connects. Workaround from the config
+   (clearly a workaround, the real fix is keyword arguments in LMCache): pass the password as
+   `valkey_username` and the user name ("default") as `valkey_password`, which the swap puts back.
 """
 
 from __future__ import annotations
@@ -30,11 +40,12 @@ from typing import Any, List, Optional
 from adapters.lmcache_stores import (
     DEFAULT_OP_TIMEOUT,
     BackendStore,
+    ValkeyBackendStore,
     _make,
 )
 
 __all__ = ["patched_factory", "PatchedBackendStore", "patched_resp_connector_class",
-           "PATCHED_EXTRA_CONFIG"]
+           "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore"]
 
 #: Fix 1: LMCache's switch for the MLA worker-id collapse.
 PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
@@ -133,3 +144,24 @@ class PatchedBackendStore(BackendStore):
 def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
     """`--client lmcache-patched`: the `lmcache` client with shardcheck's fixes."""
     return _make(PatchedBackendStore, n_ranks, **options)
+
+
+class PatchedValkeyStore(ValkeyBackendStore):
+    """The `lmcache-valkey` store with fix 1 (MLA collapse off) and fix 3 (credentials order)."""
+
+    client_name = "lmcache-valkey-patched"
+
+    def __init__(self, rank: int, n_ranks: int, servers: Any, *, use_mla: bool = True,
+                 op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
+                 extra_config: dict | None = None) -> None:
+        extra = dict(PATCHED_EXTRA_CONFIG)
+        if servers.password is not None:
+            # fix 3: LMCache passes (username, password) where glide expects (password, username)
+            extra.update(valkey_username=servers.password, valkey_password="default")
+        super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
+                         num_workers=num_workers, extra_config={**extra, **(extra_config or {})})
+
+
+def patched_valkey_factory(n_ranks: int, **options: Any) -> list[PatchedValkeyStore]:
+    """The `lmcache-valkey` client with shardcheck's fixes 1 and 3."""
+    return _make(PatchedValkeyStore, n_ranks, **options)

@@ -16,7 +16,9 @@ The checks know nothing about LMCache's code; they are what any KV store client 
 - `rank-isolation`   each rank reads back its own value for a key every rank wrote (the contract:
                      every rank has its own store);
 - `usable-after`     after a burst of misses (more than the client has workers), a fresh
-                     `put`/`get` on the same client still round-trips within `op_timeout`.
+                     `put`/`get` on the same client still round-trips within `op_timeout`;
+- `auth-round-trip`  against servers that require a password (`password=` option), the client
+                     connects and round-trips.
 
 A timed-out call counts as a violation of the check that made it, and the stores are then closed
 and made anew (the harness's recovery), so one hang does not mask the next check.
@@ -40,7 +42,7 @@ except ImportError:  # pragma: no cover
     from adapters.lmcache_stores import StoreCallTimeout  # type: ignore[assignment]
 
 CHECKS = ("miss-prompt", "round-trip", "async-completes", "read-paths-agree", "contains-get",
-          "delete-miss", "overwrite", "rank-isolation", "usable-after")
+          "delete-miss", "overwrite", "rank-isolation", "usable-after", "auth-round-trip")
 LENGTHS = (0, 1, 7, 100, 1000, 4088)
 TIMEOUT = object()
 
@@ -82,6 +84,7 @@ class Finding:
     ops: list[Op] = field(default_factory=list)
     op_timeout: float = 0.0
     n_ranks: int = 2
+    server_keys: dict = field(default_factory=dict)   # rank -> keys on its server after the check
 
     @property
     def violating(self) -> Op | None:
@@ -266,7 +269,9 @@ def check_rank_isolation(run: _Run, tag: str) -> None:
     for rank, v in enumerate(values):
         run.put(rank, key, v)
     for rank, v in enumerate(values):
-        run.call(rank, "get", key, expected=v)
+        for path in _read_paths(run.stores[rank]):
+            _read_one(run, rank, path, key, v)
+    run.finish()
 
 
 def check_usable_after(run: _Run, tag: str) -> None:
@@ -297,6 +302,19 @@ CHECK_FUNCS: dict[str, Callable[[_Run, str], None]] = {
 
 # --------------------------------------------------------------------------- driver
 
+def _server_keys(stores: Sequence[Any]) -> dict:
+    """Which key names each rank's server holds (evidence of what a client actually wrote)."""
+    out: dict = {}
+    for rank, st in enumerate(stores):
+        fn = getattr(st, "server_keys", None)
+        if callable(fn):
+            try:
+                out[str(rank)] = sorted(fn())
+            except Exception as e:  # diagnostics only
+                out[str(rank)] = f"unavailable: {type(e).__name__}"
+    return out
+
+
 def probe(factory: Callable[..., list], n_ranks: int = 2, *, client: str | None = None,
           topology: str = "per-rank", use_mla: bool = True, op_timeout: float = 0.5,
           checks: Sequence[str] = CHECKS, **options: Any) -> list[Finding]:
@@ -307,6 +325,13 @@ def probe(factory: Callable[..., list], n_ranks: int = 2, *, client: str | None 
     stores: list | None = None
     try:
         for i, name in enumerate(checks):
+            if name == "auth-round-trip":
+                if "urls" in options:
+                    continue  # given servers: their password is theirs
+                f = _check_auth(factory, n_ranks, client, opts, f"p{i}")
+                if f is not None:
+                    findings.append(f)
+                continue
             if stores is None:
                 stores = factory(n_ranks, **opts)
             run = _Run(stores, op_timeout)
@@ -314,7 +339,7 @@ def probe(factory: Callable[..., list], n_ranks: int = 2, *, client: str | None 
                 CHECK_FUNCS[name](run, f"p{int(time.time() * 1000) % 10**8}-{i}-{name}")
             except _Violation as v:
                 findings.append(Finding(client, topology, use_mla, name, v.summary, run.ops,
-                                        op_timeout, n_ranks))
+                                        op_timeout, n_ranks, _server_keys(stores)))
             if run.timed_out or name == "usable-after":
                 # the harness's recovery after a hang: close (never blocks) and start anew
                 for s in stores:
@@ -325,6 +350,40 @@ def probe(factory: Callable[..., list], n_ranks: int = 2, *, client: str | None 
             for s in stores:
                 s.close()
     return findings
+
+
+AUTH_PASSWORD = "shardcheck-probe-pw"
+
+
+def _check_auth(factory: Callable[..., list], n_ranks: int, client: str, opts: dict,
+                tag: str) -> Finding | None:
+    rec = Op(-1, "factory", f"password={AUTH_PASSWORD!r}", expected="stores")
+    t0 = time.monotonic()
+    try:
+        stores = factory(n_ranks, **{**opts, "password": AUTH_PASSWORD})
+    except Exception as e:
+        rec.seconds, rec.observed, rec.outcome = time.monotonic() - t0, f"{type(e).__name__}: {e}", "error"
+        return Finding(client, opts["topology"], opts["use_mla"], "auth-round-trip",
+                       f"factory(password=...) raised {type(e).__name__}: {e}", [rec],
+                       opts["op_timeout"], n_ranks)
+    rec.seconds, rec.observed = time.monotonic() - t0, "stores"
+    run = _Run(stores, opts["op_timeout"])
+    run.ops.append(rec)
+    try:
+        for rank in range(n_ranks):
+            # rank 0 only: what is asked here is authentication, not the MLA behaviour
+            if rank > 0:
+                break
+            key, v = f"{tag}:auth:r{rank}", _value("auth", 20)
+            run.put(rank, key, v)
+            run.call(rank, "get", key, expected=v)
+    except _Violation as v:
+        return Finding(client, opts["topology"], opts["use_mla"], "auth-round-trip", v.summary,
+                       run.ops, opts["op_timeout"], n_ranks)
+    finally:
+        for s in stores:
+            s.close()
+    return None
 
 
 def measure_hang(factory: Callable[..., list], *, op: str = "get", patience: float = 15.0,
