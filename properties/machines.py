@@ -484,7 +484,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         for p in self.pending:
             self._await(p)
-        probe = "probe-absent"
+        probe = "probe absent"  # a space: no drawn key has one
         for r in range(len(self.stores)):
             # a miss, then one more call: the client must still answer after its last op and after a miss
             self._record("get", r, key=probe)

@@ -1,5 +1,6 @@
 """The store-client layer against `--client` (default: the in-memory `model` client)."""
 from properties.machines import StoreMachine
 
-#: Every client call answers promptly and like the oracle, over every read path, and leaves the client usable.
-TestStoreLayer = StoreMachine.TestCase
+
+class TestStoreLayer(StoreMachine.TestCase):
+    """Every client call answers promptly and like the oracle, over every read path, and leaves the client usable."""
