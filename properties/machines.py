@@ -1,8 +1,9 @@
 """The two property layers as Hypothesis state machines.
 
 - `ProtocolMachine`: stores prompts, evicts, looks up, starts loads, moves one rank at a time and injects
-  faults; every finished episode is checked with `model.checks.check_outcome` (all the contract's properties)
-  and must replay under `model.harness.run_case` to the same verdict.
+  faults; every finished episode is checked with `model.checks.check_outcome` (all the contract's properties);
+  with the in-memory client a failing episode must also replay under `model.harness.run_case` to the same
+  verdict (else the failure is `replay`: the stepping is wrong).
 - `StoreMachine`: drives one client's `RankStore`s (put, get, contains, delete, get_async, wait, get_batch)
   against an in-memory oracle, every call bounded in time.
 
@@ -121,7 +122,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
 
 
-def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
+def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:  # type: ignore[return]
     """Save `trace` as `<parts>-<hash>.json` in `found_dir`; an identical file is kept, never overwritten."""
     body = trace.dumps()
     stem = "-".join(_slug(p) for p in parts) + "-" + hashlib.sha256(body.encode()).hexdigest()[:12]
@@ -133,7 +134,6 @@ def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
             return trace.save(path)
         except FileExistsError:
             continue
-    raise AssertionError("unreachable")
 
 
 # == the protocol layer ================================================================================
@@ -255,8 +255,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         self.ep = None
         out = ep.out
-        event(f"episode: n_ranks={ep.n} n_chunks={ep.k} faults={ep.faults().size()} "
-              f"{'short' if out.planned != out.lcp or any(len(r) != out.planned for r in out.results.values()) else 'full'}")
+        event(f"episode: {ep.n} ranks, {ep.k} chunks, {min(ep.faults().size(), 3)}{'+' * (ep.faults().size() >= 3)} "
+              f"faults, planned {'< LCP' if (out.planned or 0) < out.lcp else '= LCP' if out.planned == out.lcp else '> LCP'}")
         if not out.violations or not {"hang", "termination"} & set(out.violated()):
             try:
                 ep.cleanup()
