@@ -140,8 +140,8 @@ def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:  # ty
 class ProtocolMachine(RuleBasedStateMachine):
     """Episodes of one prompt: store, evict, look up, load one rank step at a time, with faults.
 
-    There is always an open episode: when one ends (checked), a fresh one with the same sizes starts, and
-    `lookup`, `start_load` and `move` first take the steps before them that have not happened yet. So every
+    After an episode ends (checked), the next rule opens a fresh one with the same sizes, and `lookup`,
+    `start_load` and `move` first take the steps before them that have not happened yet. So every
     rule is meaningful in every state, which keeps preconditions (and Hypothesis's rejected draws) away and
     lets the shrinker delete any step.
     """
@@ -153,13 +153,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.ep: Episode | None = None
         self.sizes: tuple[int, int, str] = (1, 0, "s0")
 
-    def _open(self, n_ranks: int, n_chunks: int, salt: str) -> None:
+    def _open(self, n_ranks: int, n_chunks: int, salt: str) -> Episode:
         self.sizes = (n_ranks, n_chunks, salt)
         # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
         stores = [st if type(st) is MemoryStore else BoundedStore(st, self.cfg.op_timeout)
                   for st in self.cfg.stores(n_ranks)]
         self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt)
         self._check_if_done()
+        return self.ep
+
+    def _episode(self) -> Episode:
+        """The open episode; after one ended, a fresh one of the same sizes (opened when first needed)."""
+        return self.ep if self.ep is not None else self._open(*self.sizes)
 
     # -- rules --------------------------------------------------------------------------------------
     @initialize(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
@@ -172,18 +177,20 @@ class ProtocolMachine(RuleBasedStateMachine):
     def store_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
         """Finish (and check) the open episode, then every rank stores a new prompt."""
         RULE_STEPS["protocol"] += 1
-        self.ep.finish()
-        self._check_if_done()
+        if self.ep is not None:
+            self.ep.finish()
+            self._check_if_done()
         self._open(n_ranks, n_chunks, salt)
 
-    @precondition(lambda self: self.ep.k > 0)
+    @precondition(lambda self: self.sizes[1] > 0)
     @rule(chunk=s.chunk_index, rank=s.evict_rank)
     def evict(self, chunk: int, rank: int | None) -> None:
         """Evict a chunk's keys (from one rank or all): before lookup, after it, or during the load."""
         RULE_STEPS["protocol"] += 1
-        e = self.ep.evict(chunk % self.ep.k, None if rank is None else rank % self.ep.n)
-        event(f"evict while {self.ep.phase}")
-        note(f"evicted {e} while {self.ep.phase}")
+        ep = self._episode()
+        e = ep.evict(chunk % ep.k, None if rank is None else rank % ep.n)
+        event(f"evict while {ep.phase}")
+        note(f"evicted {e} while {ep.phase}")
 
     @rule()
     def lookup(self) -> None:
@@ -192,7 +199,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._lookup()
 
     def _lookup(self) -> None:
-        if self.ep.phase == STORED:
+        if self._episode().phase == STORED:
             self.ep.lookup()
             out = self.ep.out
             note(f"lookup: cached {sorted(out.cached)}, LCP {out.lcp}, reports {out.reports}, planned {out.planned}")
@@ -202,13 +209,15 @@ class ProtocolMachine(RuleBasedStateMachine):
     def lose_completion(self, rank: int, ahead: int) -> None:
         """A rank's upcoming GetAsync completion will never arrive."""
         RULE_STEPS["protocol"] += 1
-        note(f"lost completion {self.ep.lose(rank % self.ep.n, ahead)}")
+        ep = self._episode()
+        note(f"lost completion {ep.lose(rank % ep.n, ahead)}")
 
     @rule(rank=s.rank_index, ahead=s.async_ahead, seconds=s.delays)
     def delay_completion(self, rank: int, ahead: int, seconds: float) -> None:
         """A rank's upcoming GetAsync completion arrives late."""
         RULE_STEPS["protocol"] += 1
-        note(f"delayed completion {self.ep.delay(rank % self.ep.n, ahead, seconds)}")
+        ep = self._episode()
+        note(f"delayed completion {ep.delay(rank % ep.n, ahead, seconds)}")
 
     @rule()
     def start_load(self) -> None:
@@ -218,7 +227,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def _start_load(self) -> None:
         self._lookup()
-        if self.ep.phase == LOOKED_UP:
+        if self.ep is not None and self.ep.phase == LOOKED_UP:
             self.lookup_is_sound_and_complete()
             self.ep.start_load()
             self._check_if_done()
@@ -228,7 +237,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         """Hypothesis picks which runnable rank takes its next effect (starting the load if need be)."""
         RULE_STEPS["protocol"] += 1
         self._start_load()
-        if self.ep.phase == LOADING:
+        if self.ep is not None and self.ep.phase == LOADING:
             self.ep.move(choice)
             self._check_if_done()
 
@@ -236,7 +245,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def finish(self) -> None:
         """Run the rest of the episode (lowest runnable rank first) and check it."""
         RULE_STEPS["protocol"] += 1
-        self.ep.finish()
+        self._episode().finish()
         self._check_if_done()
 
     # -- invariants ---------------------------------------------------------------------------------
@@ -248,8 +257,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.ep.finish()
             self._check_if_done()
 
-    def _check_if_done(self, renew: bool = True) -> None:
-        """When the episode is over: every property of the contract, then a fresh episode of the same sizes."""
+    def _check_if_done(self) -> None:
+        """When the episode is over: every property of the contract (the next rule opens a fresh episode)."""
         ep = self.ep
         if ep is None or ep.phase != DONE:
             return
@@ -265,8 +274,6 @@ class ProtocolMachine(RuleBasedStateMachine):
         else:
             self.cfg.discard()  # a client that hung or raised may be unusable (a real one restarts its servers)
         if not out.violations:
-            if renew:
-                self._open(*self.sizes)
             return
         if _final_run():
             note(f"case: {ep.case()!r}")
@@ -288,7 +295,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         """Finish and check the open episode, so every run ends with a full check."""
         if self.ep is not None:
             self.ep.finish()
-            self._check_if_done(renew=False)
+            self._check_if_done()
 
 
 # == the store-client layer ==============================================================================

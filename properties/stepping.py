@@ -10,6 +10,7 @@ The load is stepped through `model.sim.Simulator`'s own methods (`_send`, `runna
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -18,11 +19,15 @@ from model.checks import check_outcome, completeness, soundness
 from model.contract import StoreCallTimeout
 from model.effects import Put
 from model.faults import Eviction, FaultPlan
-from model.harness import Case, Outcome, _lookup, _Shadow, chunk_hashes, kv_bytes, leading_run
+from model import harness
+from model.harness import Case, Outcome, _lookup, _Shadow, leading_run
 from model.sim import Event, Simulator, SimResult, Violation, lowest_runnable, simulate
-from model.harness import default_step_bound
 
 STORED, LOOKED_UP, LOADING, DONE = "stored", "looked-up", "loading", "done"
+
+# the prompt of (n_chunks, salt) is the same every time: build its hashes and KV bytes once
+chunk_hashes = functools.lru_cache(maxsize=256)(harness.chunk_hashes)
+kv_bytes = functools.lru_cache(maxsize=256)(harness.kv_bytes)
 
 
 class Episode:
@@ -37,7 +42,7 @@ class Episode:
         self.lost: list[tuple[int, int]] = []
         self.delayed: list[tuple[int, int, float]] = []
         self.sim: Simulator | None = None
-        hashes, kv = chunk_hashes(k, salt), kv_bytes(k, salt)
+        hashes, kv = list(chunk_hashes(k, salt)), list(kv_bytes(k, salt))  # copies: a protocol may mutate them
         chunk_of = {v: c for c, v in enumerate(kv)}
         name = str(getattr(protocol, "name", type(protocol).__name__))
         store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
@@ -55,7 +60,7 @@ class Episode:
 
     # -- the recorded choices -------------------------------------------------------------------------
     def bound(self) -> int:
-        return default_step_bound(self.n, self.k)
+        return harness.default_step_bound(self.n, self.k)
 
     def faults(self) -> FaultPlan:
         return FaultPlan(self.before, self.after, self.during, self.lost, self.delayed)

@@ -17,7 +17,7 @@ n_chunks = st.integers(0, 6)
 salts = st.sampled_from(["s0", "s1", "s2"])
 chunk_index = st.integers(0, 5)
 #: `None`: every rank's copy of the chunk; else a rank (wrapped by the machine).
-evict_rank = st.none() | st.integers(0, 3)
+evict_rank = st.sampled_from([None, 0, 1, 2, 3])
 rank_index = st.integers(0, 3)
 #: Which of a rank's next `GetAsync`s a fault hits (0: the next one).
 async_ahead = st.integers(0, 3)
@@ -30,8 +30,9 @@ move_choice = st.integers(0, 3)
 STORE_RANKS = 2
 store_rank = st.integers(0, STORE_RANKS - 1)
 #: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.
-keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0"]) | st.text(
-    st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=24)
+keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0", "K0", "k0:", "kv:abc:pcp2:r1", "x" * 200,
+                        "kv:ünïcode:✓", "a b\tc", "{braces}[brackets]@#$%^&*", "-", "0",
+                        "k\r\nSET k0 x"])
 #: Large values (1-5 KB) as a short random pattern repeated: drawing thousands of independent bytes costs
 #: milliseconds per value, and a repeated pattern with a random length finds truncation and offsets as well.
 large_values = st.tuples(st.binary(min_size=1, max_size=16), st.integers(1000, 5000)).map(
