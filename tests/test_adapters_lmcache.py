@@ -201,3 +201,29 @@ def test_patched_valkey_client_passes_every_check(use_mla: bool):
     fs = probe(patched_valkey_factory, 2, client="lmcache-valkey-patched", use_mla=use_mla,
                op_timeout=T, checks=CHECKS)
     assert fs == [], "\n".join(map(str, fs))
+
+
+# --------------------------------------------------------------------------- the saved counterexamples
+
+from adapters.replay import FINDINGS, replay, trace_of  # noqa: E402
+from model.trace import Trace  # noqa: E402
+
+SAVED = sorted((ROOT / "counterexamples").glob("lmcache-*.json"))
+
+
+def test_every_finding_is_saved_without_drift():
+    assert {p.stem.removeprefix("lmcache-") for p in SAVED} == set(FINDINGS)
+    for p in SAVED:
+        t, fresh = Trace.load(p), trace_of(p.stem.removeprefix("lmcache-"))
+        assert (t.kind, t.property, t.summary, t.config) == ("store-ops", fresh.property, fresh.summary, fresh.config)
+        assert [{k: o[k] for k in ("rank", "op", "key", "value", "wait") if k in o} for o in t.ops] == fresh.ops
+        assert t.expect["lmcache-patched"] == "fixed" and t.expect["model"] == "fixed"
+        assert t.expect.get(t.client) == "reproduces" and t.verdict["violations"]
+
+
+@pytest.mark.parametrize("path", SAVED, ids=lambda p: p.stem)
+def test_counterexample_replays_as_expected(path: Path):
+    t = Trace.load(path)
+    for client in ("lmcache", "lmcache-patched"):
+        outcome, why = replay(t, FACTORIES[client])
+        assert outcome == t.expect[client], (client, why)

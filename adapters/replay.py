@@ -1,0 +1,356 @@
+"""Store-ops counterexamples of lmcache 0.5.6: build them, replay them against any client.
+
+`replay(trace, factory) -> (outcome, why)` runs a `store-ops` trace's ops against
+`factory(n_ranks, **options)` — the options come from the trace's `config` (`topology`,
+`use_mla`, `op_timeout`, `password`) so the replay runs the configuration that was measured —
+and checks each op against an in-memory oracle; the outcome is `reproduces` when the trace's
+property is violated again, `fixed` otherwise. Ops are `model.storeops`-shaped
+(`{"rank", "op", "key", "value"}`; a value is a list of byte values, or `model.trace.encode`d);
+an op may carry `"wait": false`
+(a `get_async` fired and not awaited, as an engine's prefetch does).
+
+Properties: `store-hang` (a call did not return / a completion never came within `op_timeout`),
+`store-roundtrip` (an answer differs from the oracle's), `store-error` (a call raised, including
+the factory itself).
+
+`python -m adapters.replay --write` measures every finding of `FINDINGS` against the stock
+clients, the patched client and the model, and writes `counterexamples/lmcache-<name>.json`
+with the measured expectations; `python -m adapters.replay counterexamples/lmcache-*.json
+--client NAME` replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from model.contract import StoreCallTimeout
+from model.trace import Trace, decode, encode
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched", "model")
+
+
+def _factory(client: str) -> Callable[..., list]:
+    if client == "model":
+        from model.store import memory_factory
+
+        return lambda n, **_options: memory_factory(n)  # the model takes no options
+    from adapters.probe import load_factory
+
+    return load_factory(client)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        return f"{len(v)} bytes"
+    if isinstance(v, list):
+        return "[" + ", ".join(_short(x) for x in v) + "]"
+    return repr(v)
+
+
+def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
+    """Run the trace's ops; returns (records, violations) — at most one violation (the first)."""
+    cfg = dict(trace.config)
+    n = int(cfg.get("n_ranks", 1))
+    timeout = float(cfg.get("op_timeout", 1.0))
+    options = {k: cfg[k] for k in ("topology", "use_mla", "op_timeout", "password") if k in cfg}
+    records: list[dict] = []
+    t0 = time.monotonic()
+    try:
+        stores = factory(n, **options)
+    except Exception as e:
+        return records, [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
+                          f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
+    oracle: list[dict[str, bytes]] = [{} for _ in range(n)]
+    pending: list[cf.Future] = []
+    try:
+        for i, raw in enumerate(trace.ops):
+            op = decode(raw, f"ops[{i}]")
+            if isinstance(op.get("value"), list):
+                op["value"] = bytes(op["value"])
+            r, name, key = op["rank"], op["op"], op.get("key")
+            ora = oracle[r]
+            if name == "put":
+                expected: Any = None
+            elif name == "get_batch":
+                expected = [ora.get(k) for k in op["keys"]]
+            elif name == "contains":
+                expected = key in ora
+            else:
+                expected = ora.get(key)
+            rec = {"index": i, "rank": r, "op": name, "key": key if name != "get_batch" else op["keys"]}
+            records.append(rec)
+            start = time.monotonic()
+            try:
+                store = stores[r]
+                if name == "put":
+                    store.put(key, op["value"])
+                    ora[key] = bytes(op["value"])
+                    got: Any = None
+                elif name == "delete":
+                    store.delete(key)
+                    ora.pop(key, None)
+                    got = None
+                elif name == "get_async":
+                    fut = store.get_async(key)
+                    if op.get("wait", True) is False:
+                        pending.append(fut)
+                        rec["outcome"] = "not awaited"
+                        continue
+                    try:
+                        got = fut.result(timeout)
+                    except cf.TimeoutError:
+                        raise StoreCallTimeout("get_async", key, timeout) from None
+                elif name == "get_batch":
+                    got = list(store.get_batch(list(op["keys"])))
+                else:
+                    got = getattr(store, name)(key)
+            except StoreCallTimeout as e:
+                rec.update(outcome="hang", seconds=round(time.monotonic() - start, 4))
+                return records, [{"property": "store-hang",
+                                  "summary": f"ops[{i}] rank {r}: {name}({key!r}) did not return within "
+                                             f"{e.seconds:g} s", "detail": {"index": i}}]
+            except Exception as e:
+                rec.update(outcome=f"{type(e).__name__}: {e}", seconds=round(time.monotonic() - start, 4))
+                return records, [{"property": "store-error",
+                                  "summary": f"ops[{i}] rank {r}: {name}({key!r}) raised {type(e).__name__}: {e}",
+                                  "detail": {"index": i}}]
+            rec.update(result=encode(got), oracle=encode(expected), seconds=round(time.monotonic() - start, 4))
+            if name not in ("put", "delete") and got != expected:
+                rec["outcome"] = "mismatch"
+                return records, [{"property": "store-roundtrip",
+                                  "summary": f"ops[{i}] rank {r}: {name}({rec['key']!r}) returned {_short(got)}, "
+                                             f"the oracle {_short(expected)}", "detail": {"index": i}}]
+            rec["outcome"] = "ok"
+        return records, []
+    finally:
+        for f in pending:
+            f.cancel()
+        for s in stores:
+            s.close()
+        records.append({"total_seconds": round(time.monotonic() - t0, 3)})
+
+
+def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
+    _, violations = run(trace, factory)
+    props = [v["property"] for v in violations]
+    if trace.property in props:
+        return "reproduces", violations[0]["summary"]
+    return "fixed", "no violation" if not props else f"other violation: {violations[0]['summary']}"
+
+
+# --------------------------------------------------------------------------- the findings
+
+def _v(tag: str, n: int = 64) -> bytes:
+    return bytes((ord(tag[i % len(tag)]) + i) % 256 for i in range(n))
+
+
+def _op(rank: int, op: str, key: str | None = None, value: bytes | None = None, **extra: Any) -> dict:
+    d: dict[str, Any] = {"rank": rank, "op": op}
+    if key is not None:
+        d["key"] = key
+    if value is not None:
+        # a list of byte values: JSON-able, and `bytes(value)` of it is the value, so the trace
+        # replays as is through model.storeops.run_ops (which passes op["value"] straight to put)
+        d["value"] = list(value)
+    d.update(extra)
+    return d
+
+
+#: name -> (property, config, ops, summary). The summaries say what ran and what happened; the
+#: measured outcome per client and timings are added by `build()`.
+FINDINGS: dict[str, tuple[str, dict, list[dict], str]] = {
+    "missing-get-hangs": (
+        "store-hang", {"n_ranks": 2, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
+        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0"), _op(0, "get", "kv:c1")],
+        "A GET of a key that was never written never returns. Rank 0 stores chunk 0 and reads it "
+        "back, then reads chunk 1, which nobody wrote: the answer should be a prompt miss (None), "
+        "but stock lmcache 0.5.6 (RemoteBackend over resp://, and its native RESP client used "
+        "directly) does not answer within the bound. The native client's GET into a chunk-sized "
+        "buffer waits for payload bytes after the server's nil reply, so the completion never "
+        "comes; RemoteBackend.get_blocking gives up only after blocking_timeout_secs (10 s by "
+        "default) and the parked native worker stays stuck until its connection closes. The "
+        "valkey:// connector answers the miss at once. Fix in lmcache-patched (mitigation, the "
+        "real fix is in the native nil-reply handling): an exists-guarded RESPConnector subclass "
+        "answers misses from EXISTS without issuing the GET, and bounds the remaining GET.",
+    ),
+    "async-miss-never-completes": (
+        "store-hang", {"n_ranks": 2, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
+        [_op(1, "put", "kv:c1", _v("c1")), _op(1, "get_async", "kv:c1"), _op(1, "get_async", "kv:c3")],
+        "An async read of a missing key never completes (a lost completion). Rank 1 stores chunk 1 "
+        "and reads it asynchronously (it completes), then issues an async read of chunk 3, which "
+        "was never written: the future should resolve to None, but with stock lmcache 0.5.6 over "
+        "resp:// (the prefetch path RemoteBackend.batched_get_non_blocking, and the native client's "
+        "async get) it does not resolve within the bound; a caller that waits without a timeout "
+        "stalls forever (RemoteBackend's own wait_for gives up after 10 s and reports an empty "
+        "prefix). Same root cause as missing-get-hangs; the same mitigation fixes it in "
+        "lmcache-patched, and the valkey:// connector resolves the miss at once.",
+    ),
+    "client-wedged-after-misses": (
+        "store-hang", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
+        [_op(0, "get_async", f"kv:missing{i}", wait=False) for i in range(9)]
+        + [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0")],
+        "After more misses than the client has native workers (8), the client is wedged: every "
+        "later operation, even a PUT, never returns. Rank 0 fires 9 async reads of keys that do "
+        "not exist (as a prefetch of a cold prompt would) without waiting for them, then stores "
+        "and reads chunk 0: with stock lmcache 0.5.6 over resp:// the put itself does not return "
+        "within the bound, because each miss parks one of the 8 native workers for good. The "
+        "client is unusable until its connections are closed (close/restart). lmcache-patched "
+        "never issues a GET for an absent key and replaces the native client when a GET is "
+        "stuck, so the put and get complete at once; the valkey:// connector is not affected. "
+        "(model.storeops.run_ops awaits every get_async, so there the first read already hangs.)",
+    ),
+    "mla-rank-put-dropped": (
+        "store-roundtrip", {"n_ranks": 2, "topology": "per-rank", "use_mla": True, "op_timeout": 1.0},
+        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "contains", "kv:c0"),
+         _op(1, "put", "kv:c1", _v("c1")), _op(1, "contains", "kv:c1")],
+        "With an MLA model and more than one rank, every PUT of a rank other than 0 is silently "
+        "dropped. Rank 0 stores chunk 0 and sees it; rank 1 stores chunk 1 in its own store and "
+        "asks whether it is there: stock lmcache 0.5.6 says no, with both the resp:// and the "
+        "valkey:// connector. RemoteBackend's remote_enable_mla_worker_id_as0 mode (on by default "
+        "for MLA when world_size > 1) skips the put of worker_id != 0 and rewrites that rank's "
+        "sync reads to worker 0's key, assuming tensor parallelism where every rank holds the "
+        "same KV. Under context parallelism each rank stores different chunks in its own store, "
+        "so rank 1's chunks never reach the remote tier. The native client (no MLA logic) keeps "
+        "them. Fix in lmcache-patched: LMCache's own switch remote_enable_mla_worker_id_as0=False.",
+    ),
+    "mla-sync-reads-rank0-key": (
+        "store-roundtrip", {"n_ranks": 2, "topology": "shared", "use_mla": True, "op_timeout": 1.0},
+        [_op(0, "put", "kv:c0", _v("rank0-bytes", 60)), _op(1, "put", "kv:c0", _v("rank1-bytes", 61)),
+         _op(1, "get", "kv:c0"), _op(1, "get_async", "kv:c0")],
+        "With an MLA model and one store shared by all ranks (the stock deployment), a rank's sync "
+        "read returns another rank's value, and its async read uses a different key name than its "
+        "sync read. Rank 0 and rank 1 each store their own value under the same chunk key (each "
+        "rank has its own namespace: LMCache keys carry worker_id); rank 1 then reads it back: "
+        "stock lmcache 0.5.6 returns rank 0's 60 bytes instead of rank 1's 61, because the sync "
+        "paths (get_blocking, batched_get_blocking, contains) are rewritten to worker 0's key "
+        "while rank 1's put was dropped; the async path (batched_get_non_blocking, the prefetch) "
+        "keeps rank 1's own key name and so misses (and over resp:// never completes). The server "
+        "holds only the worker-0 key. This is the 'async GET with the wrong key name' class of "
+        "bug. Fix in lmcache-patched: remote_enable_mla_worker_id_as0=False.",
+    ),
+    "valkey-auth-swapped": (
+        "store-error", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0,
+                        "password": "shardcheck-pw"},
+        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0")],
+        "LMCache's valkey:// connector cannot authenticate. Against a Valkey server with "
+        "requirepass, building the client fails: lmcache 0.5.6's ValkeyWorkerPool calls "
+        "glide_sync.ServerCredentials(username, password) positionally, but glide's signature is "
+        "ServerCredentials(password, username), so the server is sent the user name as password "
+        "(NOAUTH / connection refused on every worker) and the factory raises. The resp:// client "
+        "and the native client authenticate fine. Workaround in "
+        "adapters.patched:patched_valkey_factory: pass the password as valkey_username and "
+        "'default' as valkey_password, which the swap puts back in place.",
+    ),
+}
+
+#: which clients each finding was measured on (others are not meaningful for it)
+MEASURED = {
+    "missing-get-hangs": CLIENTS,
+    "async-miss-never-completes": CLIENTS,
+    "client-wedged-after-misses": CLIENTS,
+    "mla-rank-put-dropped": CLIENTS,
+    "mla-sync-reads-rank0-key": CLIENTS,
+    "valkey-auth-swapped": CLIENTS,
+}
+
+
+#: the client whose run a trace records (its verdict and per-op results)
+RECORDED_ON = {"valkey-auth-swapped": "lmcache-valkey"}
+
+
+def trace_of(name: str) -> Trace:
+    prop, config, ops, summary = FINDINGS[name]
+    return Trace(kind="store-ops", property=prop, summary=summary,
+                 protocol={"name": "lmcache-store-client", "ref": None},
+                 client=RECORDED_ON.get(name, "lmcache"),
+                 config=dict(config), ops=[dict(o) for o in ops],
+                 verdict={"violations": []}, origin="adapters.probe (generic store-client checks)")
+
+
+def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counterexamples",
+          write: bool = True, progress: Callable[[str], None] | None = None) -> dict[str, Trace]:
+    """Replay each finding on every client, record outcomes and the stock run's evidence."""
+    traces: dict[str, Trace] = {}
+    for name in names:
+        t = trace_of(name)
+        expect: dict[str, str] = {}
+        notes: list[str] = []
+        for client in MEASURED[name]:
+            if client == "lmcache-valkey" and name == "valkey-auth-swapped":
+                outcome, why, records, violations = _in_child(name, client)
+            else:
+                records, violations = run(t, _factory(client))
+                props = [v["property"] for v in violations]
+                outcome = "reproduces" if t.property in props else "fixed"
+                why = violations[0]["summary"] if violations else "no violation"
+            expect[client] = outcome
+            secs = records[-1].get("total_seconds") if records else None
+            notes.append(f"{client}: {outcome} ({why}; run {secs} s)")
+            if client == t.client and violations:
+                t.verdict = {"violations": violations}
+                by_index = {rec["index"]: rec for rec in records if "index" in rec}
+                t.ops = [dict(o, **{k: v for k, v in by_index.get(i, {}).items()
+                                    if k in ("result", "oracle", "outcome", "seconds")})
+                         for i, o in enumerate(t.ops)]
+            if progress:
+                progress(f"{name:28} {client:16} {outcome:10} {why}")
+        t.expect = expect
+        t.notes = "Measured with adapters.replay on real Valkey servers: " + " | ".join(notes)
+        traces[name] = t
+        if write:
+            t.save(out_dir / f"lmcache-{name}.json", overwrite=True)
+    return traces
+
+
+CHILD = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from adapters.replay import run, trace_of, _factory
+t = trace_of({name!r})
+records, violations = run(t, _factory({client!r}))
+print(json.dumps([records, violations]), flush=True)
+os._exit(0)  # a failed glide connect leaves retrying threads behind: do not wait for them
+"""
+
+
+def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), name=name, client=client)],
+                         capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    records, violations = json.loads(out.stdout.strip().splitlines()[-1])
+    t = trace_of(name)
+    props = [v["property"] for v in violations]
+    outcome = "reproduces" if t.property in props else "fixed"
+    return outcome, violations[0]["summary"] if violations else "no violation", records, violations
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m adapters.replay")
+    ap.add_argument("paths", nargs="*", help="store-ops traces to replay")
+    ap.add_argument("--client", default="lmcache-patched")
+    ap.add_argument("--write", action="store_true", help="measure FINDINGS and write counterexamples/")
+    a = ap.parse_args(argv)
+    if a.write:
+        build(progress=lambda s: print(s, flush=True))
+        return 0
+    bad = 0
+    for p in a.paths:
+        t = Trace.load(p)
+        outcome, why = replay(t, _factory(a.client))
+        exp = t.expect.get(a.client)
+        ok = exp is None or exp == outcome
+        bad += not ok
+        print(f"{p}: {outcome} (expected {exp or '-'}) {why}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
