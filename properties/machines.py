@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import event as _hyp_event, note as _hyp_note
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, precondition, rule
 
 from model.checks import PROPERTIES
 from model.contract import StoreCallTimeout
@@ -203,6 +203,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.ep.lookup()
             out = self.ep.out
             note(f"lookup: cached {sorted(out.cached)}, LCP {out.lcp}, reports {out.reports}, planned {out.planned}")
+            self._check_lookup()
             self._check_if_done()
 
     @rule(rank=s.rank_index, ahead=s.async_ahead)
@@ -228,7 +229,6 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _start_load(self) -> None:
         self._lookup()
         if self.ep is not None and self.ep.phase == LOOKED_UP:
-            self.lookup_is_sound_and_complete()
             self.ep.start_load()
             self._check_if_done()
 
@@ -248,14 +248,15 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._episode().finish()
         self._check_if_done()
 
-    # -- invariants ---------------------------------------------------------------------------------
-    @invariant()
-    def lookup_is_sound_and_complete(self) -> None:
-        """Once looked up: `planned == LCP` (soundness and completeness)."""
-        if self.ep is not None and self.ep.phase == LOOKED_UP and self.ep.lookup_violations():
+    # -- the checks ----------------------------------------------------------------------------------
+    # Checked where the state changes rather than as Hypothesis `@invariant`s run after every rule: the
+    # lookup right after it is made, everything else when the episode ends (a move that desyncs, deadlocks
+    # or hangs ends it at once).
+    def _check_lookup(self) -> None:
+        """Right after the lookup: `planned == LCP` (soundness and completeness)."""
+        if self.ep.phase == LOOKED_UP and self.ep.lookup_violations():
             # finish the episode first, so every later property (e.g. within-plan) is reported with it
             self.ep.finish()
-            self._check_if_done()
 
     def _check_if_done(self) -> None:
         """When the episode is over: every property of the contract (the next rule opens a fresh episode)."""
