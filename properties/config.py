@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from properties.resolve import client_name, resolve_client, resolve_protocol
+from properties.resolve import DEFAULT_PROTOCOL, PROTOCOLS, client_name, resolve_client, resolve_protocol
 
 #: The most ranks any machine uses; the session's stores are one list of this many.
 MAX_RANKS = 4
@@ -39,9 +39,10 @@ class RunConfig:
         return self._protocol_obj
 
     def protocol_ref(self) -> str:
-        """`MOD:ATTR` (or short name) that re-creates the protocol, for traces."""
+        """The `MOD:ATTR` that re-creates the protocol, for traces (as the CLI records it)."""
         if self.protocol is None or isinstance(self.protocol, str):
-            return self.protocol or "paper"
+            spec = self.protocol or DEFAULT_PROTOCOL
+            return PROTOCOLS.get(spec, spec)
         cls = type(self.protocol)
         return f"{cls.__module__}:{cls.__qualname__}"
 
