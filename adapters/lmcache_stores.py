@@ -50,13 +50,7 @@ from typing import Any, Callable, Sequence
 
 from adapters.valkey_servers import ServerSet, start_servers
 
-try:
-    from model.contract import StoreCallTimeout
-except ImportError:  # pragma: no cover - the model defines it; fallback with the same fields
-    class StoreCallTimeout(Exception):  # type: ignore[no-redef]
-        def __init__(self, op: str, key: str, seconds: float) -> None:
-            super().__init__(f"store call {op}({key!r}) did not return within {seconds:g} s")
-            self.op, self.key, self.seconds = op, key, seconds
+from model.contract import StoreCallTimeout
 
 __all__ = [
     "resp_factory", "native_factory", "valkey_factory", "StoreCallTimeout",

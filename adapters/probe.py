@@ -36,10 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-try:
-    from model.contract import StoreCallTimeout
-except ImportError:  # pragma: no cover
-    from adapters.lmcache_stores import StoreCallTimeout  # type: ignore[assignment]
+from model.contract import StoreCallTimeout
 
 CHECKS = ("miss-prompt", "round-trip", "async-completes", "read-paths-agree", "contains-get",
           "delete-miss", "overwrite", "rank-isolation", "usable-after", "auth-round-trip")
