@@ -66,8 +66,8 @@ fi
 
 # 1. CPU torch, explicitly and first (a CPU wheel of it is available locally).
 "${PIP[@]}" install -c "$CONSTRAINTS" "$TORCH_PIN"
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)'; then
-  echo "install-lmcache.sh: a CUDA build of torch got installed; refusing to continue" >&2
+if ! "$PY" -W ignore -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)' 2>/dev/null; then
+  echo "install-lmcache.sh: torch does not import as a CPU build (a CUDA build?); refusing to continue" >&2
   exit 1
 fi
 
