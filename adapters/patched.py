@@ -11,8 +11,9 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    disagree. Fix: LMCache's own switch, `remote_enable_mla_worker_id_as0 = False`.
 
 2. Missing-key GET never returns (findings `missing-get-hangs`, `client-wedged-after-misses`):
-   the native RESP client's GET of an absent key into a chunk-sized buffer never completes (the
-   worker waits for payload bytes after a nil reply), so `get`/`get_async`/`get_batch` of a miss
+   the native RESP client's GET of an absent key into a buffer of 100 bytes or more (every real
+   KV chunk) never completes (measured; consistent with reading a fixed-length "$<size>\r\n"
+   header that the 5-byte nil reply "$-1\r\n" never fills), so `get`/`get_async`/`get_batch` of a miss
    hang — RemoteBackend gives up only after `blocking_timeout_secs` (10 s) — and every miss
    parks one native worker for good: after `num_workers` misses every later op (even a put) hangs.
    Only the native code can fix the nil-reply handling itself; the mitigation here is a
