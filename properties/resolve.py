@@ -45,7 +45,8 @@ def load_attr(spec: str, what: str) -> Any:
     """The object `MOD:ATTR` names (`ATTR` may be dotted)."""
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
-        raise ResolveError(f"{what} {spec!r}: expected a known name or MOD:ATTR")
+        known = ", ".join(PROTOCOLS if what == "protocol" else CLIENTS)
+        raise ResolveError(f"{what} {spec!r}: expected one of {known}, or MOD:ATTR")
     try:
         obj: Any = importlib.import_module(mod_name)
     except ImportError as exc:
@@ -74,6 +75,8 @@ def resolve_protocol(spec: str | None = None) -> Any:
     if missing:
         raise ResolveError(f"protocol {spec!r}: {type(obj).__name__} lacks the ShardingProtocol method(s) "
                            f"{', '.join(missing)}")
+    if not isinstance(getattr(obj, "name", None), str):
+        raise ResolveError(f"protocol {spec!r}: {type(obj).__name__} has no string attribute 'name' (CONTRACT.md)")
     return obj
 
 
