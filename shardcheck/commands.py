@@ -204,10 +204,11 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, stores_for: Any)
     """Replay one trace: ('reproduces'|'fixed'|'error', why)."""
     from model.sim import ScheduleError
     from model.storeops import run_ops
+    from model.trace import decode
     if trace.kind == "store-ops":
         stores = stores_for(int(trace.config.get("n_ranks", 1 + max(op["rank"] for op in trace.ops))))
         try:
-            _, violations = run_ops(stores, trace.ops)
+            _, violations = run_ops(stores, decode(trace.ops))
         except (ValueError, KeyError, TypeError) as exc:
             return "error", f"ops: {exc}"
     else:
