@@ -403,9 +403,17 @@ class BackendStore(_StoreBase):
                  extra_config: dict | None = None) -> None:
         super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
                          num_workers=num_workers)
+        try:
+            self._connect(extra_config)
+        except BaseException:
+            self.bounded.stop()  # no store to close: do not leave its loop behind
+            raise
+
+    def _connect(self, extra_config: dict | None) -> None:
         from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
         from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
+        rank, n_ranks = self.rank, self.n_ranks
         _quiet_lmcache_logs(force=True)
         self.config, self.metadata = _engine_objects(
             self.scheme, self.host, self.port, rank, n_ranks, self.use_mla, self.password,
@@ -537,10 +545,14 @@ class NativeStore(_StoreBase):
                          num_workers=num_workers)
         from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
 
-        self.client = self.bounded.on_loop(
-            lambda: RESPClient(self.host, self.port, self.num_workers, self.bounded.loop,
-                               "", self.password or ""),
-            timeout=max(10.0, self.op_timeout))
+        try:
+            self.client = self.bounded.on_loop(
+                lambda: RESPClient(self.host, self.port, self.num_workers, self.bounded.loop,
+                                   "", self.password or ""),
+                timeout=max(10.0, self.op_timeout))
+        except BaseException:
+            self.bounded.stop()
+            raise
 
     def put(self, key: str, value: bytes) -> None:
         ks, frame = self.key_string(key), bytearray(encode_frame(value))
