@@ -10,7 +10,7 @@ import attrs
 from adapters.bounded import BoundedStore
 from model.harness import Case, Outcome, run_case
 
-DEFAULT_OP_TIMEOUT = 5.0
+DEFAULT_OP_TIMEOUT = 2.0
 
 
 class ClientPool:

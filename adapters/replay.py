@@ -22,14 +22,13 @@ with the measured expectations; `python -m adapters.replay counterexamples/lmcac
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from model.contract import StoreCallTimeout
+from model.storeops import run_ops
 from model.trace import Trace, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,95 +45,32 @@ def _factory(client: str) -> Callable[..., list]:
     return load_factory(client)
 
 
-def _short(v: Any) -> str:
-    if isinstance(v, (bytes, bytearray)):
-        return f"{len(v)} bytes"
-    if isinstance(v, list):
-        return "[" + ", ".join(_short(x) for x in v) + "]"
-    return repr(v)
+#: The client options a store-ops trace may record in its config.
+OPTION_KEYS = ("topology", "use_mla", "op_timeout", "password")
 
 
 def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
-    """Run the trace's ops; returns (records, violations) — at most one violation (the first)."""
+    """Run the trace's ops with `model.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
+    trace recorded); returns (records, violations as dicts) — at most one violation, the first."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", 1.0))
-    options = {k: cfg[k] for k in ("topology", "use_mla", "op_timeout", "password") if k in cfg}
-    records: list[dict] = []
+    options = {k: cfg[k] for k in OPTION_KEYS if k in cfg}
     t0 = time.monotonic()
     try:
         stores = factory(n, **options)
     except Exception as e:
-        return records, [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
-                          f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
-    oracle: list[dict[str, bytes]] = [{} for _ in range(n)]
-    pending: list[cf.Future] = []
+        return [], [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
+                     f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
     try:
-        for i, raw in enumerate(trace.ops):
-            op = decode(raw, f"ops[{i}]")
-            if isinstance(op.get("value"), list):
-                op["value"] = bytes(op["value"])
-            r, name, key = op["rank"], op["op"], op.get("key")
-            ora = oracle[r]
-            if name == "put":
-                expected: Any = None
-            elif name == "get_batch":
-                expected = [ora.get(k) for k in op["keys"]]
-            elif name == "contains":
-                expected = key in ora
-            else:
-                expected = ora.get(key)
-            rec = {"index": i, "rank": r, "op": name, "key": key if name != "get_batch" else op["keys"]}
-            records.append(rec)
-            start = time.monotonic()
-            try:
-                store = stores[r]
-                if name == "put":
-                    store.put(key, op["value"])
-                    ora[key] = bytes(op["value"])
-                    got: Any = None
-                elif name == "delete":
-                    store.delete(key)
-                    ora.pop(key, None)
-                    got = None
-                elif name == "get_async":
-                    fut = store.get_async(key)
-                    if op.get("wait", True) is False:
-                        pending.append(fut)
-                        rec["outcome"] = "not awaited"
-                        continue
-                    try:
-                        got = fut.result(timeout)
-                    except cf.TimeoutError:
-                        raise StoreCallTimeout("get_async", key, timeout) from None
-                elif name == "get_batch":
-                    got = list(store.get_batch(list(op["keys"])))
-                else:
-                    got = getattr(store, name)(key)
-            except StoreCallTimeout as e:
-                rec.update(outcome="hang", seconds=round(time.monotonic() - start, 4))
-                return records, [{"property": "store-hang",
-                                  "summary": f"ops[{i}] rank {r}: {name}({key!r}) did not return within "
-                                             f"{e.seconds:g} s", "detail": {"index": i}}]
-            except Exception as e:
-                rec.update(outcome=f"{type(e).__name__}: {e}", seconds=round(time.monotonic() - start, 4))
-                return records, [{"property": "store-error",
-                                  "summary": f"ops[{i}] rank {r}: {name}({key!r}) raised {type(e).__name__}: {e}",
-                                  "detail": {"index": i}}]
-            rec.update(result=encode(got), oracle=encode(expected), seconds=round(time.monotonic() - start, 4))
-            if name not in ("put", "delete") and got != expected:
-                rec["outcome"] = "mismatch"
-                return records, [{"property": "store-roundtrip",
-                                  "summary": f"ops[{i}] rank {r}: {name}({rec['key']!r}) returned {_short(got)}, "
-                                             f"the oracle {_short(expected)}", "detail": {"index": i}}]
-            rec["outcome"] = "ok"
-        return records, []
+        records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic)
     finally:
-        for f in pending:
-            f.cancel()
         for s in stores:
-            s.close()
-        records.append({"total_seconds": round(time.monotonic() - t0, 3)})
+            if hasattr(s, "close"):
+                s.close()
+    records = [encode(r) for r in records]
+    records.append({"total_seconds": round(time.monotonic() - t0, 3)})
+    return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
 
 
 def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
@@ -206,7 +142,7 @@ FINDINGS: dict[str, tuple[str, dict, list[dict], str]] = {
         "client is unusable until its connections are closed (close/restart). lmcache-patched "
         "never issues a GET for an absent key and replaces the native client when a GET is "
         "stuck, so the put and get complete at once; the valkey:// connector is not affected. "
-        "(model.storeops.run_ops awaits every get_async, so there the first read already hangs.)",
+        "",
     ),
     "mla-rank-put-dropped": (
         "store-roundtrip", {"n_ranks": 2, "topology": "per-rank", "use_mla": True, "op_timeout": 1.0},

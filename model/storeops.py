@@ -38,21 +38,27 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             clock: Any = None) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
-    Returns one record per op run (`result` as returned, `oracle`, `seconds` when `clock` is given) and the
+    An op is `{"rank", "op", "key" | "keys", "value"?}`; a value is bytes or a list of byte values; a
+    `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). Returns one
+    record per op run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the
     violations.
     """
     oracle = [MemoryStore() for _ in stores]
     records: list[dict] = []
-    for i, op in enumerate(ops):
+    for i, raw in enumerate(ops):
+        op = dict(raw)
+        if isinstance(op.get("value"), list):
+            op["value"] = bytes(op["value"])
         r = op["rank"]
         if not 0 <= r < len(stores):
             raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
-        expected = _call(oracle[r], op, wait_bound)
+        fire_only = op["op"] == "get_async" and op.get("wait", True) is False
+        expected = None if fire_only else _call(oracle[r], op, wait_bound)
         start = clock() if clock else None
         rec = {"index": i, **op, "oracle": expected}
         records.append(rec)
         try:
-            got = _call(stores[r], op, wait_bound)
+            got = stores[r].get_async(op["key"]) if fire_only else _call(stores[r], op, wait_bound)
         except StoreCallTimeout as exc:
             rec["outcome"] = "hang"
             return records, [Violation("store-hang", f"ops[{i}] rank {r}: {exc}",
@@ -63,8 +69,11 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
                                        f" raised {type(exc).__name__}: {exc}", {"index": i})]
         if clock:
             rec["seconds"] = round(clock() - start, 6)
+        if fire_only:
+            rec["outcome"] = "not awaited"
+            continue
         rec["result"] = got
-        if op["op"] != "put" and op["op"] != "delete" and got != expected:
+        if op["op"] not in ("put", "delete") and got != expected:
             rec["outcome"] = "mismatch"
             return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
                                        f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]

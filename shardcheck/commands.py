@@ -200,30 +200,45 @@ def trace_paths(paths: list[str]) -> list[Path]:
     return out
 
 
-def replay_one(trace: Any, protocol_spec: str | None, run: Any, stores_for: Any) -> tuple[str, str]:
+def replay_one(trace: Any, protocol_spec: str | None, run: Any, factory: Any, client: str) -> tuple[str, str]:
     """Replay one trace: ('reproduces'|'fixed'|'error', why)."""
     from model.sim import ScheduleError
-    from model.storeops import run_ops
-    from model.trace import decode
     if trace.kind == "store-ops":
-        stores = stores_for(int(trace.config.get("n_ranks", 1 + max(op["rank"] for op in trace.ops))))
-        try:
-            _, violations = run_ops(stores, decode(trace.ops))
-        except (ValueError, KeyError, TypeError) as exc:
-            return "error", f"ops: {exc}"
-    else:
-        try:
-            protocol, _ = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
-        except UsageError as exc:
-            return "error", str(exc)
-        try:
-            violations = run(protocol, trace.case()).violations
-        except ScheduleError as exc:
-            return "error", f"schedule: {exc}"
+        return _replay_store_ops(trace, factory, client)
+    try:
+        protocol, _ = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
+    except UsageError as exc:
+        return "error", str(exc)
+    try:
+        violations = run(protocol, trace.case()).violations
+    except ScheduleError as exc:
+        return "error", f"schedule: {exc}"
     props = [v.property for v in violations]
     if trace.property in props:
         return "reproduces", next(v.summary for v in violations if v.property == trace.property)
     return "fixed", ("no violation" if not props else f"other violations only: {', '.join(sorted(set(props)))}")
+
+
+def _replay_store_ops(trace: Any, factory: Any, client: str) -> tuple[str, str]:
+    """A store-ops trace on fresh stores from the client factory, with the options the trace recorded
+    (the in-memory model takes none); every call bounded by the trace's op timeout."""
+    from adapters.bounded import BoundedStore
+    from adapters.replay import run
+    timeout = float(trace.config.get("op_timeout", 1.0))
+
+    def bounded_factory(n: int, **options: Any) -> list:
+        made = factory(n) if client == "model" else factory(n, **options)
+        return [BoundedStore(s, timeout) for s in made]
+
+    try:
+        _, violations = run(trace, bounded_factory)
+    except (ValueError, KeyError, TypeError) as exc:
+        return "error", f"ops: {exc}"
+    if violations and violations[0]["detail"].get("index") == -1 and trace.property != "store-error":
+        return "error", violations[0]["summary"]
+    if any(v["property"] == trace.property for v in violations):
+        return "reproduces", violations[0]["summary"]
+    return "fixed", "no violation" if not violations else f"other violation: {violations[0]['summary']}"
 
 
 def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | None = None) -> tuple[str, list[dict]]:
@@ -238,10 +253,9 @@ def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | N
     _, _, factory, client = _resolve(None, client_spec)
     rows = []
     with _runner(factory, client) as run:
-        stores_for = _stores_for(run, factory, client)
         for p, t in traces:
             t0 = time.monotonic()
-            outcome, why = replay_one(t, protocol_spec, run, stores_for)
+            outcome, why = replay_one(t, protocol_spec, run, factory, client)
             expected = t.expect.get(client)
             rows.append({"path": str(p), "property": t.property, "outcome": outcome, "expected": expected,
                          "matches": outcome == expected, "why": why, "seconds": round(time.monotonic() - t0, 3)})
@@ -264,17 +278,6 @@ def cmd_replay(args: Any) -> int:
     if any(r["outcome"] == "error" for r in rows):
         return EXIT_USAGE
     return EXIT_VIOLATED if any(r["outcome"] == "reproduces" for r in rows) else EXIT_HELD
-
-
-def _stores_for(run: Any, factory: Any, client: str) -> Any:
-    """Stores for store-ops traces: the pool's bounded stores, or fresh in-memory ones."""
-    pool = getattr(run, "__self__", None)
-    if pool is not None:
-        def from_pool(n: int) -> Any:
-            pool.restart(n) if n in pool.sets else None
-            return pool.stores(n)
-        return from_pool
-    return lambda n: factory(n)
 
 
 # -- show -------------------------------------------------------------------------------------------
