@@ -18,6 +18,7 @@ class BoundedStore:
         self.op_timeout = op_timeout
         self.broken: str | None = None
         self.read_paths = tuple(getattr(inner, "read_paths", ("get", "get_async")))
+        self.max_value_bytes = getattr(inner, "max_value_bytes", None)
         self.close_error: str | None = None
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = threading.Event()

@@ -298,6 +298,8 @@ class _Servers:
 class _StoreBase:
     read_paths: tuple[str, ...] = ("get", "get_async")
     client_name = "?"
+    #: The largest value one store holds (one LMCache chunk less the frame header): an optional RankStore member.
+    max_value_bytes = MAX_VALUE
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool,
                  op_timeout: float, num_workers: int) -> None:

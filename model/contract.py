@@ -32,7 +32,12 @@ class ShardingProtocol(typing.Protocol):
 
 @typing.runtime_checkable
 class RankStore(typing.Protocol):
-    """One rank's remote store client."""
+    """One rank's remote store client.
+
+    Optional members shardcheck uses when present: `read_paths` (names of every read method, e.g.
+    `("get", "get_async", "get_batch")`), `get_batch(keys)`, and `max_value_bytes` (the largest value the
+    client stores; the properties keep values within it).
+    """
 
     def put(self, key: str, value: bytes) -> None: ...
 

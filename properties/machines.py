@@ -386,6 +386,8 @@ class StoreMachine(RuleBasedStateMachine):
     def put(self, rank: int, key: str, value: bytes) -> None:
         """Write a value; the oracle records it."""
         RULE_STEPS["store"] += 1
+        limit = getattr(self.stores[rank], "max_value_bytes", None)
+        value = value if limit is None else value[:limit]  # a client's documented size limit is not a bug
         self._record("put", rank, key=key, value=value)
         self._call(rank, "put", key, self.ns + key, value)
         self.oracle[rank][key] = value

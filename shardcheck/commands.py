@@ -79,8 +79,9 @@ def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
 def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
-    from model.search import SearchStats, minimise
-    from model.trace import Trace
+    from model.search import Found, SearchStats, minimise
+    from model.trace import Trace, violations_of
+    from shardcheck.engines import run_engines
     if budget <= 0:
         raise UsageError(f"--budget must be positive, got {budget:g}")
     protocol, ref, factory, client = _resolve(protocol_spec, client_spec)
@@ -97,64 +98,36 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
         return now >= deadline
 
     with _runner(factory, client) as run:
-        found = _engines(protocol, client, run, start, budget, should_stop, stats, seed)
-        if found is not None:
+        found = run_engines(protocol, client, factory, run, start=start, budget=budget, should_stop=should_stop,
+                            stats=stats, seed=seed)
+        if isinstance(found, Found):
             found = minimise(protocol, found, runner=run, budget_runs=500)
     result: dict[str, Any] = {"protocol": protocol.name, "client": client, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
                                         "seconds": round(time.monotonic() - start, 3), "budget": budget,
                                         "seed": seed}}
-    if found is not None:
+    if found is None:
+        return result
+    if isinstance(found, Found):
         out = found.outcome
         trace = Trace.from_outcome(out, protocol_ref=ref, client=client, origin=f"check:{found.engine}",
                                    expect={client: "reproduces"})
-        path = _save_unique(trace, Path(out_dir), f"{protocol.name}-{out.violations[0].property}")
-        result["verdict"] = "violated"
-        seen = set()
-        for v in out.violations:
-            if v.property not in seen:
-                seen.add(v.property)
-                result["violations"].append({"property": v.property, "counterexample": str(path),
-                                             "summary": v.summary})
+        violations = out.violations
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
+    else:
+        trace = found
+        violations = violations_of(trace)
+    path = _save_unique(trace, Path(out_dir), f"{protocol.name if trace.kind == 'protocol' else 'store'}-"
+                        f"{trace.property}")
+    result["verdict"] = "violated"
+    seen = set()
+    for v in violations:
+        if v.property not in seen:
+            seen.add(v.property)
+            result["violations"].append({"property": v.property, "counterexample": str(path), "summary": v.summary})
     return result
-
-
-#: Shares of the --budget: enumeration first, then the explorer (model client), then random cases.
-ENUMERATE_SHARE, EXPLORE_SHARE = 0.4, 0.3
-#: Explorer configurations (ranks, chunks, faults after lookup), every cached set, smallest first.
-EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3, 2), (2, 3), (3, 3), (2, 4), (4, 3),
-                                             (3, 4), (4, 4), (3, 5), (4, 5), (5, 5), (4, 6), (5, 6), (4, 7))) + \
-    tuple((n, k, 2) for n, k in ((2, 2), (2, 3), (3, 3), (3, 4), (4, 4), (4, 5)))
-
-
-def _engines(protocol: Any, client: str, run: Any, start: float, budget: float, should_stop: Any,
-             stats: Any, seed: int) -> Any:
-    """Every engine in turn inside the budget; the first violation (a `Found`) or None."""
-    from model.search import Found, search
-    phase_end = [start + ENUMERATE_SHARE * budget]
-
-    def phase_over() -> bool:
-        return should_stop() or time.monotonic() >= phase_end[0]
-
-    found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False)
-    if found is not None or should_stop():
-        return found
-    if client == "model":  # the explorer runs its own store model; real clients get enumeration + random
-        from model.explore import explore
-        phase_end[0] = start + (ENUMERATE_SHARE + EXPLORE_SHARE) * budget
-        for n, k, faults in EXPLORE_SIZES:
-            if phase_over():
-                break
-            res = explore(protocol, n, k, max_faults=faults, should_stop=phase_over)
-            stats.by_engine["explore_states"] = stats.by_engine.get("explore_states", 0) + res.states
-            stats.largest["explore"] = [n, k, faults]
-            if res.verdict == "violated":
-                return Found(res.counterexample, run(protocol, res.counterexample), "explore")
-    return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats,
-                  levels=(), random_cases=True)
 
 
 def cmd_check(args: Any) -> int:
