@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import attrs
 
-from adapters.bounded import BoundedStore
+from model.bounded import BoundedStore
 from model.harness import Case, Outcome, run_case
 
 DEFAULT_OP_TIMEOUT = 2.0

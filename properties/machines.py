@@ -36,7 +36,7 @@ from model.sim import Violation
 from model.store import MemoryStore
 from model.trace import Trace, encode
 from properties import config, strategies as s
-from properties.bounded import BoundedStore, call_bounded
+from model.bounded import BoundedStore, call_bounded
 from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
 
 __all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS",

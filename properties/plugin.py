@@ -25,6 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where failing runs are written as traces (default: <rootdir>/counterexamples/found)")
     group.addoption("--op-timeout", default=2.0, type=float, metavar="SECONDS",
                     help="how long one store-client call may take before it counts as a hang (default: 2)")
+    group.addoption("--shrink-real", action="store_true",
+                    help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
+                         "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +45,12 @@ def pytest_configure(config: pytest.Config) -> None:
         resolve_client(client)
     except ResolveError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if client not in (None, "model") and not config.getoption("shrink_real"):
+        from hypothesis import Phase
+        current = settings.get_current_profile_name()
+        settings.register_profile(f"{current}-real-client", settings.get_profile(current),
+                                  phases=tuple(p for p in settings.get_profile(current).phases if p is not Phase.shrink))
+        settings.load_profile(f"{current}-real-client")
     found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
                                               op_timeout=config.getoption("op_timeout"))

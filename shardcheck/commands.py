@@ -195,7 +195,7 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, factory: Any, cl
 def _replay_store_ops(trace: Any, factory: Any, client: str) -> tuple[str, str]:
     """A store-ops trace on fresh stores from the client factory, with the options the trace recorded
     (the in-memory model takes none); every call bounded by the trace's op timeout."""
-    from adapters.bounded import BoundedStore
+    from model.bounded import BoundedStore
     from adapters.replay import run
     timeout = float(trace.config.get("op_timeout", 1.0))
 

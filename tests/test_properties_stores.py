@@ -11,7 +11,7 @@ from model.storeops import run_ops
 from model.trace import Trace, decode
 from properties import config
 from properties.bad_stores import BAD_STORES
-from properties.bounded import BoundedStore
+from model.bounded import BoundedStore
 from properties.machines import StoreMachine, violated_properties
 from properties.resolve import resolve_client
 

@@ -1,0 +1,106 @@
+"""Bounding store-client calls: `call_bounded` runs one call on a daemon worker thread and raises
+`StoreCallTimeout` when it does not return in time; `BoundedStore` wraps a whole `RankStore` that way.
+
+A call stuck forever inside a client abandons its worker (a new one serves later calls); being a daemon,
+it can never block the run or the interpreter's exit.
+"""
+from __future__ import annotations
+
+import _thread
+import concurrent.futures
+import queue
+import threading
+from typing import Any, Callable
+
+from model.contract import StoreCallTimeout
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="shardcheck-bounded-call", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, box, done = self.jobs.get()
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as exc:  # handed back to the caller, who re-raises it
+                box.append((False, exc))
+            done.release()
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or `StoreCallTimeout(op, key, seconds)` when it takes longer than `seconds`."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = _Worker()
+        worker = _worker
+    done = _thread.allocate_lock()
+    done.acquire()
+    box: list = []
+    worker.jobs.put((fn, args, box, done))
+    if not done.acquire(timeout=seconds):
+        with _worker_lock:
+            if _worker is worker:
+                _worker = None  # stuck in the client: abandon it
+        raise StoreCallTimeout(op, key, seconds)
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
+
+
+class BoundedStore:
+    """A `RankStore` whose every call is bounded by `seconds`; after a timeout the wrapped client is taken
+    as unusable (`broken`): later calls fail at once and `close()` never waits on it."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+        self.read_paths = tuple(getattr(inner, "read_paths", ("get", "get_async")))
+        self.max_value_bytes = getattr(inner, "max_value_bytes", None)
+        self.broken: str | None = None
+        self.close_error: str | None = None
+
+    def _call(self, op: str, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.broken:
+            raise StoreCallTimeout(op, key, 0.0)
+        try:
+            return call_bounded(self.seconds, op, key, fn, *args)
+        except StoreCallTimeout:
+            self.broken = f"{op}({key!r})"
+            raise
+
+    def put(self, key: str, value: bytes) -> None:
+        return self._call("put", key, self.inner.put, key, value)
+
+    def get(self, key: str) -> bytes | None:
+        return self._call("get", key, self.inner.get, key)
+
+    def contains(self, key: str) -> bool:
+        return self._call("contains", key, self.inner.contains, key)
+
+    def delete(self, key: str) -> None:
+        return self._call("delete", key, self.inner.delete, key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        return self._call("get_async", key, self.inner.get_async, key)
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        if not callable(getattr(self.inner, "get_batch", None)):
+            raise AttributeError("the wrapped client has no get_batch read path")
+        return self._call("get_batch", ",".join(keys), self.inner.get_batch, keys)
+
+    def close(self) -> None:
+        """Close the client, never blocking longer than `seconds` (a hung client's close may never return)."""
+        try:
+            call_bounded(self.seconds, "close", "", self.inner.close)
+        except StoreCallTimeout:
+            self.close_error = f"close() did not return within {self.seconds:g} s"
+        except Exception as exc:  # recorded: closing a broken client may fail
+            self.close_error = f"close() raised {type(exc).__name__}: {exc}"
