@@ -12,6 +12,7 @@ import attrs
 
 from model.checks import check_outcome
 from model.contract import RankStore, StoreCallTimeout
+from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
@@ -86,8 +87,8 @@ def leading_run(cached: frozenset[int] | set[int], n_chunks: int) -> int:
     return u
 
 
-class _Shadow:
-    """The harness's exact record of which written keys each store still holds."""
+class Shadow:
+    """The harness's exact record of which written keys each store still holds (the oracle of `cached`)."""
 
     def __init__(self, stores: Sequence[RankStore], written: dict[int, dict[str, int]]) -> None:
         self.stores, self.written = stores, written
@@ -107,45 +108,62 @@ class _Shadow:
                     self.present[r].discard(k)
 
 
-def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None) -> Outcome:
-    """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it."""
+def store_phase(protocol: Any, case: Case, stores: Sequence[RankStore], *, hashes: list[str] | None = None,
+                kv: list[bytes] | None = None) -> tuple[Outcome, Shadow]:
+    """Every rank's `rank_store`, simulated; the outcome so far (violations of the store phase, if any)."""
     n, k = case.n_ranks, case.n_chunks
-    stores = memory_factory(n) if stores is None else stores
-    hashes, kv = chunk_hashes(k, case.salt), kv_bytes(k, case.salt)
+    hashes = chunk_hashes(k, case.salt) if hashes is None else hashes
+    kv = kv_bytes(k, case.salt) if kv is None else kv
     chunk_of = {v: c for c, v in enumerate(kv)}
     name = str(getattr(protocol, "name", type(protocol).__name__))
-
     store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
                      step_bound=case.bound() + 10 * k * n)
     written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
     for ev in store.events:
-        if ev.note == "" and type(ev.effect).__name__ == "Put" and ev.rank is not None:
+        if ev.note == "" and isinstance(ev.effect, Put) and ev.rank is not None:
             written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
-    shadow = _Shadow(stores, written)
     out = Outcome(case, name, hashes, kv, written, frozenset(), 0, events=list(store.events))
-    if store.violations:
-        out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
-        return out
+    out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
+    return out, Shadow(stores, written)
 
+
+def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shadow: Shadow) -> None:
+    """Every rank looks up at one instant and the scheduler combines; a hang or a non-count plan is
+    recorded in `out.violations`."""
+    n, k = out.case.n_ranks, out.case.n_chunks
+    try:
+        out.cached = shadow.cached()
+        out.lcp = leading_run(out.cached, k)
+        out.reports = [_lookup(protocol, r, n, out.hashes, stores[r], out.events) for r in range(n)]
+        out.planned = protocol.combine(list(out.reports), k)
+        out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
+    except StoreCallTimeout as exc:
+        out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+        return
+    if not isinstance(out.planned, int) or isinstance(out.planned, bool):
+        out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
+
+
+def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None) -> Outcome:
+    """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it."""
+    n = case.n_ranks
+    stores = memory_factory(n) if stores is None else stores
+    out, shadow = store_phase(protocol, case, stores)
+    if out.violations:
+        return out
     try:
         for e in case.faults.evict_before_lookup:
             shadow.evict(e)
-        out.cached = shadow.cached()
-        out.lcp = leading_run(out.cached, k)
-        out.reports = [_lookup(protocol, r, n, hashes, stores[r], out.events) for r in range(n)]
-        out.planned = protocol.combine(list(out.reports), k)
-        out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
+        lookup_phase(protocol, out, stores, shadow)
+        if out.violations:
+            return out
         for e in case.faults.evict_after_lookup:
             shadow.evict(e)
     except StoreCallTimeout as exc:
-        out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+        out.violations = [Violation("hang", f"eviction: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
         return out
-    if not isinstance(out.planned, int) or isinstance(out.planned, bool):
-        out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
-        return out
-
     chooser = seeded_chooser(case.seed) if case.seed is not None else lowest_runnable
-    out.load = simulate([protocol.rank_load(r, n, hashes, out.planned) for r in range(n)], stores, phase="load",
+    out.load = simulate([protocol.rank_load(r, n, out.hashes, out.planned) for r in range(n)], stores, phase="load",
                         schedule=case.schedule, chooser=chooser, step_bound=case.bound(),
                         lost=case.faults.lost, delayed=case.faults.delayed,
                         evictions=case.faults.evict_during_load, evict=shadow.evict)

@@ -221,25 +221,45 @@ class Simulator:
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> SimResult:
+        """Start every program, step until no rank can move, and diagnose the end."""
+        self.start()
+        while self.step_once():
+            pass
+        return self.finish()
+
+    def start(self) -> None:
+        """Prime every rank program to its first effect."""
         for r in range(self.n):
             self._send(r, None, first=True)
-        while not self.violations:
-            runnable = self.runnable()
-            if not runnable:
-                break
-            if self.step >= self.step_bound:
-                self.violations.append(Violation(
-                    "termination", f"ranks {runnable} still running after the step bound of {self.step_bound}",
-                    {"ranks": runnable, "step_bound": self.step_bound}))
-                break
-            r = self._next_rank(runnable)
-            for e in self.evictions.get(self.step, ()):
-                if self.evict is not None:
-                    self.evict(e)
-                self.events.append(Event(self.step, e.rank, 0.0, self.phase, e, note="evict"))
-            self.made.append(r)
-            self._move(r)
-            self.step += 1
+
+    def step_once(self, choose: Callable[[list[int]], int] | None = None) -> bool:
+        """Move one rank (the schedule's, else `choose(runnable)`, else the chooser's); False when over."""
+        if self.violations:
+            return False
+        runnable = self.runnable()
+        if not runnable:
+            return False
+        if self.step >= self.step_bound:
+            self.violations.append(Violation(
+                "termination", f"ranks {runnable} still running after the step bound of {self.step_bound}",
+                {"ranks": runnable, "step_bound": self.step_bound}))
+            return False
+        r = choose(runnable) if choose is not None else self._next_rank(runnable)
+        for e in self.evictions.get(self.step, ()):
+            if self.evict is not None:
+                self.evict(e)
+            self.events.append(Event(self.step, e.rank, 0.0, self.phase, e, note="evict"))
+        self.made.append(r)
+        self._move(r)
+        self.step += 1
+        return True
+
+    def over(self) -> bool:
+        """Whether no further step can be made."""
+        return bool(self.violations) or not self.runnable() or self.step >= self.step_bound
+
+    def finish(self) -> SimResult:
+        """Diagnose why the run ended (hang, deadlock) and return what it produced."""
         if not self.violations:
             self._diagnose_stuck()
         return SimResult(self.results, self.events, self.made, self.violations, self.step, self.reads, self.sigs)

@@ -4,24 +4,20 @@ The store phase, the lookup and every load step do exactly what `run_case` does 
 shadow of written keys, same checks), and every choice is recorded, so `episode.case()` re-runs the
 episode with `run_case(protocol, episode.case())` to the same outcome.
 
-The load is stepped through `model.sim.Simulator`'s own methods (`_send`, `runnable`, `_move`,
-`_diagnose_stuck`): `Simulator.run()` only runs a load to its end, and one step of its loop is what a
-`move` rule must do. `_step` below is that loop body, kept line for line the same.
+The load is stepped through `model.sim.Simulator`'s own `start`, `step_once`, `over` and `finish`.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import attrs
 
 from model.checks import check_outcome, completeness, soundness
-from model.contract import StoreCallTimeout
 from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model import harness
-from model.harness import Case, Outcome, _lookup, _Shadow, leading_run
-from model.sim import Event, Simulator, SimResult, Violation, lowest_runnable, simulate
+from model.harness import Case, Outcome, lookup_phase, store_phase
+from model.sim import Simulator, Violation, lowest_runnable
 
 STORED, LOOKED_UP, LOADING, DONE = "stored", "looked-up", "loading", "done"
 
@@ -43,20 +39,8 @@ class Episode:
         self.delayed: list[tuple[int, int, float]] = []
         self.sim: Simulator | None = None
         hashes, kv = list(chunk_hashes(k, salt)), list(kv_bytes(k, salt))  # copies: a protocol may mutate them
-        chunk_of = {v: c for c, v in enumerate(kv)}
-        name = str(getattr(protocol, "name", type(protocol).__name__))
-        store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
-                         step_bound=self.bound() + 10 * k * n)
-        written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
-        for ev in store.events:
-            if ev.note == "" and type(ev.effect).__name__ == "Put" and ev.rank is not None:
-                written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
-        self.shadow = _Shadow(stores, written)
-        self.out = Outcome(self.case(), name, hashes, kv, written, frozenset(), 0, events=list(store.events))
-        self.phase = STORED
-        if store.violations:
-            self.out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
-            self.phase = DONE
+        self.out, self.shadow = store_phase(protocol, self.case(), stores, hashes=hashes, kv=kv)
+        self.phase = DONE if self.out.violations else STORED
 
     # -- the recorded choices -------------------------------------------------------------------------
     def bound(self) -> int:
@@ -90,23 +74,8 @@ class Episode:
 
     def lookup(self) -> None:
         """Every rank looks up at one instant; the scheduler combines the reports (as `run_case` does)."""
-        out, n = self.out, self.n
-        try:
-            out.cached = self.shadow.cached()
-            out.lcp = leading_run(out.cached, self.k)
-            out.reports = [_lookup(self.protocol, r, n, out.hashes, self.stores[r], out.events) for r in range(n)]
-            out.planned = self.protocol.combine(list(out.reports), self.k)
-            out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
-        except StoreCallTimeout as exc:
-            out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key,
-                                                                  "seconds": exc.seconds})]
-            self.phase = DONE
-            return
-        if not isinstance(out.planned, int) or isinstance(out.planned, bool):
-            out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
-            self.phase = DONE
-            return
-        self.phase = LOOKED_UP
+        lookup_phase(self.protocol, self.out, self.stores, self.shadow)
+        self.phase = DONE if self.out.violations else LOOKED_UP
 
     def lookup_violations(self) -> list[Violation]:
         """Soundness and completeness of the lookup just made (known before any load step)."""
@@ -139,9 +108,8 @@ class Episode:
                         lost=self.lost, delayed=self.delayed, evict=self.shadow.evict)
         self.sim = sim
         self.phase = LOADING
-        for r in range(sim.n):
-            sim._send(r, None, first=True)
-        if self._over():
+        sim.start()
+        if sim.over():
             self.finish()
 
     def runnable(self) -> list[int]:
@@ -150,37 +118,10 @@ class Episode:
     def move(self, choice: int) -> int | None:
         """Move one runnable rank (`choice` indexes the runnable ones, wrapping); the moved rank."""
         moved: list[int] = []
-        self._step(lambda runnable: moved.append(runnable[choice % len(runnable)]) or moved[0])
-        if self._over():
+        self.sim.step_once(lambda runnable: moved.append(runnable[choice % len(runnable)]) or moved[0])
+        if self.sim.over():
             self.finish()
         return moved[0] if moved else None
-
-    def _over(self) -> bool:
-        sim = self.sim
-        return bool(sim.violations) or not sim.runnable() or sim.step >= sim.step_bound
-
-    def _step(self, choose: Callable[[list[int]], int]) -> bool:
-        """One iteration of `Simulator.run`'s loop; False when the load is over."""
-        sim = self.sim
-        if sim.violations:
-            return False
-        runnable = sim.runnable()
-        if not runnable:
-            return False
-        if sim.step >= sim.step_bound:
-            sim.violations.append(Violation(
-                "termination", f"ranks {runnable} still running after the step bound of {sim.step_bound}",
-                {"ranks": runnable, "step_bound": sim.step_bound}))
-            return False
-        r = choose(runnable)
-        for e in sim.evictions.get(sim.step, ()):
-            if sim.evict is not None:
-                sim.evict(e)
-            sim.events.append(Event(sim.step, e.rank, 0.0, sim.phase, e, note="evict"))
-        sim.made.append(r)
-        sim._move(r)
-        sim.step += 1
-        return True
 
     def finish(self) -> Outcome:
         """Run what is left of the episode (the load with the lowest runnable rank first) and check it."""
@@ -190,11 +131,9 @@ class Episode:
             self.start_load()
         if self.phase == LOADING:
             sim = self.sim
-            while self._step(lambda runnable: runnable[0]):
+            while sim.step_once(lambda runnable: runnable[0]):
                 pass
-            if not sim.violations:
-                sim._diagnose_stuck()
-            self.out.load = SimResult(sim.results, sim.events, sim.made, sim.violations, sim.step, sim.reads, sim.sigs)
+            self.out.load = sim.finish()
             self.out.events.extend(sim.events)
             self.out.case = self.case()
             self.out.violations = check_outcome(self.out)
