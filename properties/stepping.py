@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
-
 from model.checks import check_outcome, completeness, soundness
 from model.effects import Put
 from model.faults import Eviction, FaultPlan
