@@ -8,6 +8,7 @@ from typing import Any, Callable
 import attrs
 
 from model.bounded import BoundedStore
+from model.contract import STORE_METHODS, missing_members
 from model.harness import Case, Outcome, run_case
 
 DEFAULT_OP_TIMEOUT = 2.0
@@ -27,10 +28,13 @@ class ClientPool:
     def stores(self, n_ranks: int) -> list[BoundedStore]:
         if n_ranks not in self.sets:
             made = list(self.factory(n_ranks, **self.options))
-            if len(made) != n_ranks:
+            lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
+            if len(made) != n_ranks or lacking:
                 for s in made:
-                    s.close()
-                raise ValueError(f"the client factory returned {len(made)} stores for {n_ranks} ranks")
+                    if callable(getattr(s, "close", None)):
+                        s.close()
+                raise ValueError(f"the client factory returned {len(made)} stores for {n_ranks} ranks"
+                                 + (f", lacking RankStore method(s) {', '.join(lacking)}" if lacking else ""))
             self.sets[n_ranks] = [BoundedStore(s, self.op_timeout) for s in made]
         return self.sets[n_ranks]
 

@@ -140,6 +140,10 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
     except StoreCallTimeout as exc:
         out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
         return
+    except Exception as exc:  # a protocol's lookup or combine that raises has not terminated normally
+        out.violations = [Violation("termination", f"lookup raised {type(exc).__name__}: {exc}",
+                                    {"exception": type(exc).__name__})]
+        return
     if not isinstance(out.planned, int) or isinstance(out.planned, bool):
         out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
 

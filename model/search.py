@@ -156,7 +156,8 @@ def _restrict(f: FaultPlan, n: int, k: int) -> FaultPlan:
                      tuple(x for x in f.delayed if x[0] < n))
 
 
-def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000) -> Found:
+def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000,
+             should_stop: Callable[[], bool] = lambda: False) -> Found:
     """Greedily shrink the case while it still violates the same property (smallest ranks, chunks, faults)."""
     target = found.outcome.violations[0].property
     best, runs = found, 0
@@ -164,6 +165,8 @@ def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_r
     while progress and runs < budget_runs:
         progress = False
         for smaller in _shrinks(best.case):
+            if should_stop() or runs >= budget_runs:
+                return _lead_with(best, target)
             runs += 1
             out = runner(protocol, smaller)
             if target in out.violated():

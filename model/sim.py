@@ -164,8 +164,11 @@ class Simulator:
         rank, h = self.ranks[r], effect.handle
         if not isinstance(h, Handle) or h.rank != r or h.seq not in rank.asyncs:
             raise TypeError(f"rank {r} waited on {h!r}, which is not a handle of its own GetAsync")
+        if effect.timeout is not None and not effect.timeout >= 0:
+            raise TypeError(f"rank {r} waited with timeout {effect.timeout!r}; a timeout is >= 0 seconds or None")
         pending = rank.asyncs[h.seq]
-        late = pending.future is None or (effect.timeout is not None and pending.delay > effect.timeout)
+        arrival = pending.issued + pending.delay  # logical time the completion arrives
+        late = pending.future is None or (effect.timeout is not None and arrival > rank.clock + effect.timeout)
         if late:
             if effect.timeout is None:
                 rank.hung = pending.key
@@ -176,7 +179,7 @@ class Simulator:
             value = pending.future.result(timeout=self.wait_bound)
         except TimeoutError:
             raise StoreCallTimeout("get_async", pending.key, self.wait_bound) from None
-        rank.clock = max(rank.clock, pending.issued + pending.delay)
+        rank.clock = max(rank.clock, arrival)
         return value
 
     # -- collectives ------------------------------------------------------------------------------

@@ -175,7 +175,9 @@ class Trace:
         for name, typ in (("summary", str), ("protocol", dict), ("client", str), ("config", dict),
                           ("verdict", dict), ("expect", dict)):
             _need(data, name, typ, path)
-        if data.get("property") is not None and not isinstance(data["property"], str):
+        if "property" not in data:
+            raise TraceError(path, "property", "missing")
+        if data["property"] is not None and not isinstance(data["property"], str):
             raise TraceError(path, "property", "expected a string or null")
         for client, outcome in data["expect"].items():
             if outcome not in OUTCOMES:
@@ -219,13 +221,27 @@ def _validate_protocol(data: dict, path: Any) -> None:
     for name, lo in (("n_ranks", 1), ("n_chunks", 0)):
         if not isinstance(cfg.get(name), int) or isinstance(cfg.get(name), bool) or cfg[name] < lo:
             raise TraceError(path, f"config.{name}", f"expected an integer >= {lo}, got {cfg.get(name)!r}")
+    for name, typ in (("salt", str), ("step_bound", int), ("seed", int)):
+        if cfg.get(name) is not None and (not isinstance(cfg[name], typ) or isinstance(cfg[name], bool)):
+            raise TraceError(path, f"config.{name}", f"expected {typ.__name__} or null, got {cfg[name]!r}")
+    _need(data, "faults", dict, path)
     if not isinstance(data.get("schedule", []), list) or not all(
             isinstance(r, int) and 0 <= r < cfg["n_ranks"] for r in data.get("schedule", [])):
         raise TraceError(path, "schedule", f"expected a list of ranks in 0..{cfg['n_ranks'] - 1}")
     try:
-        faults_from_json(data.get("faults", {}))
+        plan = faults_from_json(data["faults"])
     except (TypeError, ValueError, KeyError) as exc:
         raise TraceError(path, "faults", str(exc)) from None
+    n, k = cfg["n_ranks"], cfg["n_chunks"]
+    for field in ("evict_before_lookup", "evict_after_lookup", "evict_during_load"):
+        for i, e in enumerate(getattr(plan, field)):
+            if not 0 <= e.chunk < k or (e.rank is not None and not 0 <= e.rank < n) or (e.step is not None and e.step < 0):
+                raise TraceError(path, f"faults.{field}[{i}]", f"chunk {e.chunk}, rank {e.rank}, step {e.step} is "
+                                 f"outside {n} ranks x {k} chunks")
+    for field in ("lost", "delayed"):
+        for i, x in enumerate(getattr(plan, field)):
+            if not 0 <= x[0] < n or x[1] < 0:
+                raise TraceError(path, f"faults.{field}[{i}]", f"rank {x[0]}, GetAsync #{x[1]} is outside {n} ranks")
     if not isinstance(data["protocol"].get("name"), str):
         raise TraceError(path, "protocol.name", "expected a string")
 

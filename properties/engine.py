@@ -2,7 +2,7 @@
 
 Each batch runs `ProtocolMachine` (and, for a real client, `StoreMachine` first) with Hypothesis under a
 seed derived from `seed` and the batch number, so the same seed gives the same search. A failing run
-writes its trace under `found_dir` (as in `pytest properties/`); the engine returns those paths.
+writes its trace (as in `pytest properties/`, here into a temporary directory); the engine returns them.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
+from model.trace import Trace
 from properties import config, profiles
 from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine
 
@@ -25,9 +26,14 @@ BATCH = settings(max_examples=10, stateful_step_count=25, deadline=None, databas
 
 
 def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], bool], seed: int = 0,
-                      store_layer: bool = False, op_timeout: float = 2.0) -> tuple[list[Path], int]:
-    """Run the machines in seeded batches until `should_stop()` or a failure: (traces written, rule steps)."""
-    found_dir = Path(tempfile.mkdtemp(prefix="shardcheck-hypothesis-"))
+                      store_layer: bool = False, op_timeout: float = 2.0) -> tuple[list[Trace], int]:
+    """Run the machines in seeded batches until `should_stop()` or a failure: (traces found, rule steps)."""
+    with tempfile.TemporaryDirectory(prefix="shardcheck-hypothesis-") as tmp:
+        return _search(protocol, client, Path(tmp), should_stop, seed, store_layer, op_timeout)
+
+
+def _search(protocol: Any, client: Any, found_dir: Path, should_stop: Callable[[], bool], seed: int,
+            store_layer: bool, op_timeout: float) -> tuple[list[Trace], int]:
     machines = ([StoreMachine] if store_layer else []) + [ProtocolMachine]
     steps0 = sum(RULE_STEPS.values())
     batch = 0
@@ -38,6 +44,7 @@ def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], b
                 try:
                     run_state_machine_as_test(machine, settings=BATCH)
                 except (AssertionError, ExceptionGroup, Flaky):
-                    return sorted(found_dir.glob("*.json")), sum(RULE_STEPS.values()) - steps0
+                    traces = [Trace.load(p) for p in sorted(found_dir.glob("*.json"))]
+                    return traces, sum(RULE_STEPS.values()) - steps0
             batch += 1
     return [], sum(RULE_STEPS.values()) - steps0

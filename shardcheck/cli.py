@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"shardcheck {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # never exit 1 (which means "violation") on a crash: report it as unusable input
+        import traceback
+        traceback.print_exc()
+        print(f"shardcheck {args.command}: error: the run could not complete (traceback above); "
+              "this is most often a protocol or client that does not follow CONTRACT.md", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

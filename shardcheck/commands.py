@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import hashlib
 import json
 import sys
@@ -54,7 +55,7 @@ def _runner(factory: Any, client: str) -> Iterator[Any]:
     pool = ClientPool(factory)
     try:
         yield pool.run
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, ValueError) as exc:  # a dead server, a broken factory
         raise UsageError(f"client {client!r}: {type(exc).__name__}: {exc}") from None
     finally:
         pool.close()
@@ -64,6 +65,8 @@ def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
     """Save under `out_dir`, named by content; an existing identical file is reused, never overwritten."""
     text = trace.dumps()
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file, not a directory")
     path = out_dir / f"{stem}-{digest}.json"
     if path.exists() and path.read_text() == text:
         return path
@@ -76,14 +79,18 @@ def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
 
 
 # -- check ------------------------------------------------------------------------------------------
+#: Seconds past --budget that shrinking a found counterexample may take (check ends within budget + 5 s).
+MINIMISE_GRACE = 3.0
+
+
 def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from model.search import Found, SearchStats, minimise
     from model.trace import Trace, violations_of
     from shardcheck.engines import run_engines
-    if budget <= 0:
-        raise UsageError(f"--budget must be positive, got {budget:g}")
+    if not math.isfinite(budget) or budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
     protocol, ref, factory, client = _resolve(protocol_spec, client_spec)
     start = time.monotonic()
     deadline = start + budget
@@ -101,7 +108,9 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
         found = run_engines(protocol, client, factory, run, start=start, budget=budget, should_stop=should_stop,
                             stats=stats, seed=seed)
         if isinstance(found, Found):
-            found = minimise(protocol, found, runner=run, budget_runs=500)
+            grace = deadline + MINIMISE_GRACE
+            found = minimise(protocol, found, runner=run, budget_runs=500,
+                             should_stop=lambda: time.monotonic() >= grace)
     result: dict[str, Any] = {"protocol": protocol.name, "client": client, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
@@ -151,6 +160,8 @@ def _print_check(r: dict) -> None:
 # -- prove ------------------------------------------------------------------------------------------
 def cmd_prove(args: Any) -> int:
     import proofs
+    if args.seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     results = proofs.run_all(seeds=args.seeds)
     ok = all(r["result"] == r["expected"] for r in results)
     print(json.dumps(results, indent=2) if args.json else proofs.format_table(results))
@@ -246,10 +257,10 @@ def cmd_replay(args: Any) -> int:
             flag = "" if not args.expect or r["matches"] else "  <-- expectation not met"
             print(f"{r['path']:<{w}}  {r['property'] or '-':<16} {r['outcome']:<10} {r['expected'] or '-':<10} "
                   f"{r['why']}{flag}")
-    if args.expect:
-        return EXIT_HELD if all(r["matches"] for r in rows) else EXIT_VIOLATED
     if any(r["outcome"] == "error" for r in rows):
         return EXIT_USAGE
+    if args.expect:
+        return EXIT_HELD if all(r["matches"] for r in rows) else EXIT_VIOLATED
     return EXIT_VIOLATED if any(r["outcome"] == "reproduces" for r in rows) else EXIT_HELD
 
 

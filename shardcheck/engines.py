@@ -62,13 +62,11 @@ def _hypothesis(protocol: Any, client: str, factory: Any, run: Callable, stop: C
                 stats: SearchStats, seed: int) -> Any:
     """A protocol-layer failure is re-run as a `Case` (so it is minimised like the others); a store-layer
     failure is its store-ops `Trace`."""
-    from model.trace import Trace
     from properties.engine import hypothesis_search
-    paths, steps = hypothesis_search(protocol, None if client == "model" else factory, should_stop=stop,
+    traces, steps = hypothesis_search(protocol, None if client == "model" else factory, should_stop=stop,
                                      seed=seed, store_layer=client != "model")
     stats.by_engine["hypothesis_steps"] = stats.by_engine.get("hypothesis_steps", 0) + steps
-    for path in paths:
-        trace = Trace.load(path)
+    for trace in traces:
         if trace.kind == "store-ops":
             trace.client, trace.expect = client, {client: "reproduces"}
             return trace

@@ -965,6 +965,9 @@ def show_command(path: str, svg_out: str | None) -> int:
             print(f"shardcheck show: cannot write the SVG to {svg_out}: directory {str(parent)!r} does not exist",
                   file=sys.stderr)
             return 2
+        if Path(svg_out).resolve() == Path(path).resolve():
+            print(f"shardcheck show: refusing to write the SVG over the trace itself ({svg_out})", file=sys.stderr)
+            return 2
         if Path(svg_out).is_dir():
             print(f"shardcheck show: cannot write the SVG to {svg_out}: it is a directory", file=sys.stderr)
             return 2

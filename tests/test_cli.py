@@ -108,3 +108,33 @@ def test_user_protocol_from_pythonpath(tmp_path):
            cwd=tmp_path, env_extra=[str(tmp_path)])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["protocol"] == "striped"
+
+
+def test_broken_user_code_is_reported_not_crashed(tmp_path):
+    """A combine that raises is a counterexample (exit 1); a factory returning too few stores exits 2."""
+    (tmp_path / "broken.py").write_text(textwrap.dedent('''
+        from model.protocols import PaperProtocol
+        from model.store import MemoryStore
+
+        class CombineRaises(PaperProtocol):
+            name = "combine-raises"
+            def combine(self, reports, n_chunks):
+                raise ValueError("boom")
+
+        def short_factory(n_ranks, **options):
+            return [MemoryStore()]
+    '''))
+    r = sc("check", "--json", "--budget", "3", "--out", str(tmp_path / "o"), "--protocol", "broken:CombineRaises",
+           env_extra=[str(tmp_path)])
+    assert r.returncode == 1 and json.loads(r.stdout)["violations"][0]["property"] == "termination"
+    r = sc("check", "--budget", "3", "--out", str(tmp_path / "o"), "--client", "broken:short_factory",
+           env_extra=[str(tmp_path)])
+    assert r.returncode == 2 and "broken:short_factory" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args", [["check", "--budget", "nan"], ["prove", "--seeds", "0"],
+                                  ["replay", "counterexamples/demo-max-combine.json", "--protocol", "nosuch:X",
+                                   "--expect"]])
+def test_more_unusable_input_exits_2(args):
+    """NaN budgets, zero seeds and an unimportable --protocol under --expect exit 2."""
+    assert sc(*args, timeout=60).returncode == 2

@@ -24,9 +24,11 @@ def test_demo_variant_violates_its_property(variant):
     budget = iter(range(200_000))
     found = search(variant(), should_stop=lambda: next(budget, None) is None)
     assert found is not None
+    prop = DEMO_VARIANTS[variant]
+    assert prop in found.outcome.violated()
+    found.outcome.violations.sort(key=lambda v: v.property != prop)  # shrink towards the intended property
     small = minimise(variant(), found)
-    assert DEMO_VARIANTS[variant] in run_case(variant(), small.case).violated() or \
-        DEMO_VARIANTS[variant] in found.outcome.violated()
+    assert prop in run_case(variant(), small.case).violated()
 
 
 def test_every_property_has_a_demo_variant():

@@ -147,3 +147,29 @@ def test_non_effect_yield_is_reported():
 
     res = _run([bad()])
     assert res.violations[0].property == "termination" and "not an effect" in res.violations[0].summary
+
+
+def test_wait_timeout_counts_from_the_wait_not_the_issue():
+    """A completion that arrived while the rank waited on another handle is delivered, not TIMED_OUT."""
+    stores = memory_factory(1)
+    stores[0].put("a", b"A")
+
+    def p():
+        ha = yield GetAsync("a")
+        hb = yield GetAsync("b")
+        first = yield Wait(hb, 5.0)   # lost: times out at t=5
+        second = yield Wait(ha, 1.0)  # arrived at t=3, before this wait began
+        return [first, second]
+
+    res = simulate([p()], stores, phase="load", lost=[(0, 1)], delayed=[(0, 0, 3.0)])
+    assert res.results[0] == [TIMED_OUT, b"A"]
+
+
+def test_negative_wait_timeout_is_reported():
+    """A negative Wait timeout is a protocol error, not a clock that runs backwards."""
+    def p():
+        h = yield GetAsync("a")
+        yield Wait(h, -3)
+
+    res = _run([p()])
+    assert res.violations[0].property == "termination" and "timeout" in res.violations[0].summary

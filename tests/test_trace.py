@@ -76,3 +76,21 @@ def test_hang_trace_records_the_stuck_rank():
     out = run_case(UnboundedWaitAsync(), Case(1, 1, faults=FaultPlan(lost=[(0, 0)])))
     t = Trace.from_outcome(out, protocol_ref="model.variants:UnboundedWaitAsync")
     assert t.property == "hang" and t.verdict["violations"][0]["detail"]["rank"] == 0
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.pop("property"), "property"),
+    (lambda d: d.pop("faults"), "faults"),
+    (lambda d: d["config"].update(step_bound="abc"), "config.step_bound"),
+    (lambda d: d["faults"].update(evict_before_lookup=[{"chunk": 99}]), "faults.evict_before_lookup[0]"),
+    (lambda d: d["faults"].update(lost=[[7, 0]]), "faults.lost[0]"),
+])
+def test_out_of_range_or_missing_fields_are_rejected(tmp_path, mutate, field):
+    """Missing required fields and faults outside the configuration are rejected, naming the field."""
+    data = _trace().to_json()
+    mutate(data)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(TraceError) as info:
+        Trace.load(p)
+    assert info.value.field == field
