@@ -225,6 +225,8 @@ def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counte
                 outcome, why, records, violations = _in_child(name, client)
             else:
                 records, violations = run(t, _factory(client))
+                if violations and violations[0]["detail"].get("index") == -1 and t.property != "store-error":
+                    raise RuntimeError(f"{name} on {client}: cannot measure, {violations[0]['summary']}")
                 props = [v["property"] for v in violations]
                 outcome = "reproduces" if t.property in props else "fixed"
                 why = violations[0]["summary"] if violations else "no violation"
