@@ -53,7 +53,7 @@ def run_theorem(th: Theorem, *, seeds: int = 10, rlimit: int = RLIMIT) -> Theore
 
     witness = None
     if th.expected == "proved":
-        if all(r.status == "unsat" for r in mains):
+        if mains and all(r.status == "unsat" for r in mains):
             result = "proved"
         elif any(r.status == "sat" for r in mains):
             result = "counterexample"

@@ -16,13 +16,28 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from model.trace import Trace
 from properties import config, profiles
-from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine
+from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
 
 #: One batch: few examples, so the budget is polled often. No shrinking inside Hypothesis: it cannot be
 #: bounded in time (each shrink step of a hanging client costs a timeout); `check` minimises protocol
 #: cases itself.
 BATCH = settings(max_examples=10, stateful_step_count=25, deadline=None, database=None,
                  phases=(Phase.generate,), report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
+
+
+def run_machine(machine: type, how: settings) -> tuple[bool, set[str]]:
+    """Run `machine` once under `how` with the current run config: (whether it failed, properties violated)."""
+    try:
+        run_state_machine_as_test(machine, settings=how)
+    except (AssertionError, ExceptionGroup, Flaky) as exc:
+        return True, violated_properties(exc)
+    return False, set()
+
+
+def caught(machine: type, how: settings, **changes: Any) -> set[str]:
+    """The properties `machine` violates under `how`, with the run config changed by `changes`."""
+    with config.using(**changes):
+        return run_machine(machine, how)[1]
 
 
 def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], bool], seed: int = 0,
@@ -41,9 +56,7 @@ def _search(protocol: Any, client: Any, found_dir: Path, should_stop: Callable[[
         while not should_stop():
             for machine in machines:
                 profiles.seed_test(f"shardcheck-check-{seed}-{batch}-{machine.__name__}")
-                try:
-                    run_state_machine_as_test(machine, settings=BATCH)
-                except (AssertionError, ExceptionGroup, Flaky):
+                if run_machine(machine, BATCH)[0]:
                     traces = [Trace.load(p) for p in sorted(found_dir.glob("*.json"))]
                     return traces, sum(RULE_STEPS.values()) - steps0
             batch += 1

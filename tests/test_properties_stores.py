@@ -5,14 +5,14 @@ import time
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from model.storeops import run_ops
 from model.trace import Trace, decode
 from properties import config
+from properties.engine import caught
 from properties.bad_stores import BAD_STORES
 from model.bounded import BoundedStore
-from properties.machines import StoreMachine, violated_properties
+from properties.machines import StoreMachine
 from properties.resolve import resolve_client
 
 FIND = settings(max_examples=200, stateful_step_count=25, derandomize=True, deadline=None,
@@ -23,12 +23,7 @@ OP_TIMEOUT = 0.25
 
 
 def _caught(client, found_dir) -> set[str]:
-    with config.using(client=client, found_dir=found_dir, op_timeout=OP_TIMEOUT):
-        try:
-            run_state_machine_as_test(StoreMachine, settings=FIND)
-        except (AssertionError, ExceptionGroup) as exc:
-            return violated_properties(exc)
-    return set()
+    return caught(StoreMachine, FIND, client=client, found_dir=found_dir, op_timeout=OP_TIMEOUT)
 
 
 @pytest.mark.parametrize("name", list(BAD_STORES))

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from model.harness import run_case
 from model.protocols import REFERENCE_PROTOCOLS
 from model.trace import Trace
 from model.variants import DEMO_VARIANTS, ByteOffByOne
-from properties import config
-from properties.machines import ProtocolMachine, violated_properties
+from properties.engine import caught
+from properties.machines import ProtocolMachine
 
 #: Derandomized, no database: the same search every run. Finding is quick; shrinking (seconds per variant) is
 #: left to `test_shrunk_counterexample_replays` so the whole file stays fast.
@@ -19,12 +18,7 @@ FIND = settings(max_examples=400, stateful_step_count=25, derandomize=True, dead
 
 
 def _caught(protocol, found_dir, how=FIND) -> set[str]:
-    with config.using(protocol=protocol, client=None, found_dir=found_dir):
-        try:
-            run_state_machine_as_test(ProtocolMachine, settings=how)
-        except (AssertionError, ExceptionGroup) as exc:
-            return violated_properties(exc)
-    return set()
+    return caught(ProtocolMachine, how, protocol=protocol, client=None, found_dir=found_dir)
 
 
 @pytest.mark.parametrize("variant", list(DEMO_VARIANTS), ids=lambda v: v.__name__)
