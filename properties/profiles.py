@@ -23,7 +23,10 @@ CI_DATABASE = Path(".hypothesis") / "ci-examples"
 
 def register(root: Path | str = ".") -> None:
     """Register the three profiles (the ci database lives under `root`)."""
-    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    # parent: Hypothesis's own defaults, not whatever profile is loaded now -- with `CI` set in the environment
+    # Hypothesis loads its built-in `ci` profile (derandomize=True, no database), which would leak into ours
+    common = dict(parent=settings.get_profile("default"), deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     # the explain phase and shrinking every distinct bug on its own each multiply the time a failure takes
     # (seconds per failing machine); dev reports the first bug, shrunk, without them
     no_explain = tuple(p for p in Phase if p is not Phase.explain)

@@ -83,6 +83,17 @@ def test_profiles():
     assert settings.get_profile("nightly").max_examples > ci.max_examples > settings.get_profile("dev").max_examples
 
 
+def test_profiles_ignore_hypothesis_ci_detection():
+    """With `CI` set, Hypothesis loads its own derandomized, database-less `ci` profile; ours must not inherit it."""
+    probe = ("from hypothesis import settings; from properties import profiles; profiles.register('.'); "
+             "ci = settings.get_profile('ci'); dev = settings.get_profile('dev'); "
+             "print(type(ci.database).__name__, ci.derandomize, dev.derandomize, dev.print_blob)")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["DirectoryBasedExampleDatabase", "False", "False", "False"]
+
+
 def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYPOTHESIS_PROFILE": "dev"}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd,
