@@ -97,6 +97,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, chunk_hashes, default_step_bound, kv_bytes, leading_run, run_case
 from model.sim import SimResult, Violation, simulate
 from model.store import memory_factory
+from model.watchdog import Stalled
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -278,6 +279,9 @@ class _Tries:
             return
         except Exception as exc:  # noqa: BLE001 - a raising rank program is a termination violation
             node.kind, node.error = _RAISED, f"{type(exc).__name__}: {exc}"
+            return
+        except Stalled as exc:  # a step that does not return (see model.watchdog): the same violation
+            node.kind, node.error = _RAISED, str(exc)
             return
         node.effect, node.gen = eff, gen
         if isinstance(eff, COLLECTIVES):

@@ -16,6 +16,7 @@ from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
+from model.watchdog import Stalled
 
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
@@ -143,6 +144,9 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
     except Exception as exc:  # a protocol's lookup or combine that raises has not terminated normally
         out.violations = [Violation("termination", f"lookup raised {type(exc).__name__}: {exc}",
                                     {"exception": type(exc).__name__})]
+        return
+    except Stalled as exc:  # a lookup or combine that does not return (see model.watchdog)
+        out.violations = [Violation("termination", f"lookup: {exc}", {"stalled": exc.method, "seconds": exc.seconds})]
         return
     if not isinstance(out.planned, int) or isinstance(out.planned, bool):
         out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]

@@ -16,6 +16,7 @@ from model.contract import RankStore, StoreCallTimeout
 from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
                            TIMED_OUT, Wait, collective_signature)
 from model.faults import Eviction
+from model.watchdog import Stalled
 
 DONE = "done"
 Chooser = Callable[[list[int], int], int]
@@ -135,6 +136,10 @@ class Simulator:
             self.violations.append(Violation(
                 "termination", f"rank {r} raised {type(exc).__name__}: {exc}",
                 {"rank": r, "exception": type(exc).__name__}))
+        except Stalled as exc:  # a step that does not return (see model.watchdog)
+            rank.pending = DONE
+            self.violations.append(Violation("termination", str(exc),
+                                             {"rank": r, "stalled": exc.method, "seconds": exc.seconds}))
 
     def runnable(self) -> list[int]:
         return [r for r, k in enumerate(self.ranks)

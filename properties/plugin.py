@@ -2,7 +2,9 @@
 
 Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
 `properties.resolve.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
-traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take).
+traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
+`--stall-seconds` (seconds one protocol method may run without returning; every test runs under
+`model.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
 `--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from model.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
 from properties.resolve import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
@@ -25,6 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where failing runs are written as traces (default: <rootdir>/counterexamples/found)")
     group.addoption("--op-timeout", default=2.0, type=float, metavar="SECONDS",
                     help="how long one store-client call may take before it counts as a hang (default: 2)")
+    group.addoption("--stall-seconds", default=STALL_SECONDS, type=float, metavar="SECONDS",
+                    help="how long one protocol method (rank_lookup, a step of rank_load, ...) may run without "
+                         f"returning before it counts as stalled (default: {STALL_SECONDS:g})")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
@@ -40,6 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     protocol, client = config.getoption("protocol"), config.getoption("client")
+    if not config.getoption("stall_seconds") > 0:
+        raise pytest.UsageError(f"--stall-seconds must be > 0, got {config.getoption('stall_seconds')}")
     try:
         resolve_protocol(protocol)
         resolve_client(client)
@@ -70,6 +78,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     if settings.get_current_profile_name() == "ci":
         profiles.seed_test(item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with watching(item.config.getoption("stall_seconds")):
+        return (yield)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

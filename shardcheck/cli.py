@@ -1,7 +1,8 @@
 """The `shardcheck` command line: check, prove, replay, bench, show, verify.
 
 Exit codes: 0 every property held / expectations met; 1 a violation (or an unmet expectation);
-2 unusable input (a bad spec, a malformed trace, a dead server), with a message naming it.
+2 unusable input (a bad spec, a malformed trace, a dead server), with a message naming it; 3 protocol code
+that blocked and could not be interrupted (see `model.watchdog`), reported on stderr.
 """
 from __future__ import annotations
 
@@ -54,9 +55,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    from model.watchdog import Stalled, watching
     from shardcheck import commands
     try:
-        return getattr(commands, f"cmd_{args.command}")(args)
+        with watching(stall_limit(args)):
+            return getattr(commands, f"cmd_{args.command}")(args)
+    except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
+        print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as exc:
         print(f"shardcheck {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardcheck {args.command}: error: the run could not complete (traceback above); "
               "this is most often a protocol or client that does not follow CONTRACT.md", file=sys.stderr)
         return EXIT_USAGE
+
+
+def stall_limit(args: Any) -> float:
+    """Seconds one protocol method may run without returning: `STALL_SECONDS`, or a quarter of a shorter
+    `--budget` (at least 1 s), so that `check` ends near its budget even against a protocol that blocks."""
+    from model.watchdog import STALL_SECONDS
+    budget = getattr(args, "budget", None)
+    if isinstance(budget, float) and budget > 0:
+        return min(STALL_SECONDS, max(1.0, budget / 4))
+    return STALL_SECONDS
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

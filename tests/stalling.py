@@ -1,0 +1,56 @@
+"""Protocols whose code blocks (for tests of `model.watchdog`): `MOD:ATTR` targets as `tests.stalling:NAME`."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from model.bounded import call_bounded
+from model.protocols import PaperProtocol
+
+
+class SleepyLookup(PaperProtocol):
+    """Rank 1's lookup sleeps for an hour once the prompt has two chunks."""
+
+    name = "sleepy-lookup"
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        if rank == 1 and len(chunk_hashes) >= 2:
+            time.sleep(3600)
+        return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)
+
+
+class LockedLoad(PaperProtocol):
+    """Every rank's load waits forever on an event nobody sets once three chunks are planned."""
+
+    name = "locked-load"
+
+    def rank_load(self, rank: int, n_ranks: int, chunk_hashes: Any, planned: int) -> Any:
+        if planned >= 3:
+            threading.Event().wait()
+        return (yield from super().rank_load(rank, n_ranks, chunk_hashes, planned))
+
+
+class SwallowingLookup(PaperProtocol):
+    """A lookup that retries a sleep forever and catches every `Exception` on the way."""
+
+    name = "swallowing-lookup"
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        while True:
+            try:
+                time.sleep(3600)
+            except Exception:  # noqa: BLE001 - the point: a stall must not be an Exception
+                pass
+
+
+class SlowStoreCalls(PaperProtocol):
+    """A lookup made of several store calls, each slower than the stall limit but bounded on its own."""
+
+    name = "slow-store-calls"
+    call_seconds = 0.4
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        for _ in range(3):
+            call_bounded(5.0, "contains", "slow", time.sleep, self.call_seconds)
+        return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)

@@ -1,0 +1,122 @@
+"""Protocol code that blocks becomes a termination violation (model.watchdog), in every engine and command."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from model.explore import explore
+from model.harness import Case, run_case
+from model.watchdog import EXIT_UNINTERRUPTIBLE, watching
+from tests.stalling import LockedLoad, SleepyLookup, SlowStoreCalls, SwallowingLookup
+from tests.test_cli import ROOT, sc
+
+
+def _only(out):
+    assert out.violations and {v.property for v in out.violations} == {"termination"}, out.violations
+    return out.violations[0]
+
+
+def test_stalled_lookup_is_a_termination_violation_naming_rank_method_and_line():
+    """A lookup that sleeps is interrupted and reported with its rank, method and source line."""
+    with watching(0.5) as on:
+        assert on
+        v = _only(run_case(SleepyLookup(), Case(2, 2)))
+    assert "rank 1's SleepyLookup.rank_lookup did not return within 0.5 s" in v.summary
+    assert "stalling.py:" in v.summary and v.detail["stalled"] == "SleepyLookup.rank_lookup"
+
+
+def test_stalled_load_step_in_the_simulator_and_the_explorer():
+    """A load step that waits forever is a termination violation in the simulator and in the explorer."""
+    with watching(0.5):
+        v = _only(run_case(LockedLoad(), Case(1, 3)))
+        assert "rank 0's LockedLoad.rank_load did not return" in v.summary and v.detail["rank"] == 0
+        res = explore(LockedLoad(), 1, 3, cached=[0, 1, 2], max_faults=0)
+    assert res.verdict == "violated" and res.violation.property == "termination"
+    assert "LockedLoad.rank_load did not return" in res.violation.summary
+
+
+def test_a_line_that_stalled_before_is_called_sooner_and_says_so():
+    """The second stall at the same line uses the short limit and names why."""
+    with watching(0.5, again=0.2):
+        first = _only(run_case(LockedLoad(), Case(1, 3)))
+        second = _only(run_case(LockedLoad(), Case(2, 4)))
+    assert "stalled before" not in first.summary
+    assert "within 0.2 s" in second.summary and "this line stalled before" in second.summary
+
+
+def test_except_exception_in_protocol_code_cannot_swallow_a_stall():
+    """`Stalled` is not an Exception: a protocol's catch-all does not turn a stall into a retry loop."""
+    with watching(0.3):
+        v = _only(run_case(SwallowingLookup(), Case(1, 1)))
+    assert "SwallowingLookup.rank_lookup did not return" in v.summary
+
+
+def test_bounded_store_calls_do_not_count_as_protocol_time():
+    """Store calls bounded by model.bounded are timed by their own limit, not the stall limit."""
+    with watching(0.3):
+        out = run_case(SlowStoreCalls(), Case(2, 2))
+    assert out.violations == []
+
+
+def test_watching_rejects_a_non_positive_limit():
+    """A zero limit is an error, not a watchdog that fires at once."""
+    with pytest.raises(ValueError, match="must be > 0"):
+        with watching(0):
+            pass
+
+
+def test_uninterruptible_protocol_code_ends_the_process_with_a_report(tmp_path):
+    """Protocol code that blocks SIGALRM cannot be interrupted: the process says where and exits 3, not hangs."""
+    script = tmp_path / "blocked.py"
+    script.write_text(textwrap.dedent("""
+        import signal, time
+        from model.watchdog import watching
+
+        class P:
+            def rank_lookup(self):
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+                time.sleep(3600)
+
+        with watching(0.3, hard_grace=0.5):
+            P().rank_lookup()
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == EXIT_UNINTERRUPTIBLE, run.stderr
+    assert "could not be interrupted" in run.stderr and "blocked.py:8 in rank_lookup" in run.stderr
+
+
+def test_check_reports_a_blocking_protocol_within_its_budget_and_replay_reproduces(tmp_path):
+    """`check` on a protocol whose lookup sleeps exits 1 with a termination counterexample that replays."""
+    r = sc("check", "--json", "--budget", "4", "--out", str(tmp_path), "--protocol", "tests.stalling:SleepyLookup")
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)
+    v = data["violations"][0]
+    assert v["property"] == "termination" and "SleepyLookup.rank_lookup did not return" in v["summary"]
+    assert data["stats"]["seconds"] < 4 + 3 + 2  # budget + minimise grace + one stall
+    trace = json.loads(Path(v["counterexample"]).read_text())
+    assert (trace["config"]["n_ranks"], trace["config"]["n_chunks"]) == (2, 2)  # minimised
+    rr = sc("replay", v["counterexample"], "--json")
+    assert rr.returncode == 1 and json.loads(rr.stdout)["results"][0]["outcome"] == "reproduces", rr.stderr
+
+
+def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
+    """`pytest properties/ --protocol <blocking> --stall-seconds 0.5` fails with a termination violation."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          str(ROOT / "properties" / "test_protocol_layer.py"), "--protocol",
+                          "tests.stalling:LockedLoad", "--stall-seconds", "0.5", "--found-dir", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "HYPOTHESIS_PROFILE": "dev"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "TerminationViolated" in run.stdout and "LockedLoad.rank_load did not return" in run.stdout
+    bad = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          str(ROOT / "properties" / "test_protocol_layer.py"), "--stall-seconds", "0"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 4 and "--stall-seconds must be > 0" in bad.stderr
