@@ -15,7 +15,8 @@ the factory itself).
 
 `python -m adapters.replay --write` measures every finding of `FINDINGS` against the stock
 clients, the patched client and the model, and writes `counterexamples/lmcache-<name>.json`
-with the measured expectations; `python -m adapters.replay counterexamples/lmcache-*.json
+with the measured expectations, after checking that each is 1-minimal on the client it records (removing any one
+op loses its violation: `kept_by_removal`); `python -m adapters.replay counterexamples/lmcache-*.json
 --client NAME` replays.
 """
 
@@ -27,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import attrs
 
 from model.storeops import run_ops
 from model.trace import Trace, decode, encode
@@ -73,6 +76,29 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[di
     return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
 
 
+def violation_key(trace: Trace, violations: list[dict]) -> tuple[str, str] | None:
+    """What makes two runs show the same violation: its property and the op that showed it (`factory`
+    when building the client failed); None without a violation."""
+    if not violations:
+        return None
+    index = violations[0]["detail"].get("index", -1)
+    return violations[0]["property"], trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+
+
+def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
+    """The indexes `i` of ops whose removal keeps the trace's violation on `factory` (empty: 1-minimal)."""
+    _, violations = run(trace, factory)
+    want = violation_key(trace, violations)
+    if want is None or want[0] != trace.property:
+        raise ValueError(f"the trace does not show its {trace.property} violation on this client")
+    kept = []
+    for i in range(len(trace.ops)):
+        shorter = attrs.evolve(trace, ops=trace.ops[:i] + trace.ops[i + 1:])
+        if violation_key(shorter, run(shorter, factory)[1]) == want:
+            kept.append(i)
+    return kept
+
+
 def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
     _, violations = run(trace, factory)
     props = [v["property"] for v in violations]
@@ -103,86 +129,82 @@ def _op(rank: int, op: str, key: str | None = None, value: bytes | None = None, 
 #: measured outcome per client and timings are added by `build()`.
 FINDINGS: dict[str, tuple[str, dict, list[dict], str]] = {
     "missing-get-hangs": (
-        "store-hang", {"n_ranks": 2, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
-        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0"), _op(0, "get", "kv:c1")],
-        "A GET of a key that was never written never returns. Rank 0 stores chunk 0 and reads it "
-        "back, then reads chunk 1, which nobody wrote: the answer should be a prompt miss (None), "
-        "but stock lmcache 0.5.6 (RemoteBackend over resp://, and its native RESP client used "
-        "directly) does not answer within the bound. Measured on the native client: a GET of a "
-        "missing key into a buffer of 100 bytes or more (every real KV chunk) never completes, "
-        "while below 100 bytes it completes at once (as a hit, the buffer untouched) - consistent "
-        "with reading a fixed-length '$<size>\\r\\n' header, which the server's 5-byte nil reply "
-        "'$-1\\r\\n' never fills. RemoteBackend.get_blocking gives up only after blocking_timeout_secs (10 s by "
-        "default) and the parked native worker stays stuck until its connection closes. The "
-        "valkey:// connector answers the miss at once. Fix in lmcache-patched (mitigation, the "
-        "real fix is in the native nil-reply handling): an exists-guarded RESPConnector subclass "
-        "answers misses from EXISTS without issuing the GET, and bounds the remaining GET.",
+        "store-hang", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
+        [_op(0, "get", "kv:c1")],
+        "A GET of a key that was never written never returns. Rank 0 reads chunk 1, which nobody "
+        "wrote: the answer should be a prompt miss (None), but stock lmcache 0.5.6 (RemoteBackend "
+        "over resp://, and its native RESP client used directly) does not answer within the bound. "
+        "Measured on the native client: a GET of a missing key into a buffer of 100 bytes or more "
+        "(every real KV chunk) never completes, while below 100 bytes it completes at once (as a "
+        "hit, the buffer untouched) - consistent with reading a fixed-length '$<size>\\r\\n' header, "
+        "which the server's 5-byte nil reply '$-1\\r\\n' never fills. RemoteBackend.get_blocking "
+        "gives up only after blocking_timeout_secs (10 s by default) and the parked native worker "
+        "stays stuck until its connection closes. The valkey:// connector answers the miss at once. "
+        "Fix in lmcache-patched (mitigation, the real fix is in the native nil-reply handling): an "
+        "exists-guarded RESPConnector subclass answers misses from EXISTS without issuing the GET, "
+        "and bounds the remaining GET.",
     ),
     "async-miss-never-completes": (
-        "store-hang", {"n_ranks": 2, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
-        [_op(1, "put", "kv:c1", _v("c1")), _op(1, "get_async", "kv:c1"), _op(1, "get_async", "kv:c3")],
-        "An async read of a missing key never completes (a lost completion). Rank 1 stores chunk 1 "
-        "and reads it asynchronously (it completes), then issues an async read of chunk 3, which "
-        "was never written: the future should resolve to None, but with stock lmcache 0.5.6 over "
-        "resp:// (the prefetch path RemoteBackend.batched_get_non_blocking, and the native client's "
-        "async get) it does not resolve within the bound; a caller that waits without a timeout "
-        "stalls forever (RemoteBackend's own wait_for gives up after 10 s and reports an empty "
-        "prefix). Same root cause as missing-get-hangs; the same mitigation fixes it in "
-        "lmcache-patched, and the valkey:// connector resolves the miss at once.",
+        "store-hang", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
+        [_op(0, "get_async", "kv:c3")],
+        "An async read of a missing key never completes (a lost completion). Rank 0 issues an "
+        "async read of chunk 3, which was never written: the future should resolve to None, but "
+        "with stock lmcache 0.5.6 over resp:// (the prefetch path "
+        "RemoteBackend.batched_get_non_blocking, and the native client's async get) it does not "
+        "resolve within the bound; a caller that waits without a timeout stalls forever "
+        "(RemoteBackend's own wait_for gives up after 10 s and reports an empty prefix). Same root "
+        "cause as missing-get-hangs; the same mitigation fixes it in lmcache-patched, and the "
+        "valkey:// connector resolves the miss at once.",
     ),
     "client-wedged-after-misses": (
         "store-hang", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0},
-        [_op(0, "get_async", f"kv:missing{i}", wait=False) for i in range(9)]
-        + [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0")],
-        "After more misses than the client has native workers (8), the client is wedged: every "
-        "later operation, even a PUT, never returns. Rank 0 fires 9 async reads of keys that do "
-        "not exist (as a prefetch of a cold prompt would) without waiting for them, then stores "
-        "and reads chunk 0: with stock lmcache 0.5.6 over resp:// the put itself does not return "
-        "within the bound, because each miss parks one of the 8 native workers for good. The "
-        "client is unusable until its connections are closed (close/restart). lmcache-patched "
-        "never issues a GET for an absent key and replaces the native client when a GET is "
-        "stuck, so the put and get complete at once; the valkey:// connector is not affected. "
-        "",
+        [_op(0, "get_async", f"kv:missing{i}", wait=False) for i in range(4)] + [_op(0, "put", "kv:c0", _v("c0"))],
+        "After a few missed async reads the client is wedged: every later operation, even a PUT, "
+        "never returns. Rank 0 fires 4 async reads of keys that do not exist (as a prefetch of a "
+        "cold prompt would) without waiting for them, then stores chunk 0: with stock lmcache "
+        "0.5.6 over resp:// the put does not return within the bound; with 3 misses it does. Each "
+        "miss parks native RESP workers for good (missing-get-hangs): the native client used "
+        "directly has 8 workers and is wedged by 8 misses, RemoteBackend by 4 (consistent with two "
+        "parked workers per missed prefetch; not traced further). The client is unusable until its "
+        "connections are closed. lmcache-patched never issues a GET for an absent key and "
+        "replaces the native client when a GET is stuck, so the put completes at once; the "
+        "valkey:// connector is not affected.",
     ),
     "mla-rank-put-dropped": (
         "store-roundtrip", {"n_ranks": 2, "topology": "per-rank", "use_mla": True, "op_timeout": 1.0},
-        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "contains", "kv:c0"),
-         _op(1, "put", "kv:c1", _v("c1")), _op(1, "contains", "kv:c1")],
+        [_op(1, "put", "kv:c1", _v("c1")), _op(1, "contains", "kv:c1")],
         "With an MLA model and more than one rank, every PUT of a rank other than 0 is silently "
-        "dropped. Rank 0 stores chunk 0 and sees it; rank 1 stores chunk 1 in its own store and "
-        "asks whether it is there: stock lmcache 0.5.6 says no, with both the resp:// and the "
-        "valkey:// connector. RemoteBackend's remote_enable_mla_worker_id_as0 mode (on by default "
-        "for MLA when world_size > 1) skips the put of worker_id != 0 and rewrites that rank's "
-        "sync reads to worker 0's key, assuming tensor parallelism where every rank holds the "
-        "same KV. Under context parallelism each rank stores different chunks in its own store, "
-        "so rank 1's chunks never reach the remote tier. The native client (no MLA logic) keeps "
-        "them. Fix in lmcache-patched: LMCache's own switch remote_enable_mla_worker_id_as0=False.",
+        "dropped. Rank 1 stores chunk 1 in its own store and asks whether it is there: stock "
+        "lmcache 0.5.6 says no, with both the resp:// and the valkey:// connector. RemoteBackend's "
+        "remote_enable_mla_worker_id_as0 mode (on by default for MLA when world_size > 1) skips "
+        "the put of worker_id != 0 and rewrites that rank's sync reads to worker 0's key, assuming "
+        "tensor parallelism where every rank holds the same KV. Under context parallelism each "
+        "rank stores different chunks in its own store, so rank 1's chunks never reach the remote "
+        "tier. The native client (no MLA logic) keeps them. Fix in lmcache-patched: LMCache's own "
+        "switch remote_enable_mla_worker_id_as0=False.",
     ),
     "mla-sync-reads-rank0-key": (
         "store-roundtrip", {"n_ranks": 2, "topology": "shared", "use_mla": True, "op_timeout": 1.0},
-        [_op(0, "put", "kv:c0", _v("rank0-bytes", 60)), _op(1, "put", "kv:c0", _v("rank1-bytes", 61)),
-         _op(1, "get", "kv:c0"), _op(1, "get_async", "kv:c0")],
+        [_op(0, "put", "kv:c0", _v("rank0-bytes", 60)), _op(1, "get", "kv:c0")],
         "With an MLA model and one store shared by all ranks (the stock deployment), a rank's sync "
-        "read returns another rank's value, and its async read uses a different key name than its "
-        "sync read. Rank 0 and rank 1 each store their own value under the same chunk key (each "
-        "rank has its own namespace: LMCache keys carry worker_id); rank 1 then reads it back: "
-        "stock lmcache 0.5.6 returns rank 0's 60 bytes instead of rank 1's 61, because the sync "
-        "paths (get_blocking, batched_get_blocking, contains) are rewritten to worker 0's key "
-        "while rank 1's put was dropped; the async path (batched_get_non_blocking, the prefetch) "
-        "keeps rank 1's own key name and so misses (and over resp:// never completes). The server "
-        "holds only the worker-0 key. This is the 'async GET with the wrong key name' class of "
-        "bug. Fix in lmcache-patched: remote_enable_mla_worker_id_as0=False.",
+        "read returns another rank's value. Rank 0 stores its 60-byte value of chunk 0; rank 1, "
+        "which never stored chunk 0 (LMCache keys carry worker_id, so each rank has its own "
+        "namespace), reads it: the answer should be a miss, but stock lmcache 0.5.6 returns rank "
+        "0's 60 bytes, because the sync read paths (get_blocking, batched_get_blocking, contains) "
+        "are rewritten to worker 0's key, while the async path (batched_get_non_blocking, the "
+        "prefetch) keeps rank 1's own key name: the 'async GET with the wrong key name' class of "
+        "bug, seen from the sync side. Fix in lmcache-patched: remote_enable_mla_worker_id_as0=False.",
     ),
     "valkey-auth-swapped": (
         "store-error", {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0,
                         "password": "shardcheck-pw"},
-        [_op(0, "put", "kv:c0", _v("c0")), _op(0, "get", "kv:c0")],
-        "LMCache's valkey:// connector cannot authenticate. Against a Valkey server with "
-        "requirepass, building the client fails: lmcache 0.5.6's ValkeyWorkerPool calls "
-        "glide_sync.ServerCredentials(username, password) positionally, but glide's signature is "
-        "ServerCredentials(password, username), so the server is sent the user name as password "
-        "(NOAUTH / connection refused on every worker) and the factory raises. The resp:// client "
-        "and the native client authenticate fine. Workaround in "
+        [],
+        "LMCache's valkey:// connector cannot authenticate; no op is needed, building the client "
+        "is the violation. Against a Valkey server with requirepass, lmcache 0.5.6's "
+        "ValkeyWorkerPool calls glide_sync.ServerCredentials(username, password) positionally, but "
+        "glide's signature is ServerCredentials(password, username), so the server is sent the "
+        "user name as password (NOAUTH / connection refused on every worker) and the factory "
+        "raises. The resp:// client and the native client authenticate fine. Workaround in "
         "adapters.patched:patched_valkey_factory: pass the password as valkey_username and "
         "'default' as valkey_password, which the swap puts back in place.",
     ),
@@ -241,6 +263,11 @@ def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counte
                          for i, o in enumerate(t.ops)]
             if progress:
                 progress(f"{name:28} {client:16} {outcome:10} {why}")
+        if RECORDED_ON.get(name, "lmcache") != "lmcache-valkey":  # (that one runs in a child, and has no ops)
+            kept = kept_by_removal(trace_of(name), _factory(t.client))
+            if kept:
+                raise RuntimeError(f"{name} is not minimal on {t.client}: without ops{kept} it still shows "
+                                   f"its violation; shorten FINDINGS[{name!r}]")
         t.expect = expect
         t.notes = "Measured with adapters.replay on real Valkey servers: " + " | ".join(notes)
         traces[name] = t
