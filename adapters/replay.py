@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from model.storeops import run_ops
+from model.storeops import minimise_ops, run_ops
 from model.trace import Trace, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,49 @@ def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
         if violation_key(shorter, run(shorter, factory)[1]) == want:
             kept.append(i)
     return kept
+
+
+def bounded_factory(trace: Any, factory: Any, client: str) -> Any:
+    """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
+    none); every call bounded by the trace's op timeout."""
+    from model.bounded import BoundedStore
+    timeout = float(trace.config.get("op_timeout", 1.0))
+
+    def make(n: int, **options: Any) -> list:
+        made = factory(n) if client == "model" else factory(n, **options)
+        return [BoundedStore(s, timeout) for s in made]
+    return make
+
+
+def minimise_store_ops(trace: Any, factory: Any, client: str, *, should_stop: Any,
+                       progress: Any = None) -> tuple[Any, bool]:
+    """The trace with as few ops as still show its violation (the same property at the same kind of op) on
+    fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
+    (a flaky client) is returned as it is, not minimal."""
+    bounded = bounded_factory(trace, factory, client)
+    first = run(trace, bounded)[1]
+    want = violation_key(trace, first)
+    if want is None or want[0] != trace.property:
+        return trace, False
+    runs, seen = [0], [first]
+
+    def still_fails(ops: list[dict]) -> bool:
+        runs[0] += 1
+        shorter = attrs.evolve(trace, ops=ops)
+        violations = run(shorter, bounded)[1]
+        if violation_key(shorter, violations) != want:
+            return False
+        seen[0] = violations  # the violations of the shortest sequence so far
+        return True
+
+    ops, minimal = minimise_ops(trace.ops, still_fails, should_stop=should_stop)
+    if progress:
+        progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
+                 f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")
+    note = f"minimised from {len(trace.ops)} ops ({'1-minimal' if minimal else 'stopped early'})"
+    summary = seen[0][0]["summary"] if ops != list(trace.ops) else trace.summary
+    return attrs.evolve(trace, ops=ops, verdict={"violations": seen[0]}, summary=summary,
+                        notes=f"{trace.notes} | {note}" if trace.notes else note), minimal
 
 
 def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:

@@ -4,7 +4,7 @@ caller's), which becomes the violation `store-hang`."""
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from model.contract import RankStore, StoreCallTimeout
 from model.sim import Violation
@@ -87,3 +87,28 @@ def _short(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_short(x) for x in v) + "]"
     return repr(v)
+
+
+def minimise_ops(ops: Sequence[dict], still_fails: Callable[[list[dict]], bool], *,
+                 should_stop: Callable[[], bool] = lambda: False) -> tuple[list[dict], bool]:
+    """Delta debugging over an op sequence: drop chunks of ops (halves, then quarters, ... then single ops)
+    while `still_fails(shorter)` holds. Returns the shortest sequence found and whether it is 1-minimal
+    (a full pass of single-op removals kept nothing; False when `should_stop()` ended the search first)."""
+    ops = list(ops)
+    n = 2
+    while len(ops) >= 1:
+        size = max(1, len(ops) // n)
+        starts = range(0, len(ops), size)
+        for start in starts:
+            if should_stop():
+                return ops, False
+            shorter = ops[:start] + ops[start + size:]
+            if still_fails(shorter):
+                ops = shorter
+                n = max(n - 1, 2)
+                break
+        else:
+            if size == 1:
+                return ops, True
+            n = min(n * 2, len(ops))
+    return ops, True

@@ -28,6 +28,7 @@ class RunConfig:
     found_dir: Path = attrs.field(default=Path("counterexamples/found"), converter=Path)
     op_timeout: float = 2.0
     write_traces: bool = True
+    minimise_seconds: float = 30.0
     _protocol_obj: Any = attrs.field(default=None, init=False)
     _factory: Callable[..., list] | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -90,7 +91,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces")}, **changes})
+                                                              "write_traces", "minimise_seconds")}, **changes})
     try:
         yield CURRENT
     finally:

@@ -52,7 +52,9 @@ def _search(protocol: Any, client: Any, found_dir: Path, should_stop: Callable[[
     machines = ([StoreMachine] if store_layer else []) + [ProtocolMachine]
     steps0 = sum(RULE_STEPS.values())
     batch = 0
-    with config.using(protocol=protocol, client=client, found_dir=found_dir, op_timeout=op_timeout):
+    # minimise_seconds=0: `check` minimises the trace itself, within its own budget
+    with config.using(protocol=protocol, client=client, found_dir=found_dir, op_timeout=op_timeout,
+                      minimise_seconds=0):
         while not should_stop():
             for machine in machines:
                 profiles.seed_test(f"shardcheck-check-{seed}-{batch}-{machine.__name__}")

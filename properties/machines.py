@@ -21,6 +21,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -344,12 +345,26 @@ class StoreMachine(RuleBasedStateMachine):
             self.cfg.discard()  # a client that hung or raised may be unusable; a wrong answer leaves it usable
         if _final_run() and self.cfg.write_traces:
             trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
-                          client=self.cfg.client_label(), config={"n_ranks": len(self.stores)},
+                          client=self.cfg.client_label(),
+                          config={"n_ranks": len(self.stores), "op_timeout": self.timeout},
                           ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
                           verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
                           origin="pytest properties/ (StoreMachine)")
+            trace = self._minimised(trace)
             note(f"counterexample trace: {write_found(trace, self.cfg.found_dir, self.cfg.client_label(), prop)}")
         raise VIOLATED[prop](f"{prop}: {message}")
+
+    def _minimised(self, trace: Trace) -> Trace:
+        """The trace with as few ops as still fail on fresh stores (`adapters.replay.minimise_store_ops`),
+        within `minimise_seconds`: with a real client Hypothesis does not shrink, so this is what does."""
+        if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0:
+            return trace
+        from adapters.replay import minimise_store_ops
+
+        stop_at = time.monotonic() + self.cfg.minimise_seconds
+        trace, _ = minimise_store_ops(trace, self.cfg.factory(), self.cfg.client_label(),
+                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note)
+        return trace
 
     def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
         fn = getattr(self.stores[rank], op)

@@ -3,6 +3,7 @@
 Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
 `properties.resolve.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
+`--minimise-seconds` (how long a failing store-client run is minimised before its trace is written),
 `--stall-seconds` (seconds one protocol method may run without returning; every test runs under
 `model.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
@@ -31,6 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--stall-seconds", default=STALL_SECONDS, type=float, metavar="SECONDS",
                     help="how long one protocol method (rank_lookup, a step of rank_load, ...) may run without "
                          f"returning before it counts as stalled (default: {STALL_SECONDS:g})")
+    group.addoption("--minimise-seconds", default=30.0, type=float, metavar="SECONDS",
+                    help="how long a failing store-client run may be minimised (ops dropped while it still fails, "
+                         "on fresh stores) before its trace is written (default: 30; 0: write it as found)")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
@@ -61,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(f"{current}-real-client")
     found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
-                                              op_timeout=config.getoption("op_timeout"))
+                                              op_timeout=config.getoption("op_timeout"),
+                                              minimise_seconds=config.getoption("minimise_seconds"))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -138,3 +138,18 @@ def test_broken_user_code_is_reported_not_crashed(tmp_path):
 def test_more_unusable_input_exits_2(args):
     """NaN budgets, zero seeds and an unimportable --protocol under --expect exit 2."""
     assert sc(*args, timeout=60).returncode == 2
+
+
+def test_check_minimises_a_store_ops_counterexample(tmp_path):
+    """A store-client finding of check is cut down to a 1-minimal op sequence that still replays."""
+    client = "properties.bad_stores:shared_server_factory"
+    r = sc("check", "--json", "--budget", "6", "--out", str(tmp_path), "--client", client)
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)
+    ops = data["stats"]["counterexample_ops"]
+    assert ops["one_minimal"] and ops["saved"] < ops["found"], ops
+    path = data["violations"][0]["counterexample"]
+    trace = json.loads(Path(path).read_text())
+    assert len(trace["ops"]) == ops["saved"] and "minimised from" in trace["notes"]
+    rr = sc("replay", path, "--client", client, "--json")
+    assert rr.returncode == 1 and json.loads(rr.stdout)["results"][0]["outcome"] == "reproduces", rr.stderr

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
+from adapters.replay import bounded_factory, replay
 from model.harness import run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter
 from model.store import MemoryStore, memory_factory
@@ -118,6 +119,10 @@ def test_plugin_finds_bugs_from_another_directory(tmp_path):
     kinds = {Trace.load(p).kind: Trace.load(p) for p in found.glob("*.json")}
     assert set(kinds) == {"protocol", "store-ops"}
     assert "soundness" in run_case(MaxCombine(), kinds["protocol"].case()).violated()
+    store = kinds["store-ops"]  # not shrunk by Hypothesis (a MOD:ATTR client), so minimised before it is written
+    assert "1-minimal" in store.notes and len(store.ops) <= 3, store.ops
+    made = bounded_factory(store, async_key_mismatch_factory, store.client)
+    assert replay(store, made)[0] == "reproduces"
 
 
 FIND = settings(max_examples=300, derandomize=True, deadline=None, phases=(Phase.generate, Phase.shrink),

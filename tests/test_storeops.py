@@ -1,0 +1,51 @@
+"""`model.storeops.minimise_ops`: delta debugging of store-op sequences to a 1-minimal one."""
+from __future__ import annotations
+
+from hypothesis import given
+
+from model.storeops import minimise_ops
+from properties.strategies import needed_ops
+
+
+def _ops(n: int) -> list[dict]:
+    return [{"rank": 0, "op": "get", "key": f"k{i}"} for i in range(n)]
+
+
+@given(needed_ops)
+def test_minimise_keeps_exactly_the_needed_ops_in_order(case):
+    """With a failure that needs a set of ops, the result is exactly those ops, in order, and 1-minimal."""
+    n, needed = case
+    keys = {f"k{i}" for i in needed}
+    ops, minimal = minimise_ops(_ops(n), lambda shorter: keys <= {o["key"] for o in shorter})
+    assert [o["key"] for o in ops] == [f"k{i}" for i in sorted(needed)] and minimal
+
+
+def test_minimise_removes_large_chunks_first():
+    """One culprit among 64 ops is found in a logarithmic number of replays, not one per op."""
+    calls = []
+
+    def fails(shorter):
+        calls.append(len(shorter))
+        return any(o["key"] == "k41" for o in shorter)
+
+    ops, minimal = minimise_ops(_ops(64), fails)
+    assert [o["key"] for o in ops] == ["k41"] and minimal
+    assert len(calls) <= 16, calls
+
+
+def test_minimise_stops_when_told_and_says_it_is_not_minimal():
+    """`should_stop` ends the search with a still-failing sequence marked not 1-minimal."""
+    calls = []
+
+    def fails(shorter):
+        calls.append(1)
+        return True
+
+    ops, minimal = minimise_ops(_ops(10), fails, should_stop=lambda: len(calls) >= 2)
+    assert not minimal and len(calls) == 2 and len(ops) < 10
+
+
+def test_minimise_returns_a_sequence_that_fails_only_as_it_is():
+    """When every removal loses the failure, the sequence comes back unchanged and 1-minimal."""
+    ops, minimal = minimise_ops(_ops(3), lambda shorter: len(shorter) == 3)
+    assert [o["key"] for o in ops] == ["k0", "k1", "k2"] and minimal
