@@ -120,3 +120,14 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert bad.returncode == 4 and "--stall-seconds must be > 0" in bad.stderr
+
+
+def test_a_stall_in_the_explorer_set_up_hands_over_to_the_case_engines():
+    """A lookup that stalls while the explorer sets up is noted in the stats, not a crash of `check`."""
+    from model.search import SearchStats
+    from shardcheck.engines import _explore
+
+    stats = SearchStats()
+    with watching(0.3):
+        found = _explore(SleepyLookup(), run_case, lambda: False, stats)
+    assert found is None and "SleepyLookup.rank_lookup did not return" in stats.by_engine["explore_stalled"]
