@@ -280,7 +280,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         if _final_run():
             note(f"case: {ep.case()!r}")
             if self.cfg.write_traces:
-                trace = Trace.from_outcome(out, protocol_ref=self.cfg.protocol_ref(), client=self.cfg.client_label(),
+                found = self._minimised(ep.case(), out)
+                trace = Trace.from_outcome(found, protocol_ref=self.cfg.protocol_ref(), client=self.cfg.client_label(),
                                            origin="pytest properties/ (ProtocolMachine)")
                 path = write_found(trace, self.cfg.found_dir, out.protocol, out.violations[0].property)
                 note(f"counterexample trace: {path}")
@@ -292,6 +293,26 @@ class ProtocolMachine(RuleBasedStateMachine):
                 raise VIOLATED["replay"](f"run_case replays this episode to {replay.violated()}, the machine saw "
                                          f"{out.violated()}")
         raise_violations(out.violations, f"protocol {out.protocol}")
+
+    def _minimised(self, case: Any, out: Any) -> Any:
+        """The outcome of the smallest case (`model.search.minimise`) that still shows the first violation,
+        re-run on fresh stores of a real client within `minimise_seconds` (Hypothesis does not shrink runs of
+        a real client; on the model it has, and `out` is returned as it is)."""
+        if self.cfg.client_label() == "model" or self.cfg.minimise_seconds <= 0:
+            return out
+        from adapters.pool import ClientPool
+        from model.search import Found, minimise
+
+        stop_at = time.monotonic() + self.cfg.minimise_seconds
+        pool = ClientPool(self.cfg.factory(), op_timeout=self.cfg.op_timeout)
+        try:
+            found = minimise(self.protocol, Found(case, out, "pytest"), runner=pool.run,
+                             should_stop=lambda: time.monotonic() >= stop_at)
+        finally:
+            pool.close()
+        if found.case != case:
+            note(f"minimised on fresh stores to: {found.case!r}")
+        return found.outcome
 
     def teardown(self) -> None:
         """Finish and check the open episode, so every run ends with a full check."""

@@ -3,7 +3,7 @@
 Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
 `properties.resolve.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
-`--minimise-seconds` (how long a failing store-client run is minimised before its trace is written),
+`--minimise-seconds` (how long a failing run is minimised on fresh stores before its trace is written),
 `--stall-seconds` (seconds one protocol method may run without returning; every test runs under
 `model.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
@@ -33,8 +33,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how long one protocol method (rank_lookup, a step of rank_load, ...) may run without "
                          f"returning before it counts as stalled (default: {STALL_SECONDS:g})")
     group.addoption("--minimise-seconds", default=30.0, type=float, metavar="SECONDS",
-                    help="how long a failing store-client run may be minimised (ops dropped while it still fails, "
-                         "on fresh stores) before its trace is written (default: 30; 0: write it as found)")
+                    help="how long a failing run of a non-model client may be minimised on fresh stores (store ops "
+                         "dropped, ranks/chunks/faults shrunk, while it still fails) before its trace is written "
+                         "(default: 30; 0: write it as found)")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
