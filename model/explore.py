@@ -97,7 +97,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, chunk_hashes, default_step_bound, kv_bytes, leading_run, run_case
 from model.sim import SimResult, Violation, simulate
 from model.store import memory_factory
-from model.watchdog import Stalled
+from model.watchdog import STEPS, Stalled
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -248,9 +248,13 @@ class _Tries:
         n_async = node.n_async + (node.kind == _GETASYNC)
         new = _Node(node.rank, node.planned, node, key, node.depth + 1, reads, n_async)
         gen, node.gen = node.gen, None
-        if gen is None:  # re-create and replay the history
-            gen = self._replay(node)
-        self._advance(new, gen, _thaw(key))
+        try:
+            if gen is None:  # re-create and replay the history
+                gen = self._replay(node)
+        except Stalled as exc:  # replaying a step that returned before: the same violation as in _advance
+            new.kind, new.error = _RAISED, str(exc)
+        else:
+            self._advance(new, gen, _thaw(key))
         node.children[key] = new
         self.count += 1
         return new
@@ -258,9 +262,11 @@ class _Tries:
     def _replay(self, node: _Node) -> Any:
         """A fresh generator of `node`'s rank program, fed `node`'s history (it must yield `node.effect`)."""
         gen = self.protocol.rank_load(node.rank, self.n, self.hashes, node.planned)
+        STEPS[0] += 1  # entering protocol code (see model.watchdog)
         try:
             eff = next(gen)
             for edge in node.history():
+                STEPS[0] += 1
                 eff = gen.send(_thaw(edge))
         except Exception as exc:  # noqa: BLE001
             raise ExploreError(f"rank {node.rank}'s load program is not deterministic: replaying its history "
@@ -272,6 +278,7 @@ class _Tries:
 
     @staticmethod
     def _advance(node: _Node, gen: Any, value: Any, first: bool = False) -> None:
+        STEPS[0] += 1  # entering protocol code (see model.watchdog)
         try:
             eff = next(gen) if first else gen.send(value)
         except StopIteration as stop:
@@ -435,7 +442,11 @@ class _Explorer:
             present = frozenset(c for r in range(n) for key in stores[r].present
                                 if (c := self.written[r][key]) is not None)
             lcp = leading_run(present, k)
-            reports = [self.protocol.rank_lookup(r, n, self.hashes, stores[r].data.__contains__) for r in range(n)]
+            reports = []
+            for r in range(n):
+                STEPS[0] += 1  # entering protocol code (see model.watchdog)
+                reports.append(self.protocol.rank_lookup(r, n, self.hashes, stores[r].data.__contains__))
+            STEPS[0] += 1
             planned = self.protocol.combine(list(reports), k)
             self.configs.append(_Config(tuple(Eviction(c, r) for r, c in sorted(out)), present, lcp, reports,
                                         planned, tuple(stores)))

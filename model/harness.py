@@ -16,7 +16,7 @@ from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
-from model.watchdog import Stalled
+from model.watchdog import STEPS, Stalled
 
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
@@ -136,6 +136,7 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
         out.cached = shadow.cached()
         out.lcp = leading_run(out.cached, k)
         out.reports = [_lookup(protocol, r, n, out.hashes, stores[r], out.events) for r in range(n)]
+        STEPS[0] += 1  # entering protocol code (see model.watchdog)
         out.planned = protocol.combine(list(out.reports), k)
         out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
     except StoreCallTimeout as exc:
@@ -146,7 +147,8 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
                                     {"exception": type(exc).__name__})]
         return
     except Stalled as exc:  # a lookup or combine that does not return (see model.watchdog)
-        out.violations = [Violation("termination", f"lookup: {exc}", {"stalled": exc.method, "seconds": exc.seconds})]
+        out.violations = [Violation("termination", f"lookup: {exc}", {"stalled": exc.method, "seconds": exc.seconds,
+                                                                    "provisional": exc.again})]
         return
     if not isinstance(out.planned, int) or isinstance(out.planned, bool):
         out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
@@ -180,12 +182,24 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     return out
 
 
+#: Contains calls of one rank's lookup recorded as events (a lookup that polls its store makes millions).
+MAX_LOOKUP_CALLS = 1000
+
+
 def _lookup(protocol: Any, rank: int, n: int, hashes: list[str], store: RankStore, events: list[Event]) -> int:
+    calls = [0]
+
     def contains(key: str) -> bool:
         hit = store.contains(key)
-        events.append(Event(0, rank, 0.0, "lookup", ("contains", key), hit))
+        calls[0] += 1
+        if calls[0] <= MAX_LOOKUP_CALLS:
+            events.append(Event(0, rank, 0.0, "lookup", ("contains", key), hit))
+        elif calls[0] == MAX_LOOKUP_CALLS + 1:  # a lookup that polls: keep the trace (and memory) bounded
+            events.append(Event(0, rank, 0.0, "lookup", ("contains", key), hit,
+                                note=f"more than {MAX_LOOKUP_CALLS} contains calls: later ones not recorded"))
         return hit
 
+    STEPS[0] += 1  # entering protocol code (see model.watchdog)
     report = protocol.rank_lookup(rank, n, hashes, contains)
     events.append(Event(0, rank, 0.0, "lookup", "report", report))
     return report

@@ -16,7 +16,7 @@ from model.contract import RankStore, StoreCallTimeout
 from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
                            TIMED_OUT, Wait, collective_signature)
 from model.faults import Eviction
-from model.watchdog import Stalled
+from model.watchdog import STEPS, Stalled
 
 DONE = "done"
 Chooser = Callable[[list[int], int], int]
@@ -126,6 +126,7 @@ class Simulator:
     # -- advancing programs -------------------------------------------------------------------
     def _send(self, r: int, value: Any, first: bool = False) -> None:
         rank = self.ranks[r]
+        STEPS[0] += 1  # entering protocol code (see model.watchdog)
         try:
             rank.pending = next(rank.program) if first else rank.program.send(value)
         except StopIteration as stop:
@@ -139,7 +140,8 @@ class Simulator:
         except Stalled as exc:  # a step that does not return (see model.watchdog)
             rank.pending = DONE
             self.violations.append(Violation("termination", str(exc),
-                                             {"rank": r, "stalled": exc.method, "seconds": exc.seconds}))
+                                             {"rank": r, "stalled": exc.method, "seconds": exc.seconds,
+                                              "provisional": exc.again}))
 
     def runnable(self) -> list[int]:
         return [r for r, k in enumerate(self.ranks)

@@ -51,8 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     protocol, client = config.getoption("protocol"), config.getoption("client")
-    if not config.getoption("stall_seconds") > 0:
-        raise pytest.UsageError(f"--stall-seconds must be > 0, got {config.getoption('stall_seconds')}")
+    stall, op = config.getoption("stall_seconds"), config.getoption("op_timeout")
+    if not stall > 0 or not op > 0:
+        raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
+    if client not in (None, "model") and stall <= op:
+        raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
+                                "call spends in store calls counts towards its stall limit")
     try:
         resolve_protocol(protocol)
         resolve_client(client)

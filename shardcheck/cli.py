@@ -78,14 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+#: The least stall limit for a real client: a protocol call's time in store calls counts, and one store call may
+#: take the pool's op timeout (2 s) before it is a hang of its own.
+REAL_CLIENT_MIN_STALL = 5.0
+
+
 def stall_limit(args: Any) -> float:
-    """Seconds one protocol method may run without returning: `STALL_SECONDS`, or a quarter of a shorter
-    `--budget` (at least 1 s), so that `check` ends near its budget even against a protocol that blocks."""
+    """Seconds one protocol call may run without returning: `STALL_SECONDS`, or a quarter of a shorter
+    `--budget` (at least 1 s; `REAL_CLIENT_MIN_STALL` with a real client), so that `check` ends near its
+    budget even against a protocol that blocks."""
     from model.watchdog import STALL_SECONDS
     budget = getattr(args, "budget", None)
-    if isinstance(budget, float) and budget > 0:
-        return min(STALL_SECONDS, max(1.0, budget / 4))
-    return STALL_SECONDS
+    if not (isinstance(budget, float) and budget > 0):
+        return STALL_SECONDS
+    floor = 1.0 if getattr(args, "client", None) in (None, "model") else REAL_CLIENT_MIN_STALL
+    return min(STALL_SECONDS, max(floor, budget / 4))
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -79,7 +79,8 @@ def _save_unique(trace: Any, out_dir: Path, stem: str) -> Path:
 
 
 # -- check ------------------------------------------------------------------------------------------
-#: Seconds past --budget that shrinking a found counterexample may take (check ends within budget + 5 s).
+#: Seconds past --budget that shrinking a found protocol case may take (plus, for a stall, one confirming run at
+#: the full stall limit; a store-ops counterexample gets STORE_MINIMISE_SHARE of the budget instead).
 MINIMISE_GRACE = 3.0
 #: Share of --budget that shrinking a store-ops counterexample may take past it: every replay of a real client
 #: starts fresh servers and a hanging op costs its timeout, so it gets more than MINIMISE_GRACE.
@@ -113,8 +114,10 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
                             stats=stats, seed=seed)
         if isinstance(found, Found):
             grace = deadline + MINIMISE_GRACE
+            original = found
             found = minimise(protocol, found, runner=run, budget_runs=500,
                              should_stop=lambda: time.monotonic() >= grace)
+            found = _confirm_stall(protocol, found, run) or _confirm_stall(protocol, original, run) or original
     result: dict[str, Any] = {"protocol": protocol.name, "client": client, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
@@ -149,6 +152,20 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
             seen.add(v.property)
             result["violations"].append({"property": v.property, "counterexample": str(path), "summary": v.summary})
     return result
+
+
+def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
+    """`found`, or None when its violation is a stall judged at the shortened limit (`model.watchdog`: a line that
+    stalled before) that a re-run at the full limit does not confirm."""
+    from model.search import Found
+    from model.watchdog import forget
+    if not any(v.detail.get("provisional") for v in found.outcome.violations):
+        return found
+    forget()
+    outcome = run(protocol, found.case)
+    if found.outcome.violations[0].property in outcome.violated():
+        return Found(found.case, outcome, found.engine)
+    return None
 
 
 def cmd_check(args: Any) -> int:

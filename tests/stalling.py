@@ -5,7 +5,6 @@ import threading
 import time
 from typing import Any
 
-from model.bounded import call_bounded
 from model.protocols import PaperProtocol
 
 
@@ -44,13 +43,29 @@ class SwallowingLookup(PaperProtocol):
                 pass
 
 
-class SlowStoreCalls(PaperProtocol):
-    """A lookup made of several store calls, each slower than the stall limit but bounded on its own."""
+class PollingLookup(PaperProtocol):
+    """A lookup that polls its store for a key nobody writes, forever."""
 
-    name = "slow-store-calls"
-    call_seconds = 0.4
+    name = "polling-lookup"
 
     def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
-        for _ in range(3):
-            call_bounded(5.0, "contains", "slow", time.sleep, self.call_seconds)
-        return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)
+        while not contains("never-written"):
+            pass
+        return 0
+
+
+class SlowSteps(PaperProtocol):
+    """A load whose steps each take 0.15 s: slow, but every step returns."""
+
+    name = "slow-steps"
+
+    def rank_load(self, rank: int, n_ranks: int, chunk_hashes: Any, planned: int) -> Any:
+        program = super().rank_load(rank, n_ranks, chunk_hashes, planned)
+        result = None
+        try:
+            while True:
+                time.sleep(0.15)
+                effect = program.send(result)
+                result = yield effect
+        except StopIteration as stop:
+            return stop.value
