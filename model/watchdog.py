@@ -70,13 +70,16 @@ def _is_protocol(frame: FrameType, checked: bool) -> bool:
     return owner is None or all(callable(getattr(owner, m, None)) for m in ("rank_lookup", "combine", "rank_load"))
 
 
-def _protocol_frame(frame: FrameType | None, checked: bool = False) -> FrameType | None:
-    """The innermost frame of `frame`'s stack that runs a method of the contract (`checked`: of a protocol)."""
+def _protocol_frames(frame: FrameType | None, checked: bool = False) -> tuple[FrameType, FrameType] | None:
+    """The innermost and the outermost frame of `frame`'s stack that run a method of the contract (`checked`:
+    of a protocol), or None. The outermost is the call the harness made; the innermost is where it is."""
+    inner = outer = None
     while frame is not None:
         if _is_protocol(frame, checked):
-            return frame
+            inner = inner or frame
+            outer = frame
         frame = frame.f_back
-    return None
+    return (inner, outer) if inner is not None else None
 
 
 def _where(frame: FrameType) -> str:
@@ -116,11 +119,12 @@ class _Sampler:
             if now - fired[0] > limits.hard_grace:
                 self._give_up(frame, fired[2], limits.hard_grace)
             return
-        proto = _protocol_frame(frame)
-        if proto is None:
+        found = _protocol_frames(frame)
+        if found is None:
             self.mark = None
             return
-        mark = (STEPS[0], id(proto))
+        proto, entry = found
+        mark = (STEPS[0], id(entry))
         if mark != self.mark:
             self.mark, self.since = mark, now
             return
@@ -138,13 +142,14 @@ class _Sampler:
                 self.previous(signum, frame)
             return
         self.mark = None  # whatever happens, time the next call afresh
-        proto = _protocol_frame(frame, checked=True)
-        if proto is None or STEPS[0] != fired[1]:
+        found = _protocol_frames(frame, checked=True)
+        if found is None or STEPS[0] != fired[1]:
             return  # the call returned between the look and the signal, or it is not a protocol's
+        proto, entry = found
         self.stalled_at.add((proto.f_code, proto.f_lineno))
-        rank = proto.f_locals.get("rank")
-        owner = proto.f_locals.get("self")
-        method = f"{type(owner).__name__}.{proto.f_code.co_name}" if owner is not None else proto.f_code.co_name
+        rank = entry.f_locals.get("rank")
+        owner = entry.f_locals.get("self")
+        method = f"{type(owner).__name__}.{entry.f_code.co_name}" if owner is not None else entry.f_code.co_name
         where = _where(proto) + (f", inside {_where(frame)}" if frame is not None and frame is not proto else "")
         raise Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3])
 

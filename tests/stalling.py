@@ -69,3 +69,13 @@ class SlowSteps(PaperProtocol):
                 result = yield effect
         except StopIteration as stop:
             return stop.value
+
+
+class KeyLoopLookup(PaperProtocol):
+    """A lookup that loops forever through another method of the contract (`key`)."""
+
+    name = "key-loop-lookup"
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        while True:
+            self.key(0, chunk_hashes[0] if chunk_hashes else "h", rank, n_ranks)

@@ -13,7 +13,7 @@ import pytest
 from model.explore import explore
 from model.harness import Case, run_case
 from model.watchdog import EXIT_UNINTERRUPTIBLE, watching
-from tests.stalling import LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
+from tests.stalling import KeyLoopLookup, LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
 from tests.test_cli import ROOT, sc
 
 
@@ -62,6 +62,13 @@ def test_a_lookup_that_polls_its_store_forever_is_caught():
     with watching(0.5):
         v = _only(run_case(PollingLookup(), Case(1, 1)))
     assert "PollingLookup.rank_lookup did not return within 0.5 s" in v.summary
+
+
+def test_a_lookup_looping_through_another_contract_method_is_caught():
+    """The call the harness made is timed, not the innermost contract method (`key`) it keeps calling."""
+    with watching(0.5):
+        v = _only(run_case(KeyLoopLookup(), Case(1, 1)))
+    assert "KeyLoopLookup.rank_lookup did not return within 0.5 s" in v.summary
 
 
 def test_many_short_steps_are_not_a_stall():
