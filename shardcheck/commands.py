@@ -134,7 +134,6 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
                                                   "faults": found.case.faults.size()}
     else:
         trace = found
-        violations = violations_of(trace)
         ops_before = len(trace.ops)
         stop_at = time.monotonic() + max(MINIMISE_GRACE, budget * STORE_MINIMISE_SHARE)
         trace, minimal = minimise_store_ops(trace, factory, client, should_stop=lambda: time.monotonic() >= stop_at,
@@ -233,7 +232,7 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, factory: Any, cl
 
 
 def _replay_store_ops(trace: Any, factory: Any, client: str) -> tuple[str, str]:
-    """A store-ops trace on fresh, bounded stores of the client (see `_bounded_factory`)."""
+    """A store-ops trace on fresh, bounded stores of the client (see `adapters.replay.bounded_factory`)."""
     from adapters.replay import bounded_factory, run
     try:
         _, violations = run(trace, bounded_factory(trace, factory, client))
