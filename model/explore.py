@@ -97,7 +97,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, chunk_hashes, default_step_bound, kv_bytes, leading_run, run_case
 from model.sim import SimResult, Violation, simulate
 from model.store import memory_factory
-from model.watchdog import STEPS, Stalled
+from model.watchdog import STEPS, Stalled, swallowed
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -279,16 +279,24 @@ class _Tries:
     @staticmethod
     def _advance(node: _Node, gen: Any, value: Any, first: bool = False) -> None:
         STEPS[0] += 1  # entering protocol code (see model.watchdog)
+        step = STEPS[0]
+        done = False
         try:
-            eff = next(gen) if first else gen.send(value)
-        except StopIteration as stop:
-            node.kind, node.ret = _DONE, stop.value
-            return
+            try:
+                eff = next(gen) if first else gen.send(value)
+            except StopIteration as stop:
+                done, ret = True, stop.value
+            caught = swallowed(step)
+            if caught is not None:
+                raise caught
         except Exception as exc:  # noqa: BLE001 - a raising rank program is a termination violation
             node.kind, node.error = _RAISED, f"{type(exc).__name__}: {exc}"
             return
         except Stalled as exc:  # a step that does not return (see model.watchdog): the same violation
             node.kind, node.error = _RAISED, str(exc)
+            return
+        if done:
+            node.kind, node.ret = _DONE, ret
             return
         node.effect, node.gen = eff, gen
         if isinstance(eff, COLLECTIVES):
@@ -446,8 +454,12 @@ class _Explorer:
             for r in range(n):
                 STEPS[0] += 1  # entering protocol code (see model.watchdog)
                 reports.append(self.protocol.rank_lookup(r, n, self.hashes, stores[r].data.__contains__))
+                if swallowed(STEPS[0]) is not None:
+                    raise swallowed(STEPS[0])
             STEPS[0] += 1
             planned = self.protocol.combine(list(reports), k)
+            if swallowed(STEPS[0]) is not None:
+                raise swallowed(STEPS[0])
             self.configs.append(_Config(tuple(Eviction(c, r) for r, c in sorted(out)), present, lcp, reports,
                                         planned, tuple(stores)))
 

@@ -16,7 +16,7 @@ from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
-from model.watchdog import STEPS, Stalled
+from model.watchdog import STEPS, Stalled, swallowed
 
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
@@ -138,6 +138,7 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
         out.reports = [_lookup(protocol, r, n, out.hashes, stores[r], out.events) for r in range(n)]
         STEPS[0] += 1  # entering protocol code (see model.watchdog)
         out.planned = protocol.combine(list(out.reports), k)
+        _raise_swallowed(STEPS[0])
         out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
     except StoreCallTimeout as exc:
         out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
@@ -182,6 +183,13 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     return out
 
 
+def _raise_swallowed(step: int) -> None:
+    """Raise the `Stalled` a protocol call caught and went on from (it stalled all the same)."""
+    caught = swallowed(step)
+    if caught is not None:
+        raise caught
+
+
 #: Contains calls of one rank's lookup recorded as events (a lookup that polls its store makes millions).
 MAX_LOOKUP_CALLS = 1000
 
@@ -200,6 +208,8 @@ def _lookup(protocol: Any, rank: int, n: int, hashes: list[str], store: RankStor
         return hit
 
     STEPS[0] += 1  # entering protocol code (see model.watchdog)
+    step = STEPS[0]
     report = protocol.rank_lookup(rank, n, hashes, contains)
+    _raise_swallowed(step)
     events.append(Event(0, rank, 0.0, "lookup", "report", report))
     return report

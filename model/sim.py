@@ -16,7 +16,7 @@ from model.contract import RankStore, StoreCallTimeout
 from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
                            TIMED_OUT, Wait, collective_signature)
 from model.faults import Eviction
-from model.watchdog import STEPS, Stalled
+from model.watchdog import STEPS, Stalled, swallowed
 
 DONE = "done"
 Chooser = Callable[[list[int], int], int]
@@ -127,11 +127,16 @@ class Simulator:
     def _send(self, r: int, value: Any, first: bool = False) -> None:
         rank = self.ranks[r]
         STEPS[0] += 1  # entering protocol code (see model.watchdog)
+        step = STEPS[0]
         try:
-            rank.pending = next(rank.program) if first else rank.program.send(value)
-        except StopIteration as stop:
-            rank.pending = DONE
-            self.results[r] = stop.value
+            try:
+                rank.pending = next(rank.program) if first else rank.program.send(value)
+            except StopIteration as stop:
+                rank.pending = DONE
+                self.results[r] = stop.value
+            caught = swallowed(step)
+            if caught is not None:
+                raise caught
         except Exception as exc:  # a rank program that raises has not terminated normally
             rank.pending = DONE
             self.violations.append(Violation(

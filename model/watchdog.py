@@ -9,17 +9,22 @@ store). The sampler then signals the main thread (`SIGNAL`), whose handler raise
 simulator, the harness and the explorer turn `Stalled` into a termination violation of the rank that stalled, so
 a blocking protocol is reported and minimised like any other counterexample.
 
-`seconds` must exceed the store-call bound (`--op-timeout`): time in store calls made from protocol code counts.
+Time in store calls made from protocol code counts, so `seconds` must exceed the store time one legitimate call
+may take (a lookup that checks k keys on a slow client: k x the per-call time); the command line keeps it at
+least 5 s with a real client, and the pytest plugin above `--op-timeout`. A stall raised while Python closes an
+abandoned rank program (its `finally` blocks) cannot be reported: Python only prints "Exception ignored".
 
-Once a line of protocol code has stalled, a later stall at the same line is called after `again` seconds (default
-0.1 s, looking every `FAST_TICK`), so that minimising or shrinking a counterexample that stalls does not wait the
-full limit on every run. Such a verdict is provisional: `forget()` drops the shortcut, and `check` (and the final
-run of a Hypothesis failure) re-runs its counterexample at the full limit before reporting it.
+Once a stall was raised at a line, a call that sits at that same line again (under the same protocol line) for
+`again` seconds (default 0.1 s, looking every `FAST_TICK`) is called a stall too, so that minimising or shrinking
+a counterexample that stalls does not wait the full limit on every run. Such a verdict is provisional: `forget()`
+drops the shortcut, and `check` (and the final run of a Hypothesis failure) re-runs its counterexample at the
+full limit before reporting it.
 
 Code that a signal cannot interrupt (a C call that retries on EINTR, a blocked signal) is reported on stderr after
 a further `hard_grace` seconds, and the process exits with `EXIT_UNINTERRUPTIBLE`: it cannot go on, and must not
-hang. Only the main thread can be interrupted; elsewhere `watching` does nothing. The pytest plugin watches every
-test; the command line watches every command.
+hang; so does a protocol that catches the `Stalled` raised in it and goes on (one that catches it and returns is
+reported all the same: `swallowed`). Only the main thread can be interrupted; elsewhere `watching` does nothing.
+The pytest plugin watches every test; the command line watches every command.
 """
 from __future__ import annotations
 
@@ -100,10 +105,14 @@ class _Sampler:
         self.main = threading.main_thread().ident
         self.limits: list[_Limits] = []
         self.stop = threading.Event()
-        self.stalled_at: set[tuple[Any, int]] = set()  # (code, line) of protocol code that stalled before
-        self.mark: tuple[int, int] | None = None  # (STEPS, id of the protocol frame) when the clock started
+        #: where stalls were raised: (code, line) of the innermost frame and of the innermost protocol frame
+        self.stalled_at: set[tuple[Any, int, Any, int]] = set()
+        self.mark: tuple[int, int] | None = None  # (STEPS, id of the entry frame) when the call clock started
         self.since = 0.0
+        self.spot: tuple[int, Any, int] | None = None  # (id, code, line) of the innermost frame, since spot_since
+        self.spot_since = 0.0
         self.fired: tuple[float, int, float, bool] | None = None  # (when, STEPS, limit, again) of a sent signal
+        self.raised: tuple[tuple[int, int], float] | None = None  # (mark, when) of the last Stalled raised
         self.previous: Any = None
         self.thread = threading.Thread(target=self._loop, name="shardcheck-watchdog", daemon=True)
 
@@ -117,21 +126,28 @@ class _Sampler:
         frame = sys._current_frames().get(self.main)
         if fired is not None:
             if now - fired[0] > limits.hard_grace:
-                self._give_up(frame, fired[2], limits.hard_grace)
+                self._give_up(frame, f"did not return within {fired[2]:g} s and could not be interrupted")
             return
         found = _protocol_frames(frame)
         if found is None:
-            self.mark = None
+            self.mark = self.spot = None
             return
         proto, entry = found
         mark = (STEPS[0], id(entry))
+        raised = self.raised
+        if raised is not None and raised[0] == mark and now - raised[1] > limits.hard_grace:
+            self._give_up(frame, "caught the Stalled raised in it and went on")
+        spot = (id(frame), frame.f_code, frame.f_lineno)
+        if spot != self.spot:
+            self.spot, self.spot_since = spot, now
         if mark != self.mark:
             self.mark, self.since = mark, now
             return
-        again = (proto.f_code, proto.f_lineno) in self.stalled_at
-        limit = limits.again if again else limits.seconds
-        if now - self.since >= limit:
-            self.fired = (now, STEPS[0], limit, again)
+        # the full limit for the call; the short one only while it sits where a stall was raised before
+        again = (frame.f_code, frame.f_lineno, proto.f_code, proto.f_lineno) in self.stalled_at \
+            and now - self.spot_since >= limits.again
+        if again or now - self.since >= limits.seconds:
+            self.fired = (now, STEPS[0], limits.again if again else limits.seconds, again)
             signal.pthread_kill(self.main, SIGNAL)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
@@ -141,24 +157,43 @@ class _Sampler:
             if callable(self.previous):
                 self.previous(signum, frame)
             return
-        self.mark = None  # whatever happens, time the next call afresh
         found = _protocol_frames(frame, checked=True)
-        if found is None or STEPS[0] != fired[1]:
+        if frame is None or found is None or STEPS[0] != fired[1]:
+            self.mark = None
             return  # the call returned between the look and the signal, or it is not a protocol's
         proto, entry = found
-        self.stalled_at.add((proto.f_code, proto.f_lineno))
+        self.stalled_at.add((frame.f_code, frame.f_lineno, proto.f_code, proto.f_lineno))
+        if self.raised is None or self.raised[0] != (STEPS[0], id(entry)):  # (the first raise in this call)
+            self.raised = ((STEPS[0], id(entry)), time.monotonic())
         rank = entry.f_locals.get("rank")
         owner = entry.f_locals.get("self")
         method = f"{type(owner).__name__}.{entry.f_code.co_name}" if owner is not None else entry.f_code.co_name
-        where = _where(proto) + (f", inside {_where(frame)}" if frame is not None and frame is not proto else "")
-        raise Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3])
+        where = _where(proto) + (f", inside {_where(frame)}" if frame is not proto else "")
+        exc = Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3])
+        _RAISED[:] = [STEPS[0], exc]
+        raise exc
 
-    def _give_up(self, frame: FrameType | None, limit: float, grace: float) -> None:
+    def _give_up(self, frame: FrameType | None, what: str) -> None:
         where = _where(frame) if frame is not None else "?"
-        print(f"shardcheck: error: protocol code did not return within {limit:g} s and could not be interrupted "
-              f"for {grace:g} s more (blocked at {where}); ending the process (exit {EXIT_UNINTERRUPTIBLE})",
-              file=sys.stderr, flush=True)
+        print(f"shardcheck: error: protocol code {what} (at {where}); ending the process "
+              f"(exit {EXIT_UNINTERRUPTIBLE})", file=sys.stderr, flush=True)
         os._exit(EXIT_UNINTERRUPTIBLE)
+
+
+#: [STEPS value, Stalled] of the last stall raised (see `swallowed`).
+_RAISED: list[Any] = [-1, None]
+
+
+def swallowed(step: int) -> Stalled | None:
+    """The `Stalled` raised during protocol step `step` (a `STEPS` value) if the protocol caught it and went on
+    (called when a protocol call returned normally): that call stalled all the same."""
+    exc = _RAISED[1] if _RAISED[0] == step else None
+    if exc is not None and not exc.args[0].endswith(_CAUGHT):
+        exc.args = (exc.args[0] + _CAUGHT,)
+    return exc
+
+
+_CAUGHT = "; it caught the interruption and went on"
 
 
 _sampler: _Sampler | None = None
@@ -173,6 +208,7 @@ def watching(seconds: float = STALL_SECONDS, *, again: float = 0.1,
     or where the signal does not exist).
     """
     global _sampler
+    again = min(again, seconds)
     if not (seconds > 0 and again > 0 and hard_grace > 0):
         raise ValueError(f"watching: seconds, again and hard_grace must be > 0, got {seconds!r}, {again!r}, "
                          f"{hard_grace!r}")
@@ -190,11 +226,12 @@ def watching(seconds: float = STALL_SECONDS, *, again: float = 0.1,
         yield True
     finally:
         sampler.limits.pop()
-        sampler.fired = sampler.mark = None
+        sampler.fired = sampler.mark = sampler.raised = None
         if outermost:
             sampler.stop.set()
             sampler.thread.join()
-            signal.signal(SIGNAL, sampler.previous)
+            # (None: the previous handler was not installed from Python and cannot be put back)
+            signal.signal(SIGNAL, sampler.previous if sampler.previous is not None else signal.SIG_DFL)
             _sampler = None
 
 

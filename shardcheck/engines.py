@@ -47,14 +47,15 @@ def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, star
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:
     from model.explore import explore
-    from model.watchdog import Stalled
+    from model.watchdog import Stalled, forget
     for n, k, faults in EXPLORE_SIZES:
         if stop():
             break
         try:
             res = explore(protocol, n, k, max_faults=faults, should_stop=stop)
         except Stalled as exc:  # in the explorer's set-up (its store phase or lookups): no case to report;
-            stats.by_engine["explore_stalled"] = str(exc)  # the case engines after it find the stall as a case
+            stats.by_engine["explore_stalled"] = str(exc)  # the case engines after it find the stall as a case,
+            forget()  # judged at the full limit
             return None
         stats.by_engine["explore_states"] = stats.by_engine.get("explore_states", 0) + res.states
         stats.largest["explore"] = [n, k, faults]

@@ -79,3 +79,31 @@ class KeyLoopLookup(PaperProtocol):
     def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
         while True:
             self.key(0, chunk_hashes[0] if chunk_hashes else "h", rank, n_ranks)
+
+
+class CatchOnceLookup(PaperProtocol):
+    """A lookup that catches the interruption of its endless sleep (a bare except) and reports 0."""
+
+    name = "catch-once-lookup"
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        try:
+            time.sleep(3600)
+        except BaseException:  # noqa: BLE001 - the point: a bare except around a blocking call
+            pass
+        return 0
+
+
+class SleepsByLength(PaperProtocol):
+    """A lookup through a helper: sleeps forever from two chunks on (one line), 0.3 s below that (another)."""
+
+    name = "sleeps-by-length"
+
+    def rank_lookup(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        return self._impl(rank, n_ranks, chunk_hashes, contains)
+
+    def _impl(self, rank: int, n_ranks: int, chunk_hashes: Any, contains: Any) -> int:
+        if len(chunk_hashes) >= 2:
+            time.sleep(3600)
+        time.sleep(0.3)
+        return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)

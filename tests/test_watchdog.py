@@ -13,7 +13,7 @@ import pytest
 from model.explore import explore
 from model.harness import Case, run_case
 from model.watchdog import EXIT_UNINTERRUPTIBLE, watching
-from tests.stalling import KeyLoopLookup, LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
+from tests.stalling import CatchOnceLookup, KeyLoopLookup, SleepsByLength, LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
 from tests.test_cli import ROOT, sc
 
 
@@ -51,7 +51,7 @@ def test_a_line_that_stalled_before_is_called_sooner_and_says_so():
 
 
 def test_except_exception_in_protocol_code_cannot_swallow_a_stall():
-    """`Stalled` is not an Exception: a protocol's catch-all does not turn a stall into a retry loop."""
+    """`Stalled` is not an Exception: a protocol's `except Exception` does not see it."""
     with watching(0.3):
         v = _only(run_case(SwallowingLookup(), Case(1, 1)))
     assert "SwallowingLookup.rank_lookup did not return" in v.summary
@@ -86,7 +86,7 @@ def test_watching_rejects_a_non_positive_limit():
 
 
 def test_uninterruptible_protocol_code_ends_the_process_with_a_report(tmp_path):
-    """Protocol code that blocks SIGALRM cannot be interrupted: the process says where and exits 3, not hangs."""
+    """Protocol code that blocks the watchdog's signal cannot be interrupted: the process says where and exits 3."""
     script = tmp_path / "blocked.py"
     script.write_text(textwrap.dedent("""
         import signal, time
@@ -162,3 +162,44 @@ def test_pytest_timeout_still_works_under_the_watch(tmp_path):
                           "--timeout", "1", "--timeout-method", "signal"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 1 and "Timeout (>1.0s)" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_stall_the_protocol_catches_is_still_a_stall():
+    """A lookup that catches the interruption (a bare except) and returns is reported all the same."""
+    with watching(0.3):
+        v = _only(run_case(CatchOnceLookup(), Case(1, 1)))
+    assert "CatchOnceLookup.rank_lookup did not return" in v.summary and "caught the interruption" in v.summary
+
+
+def test_a_protocol_that_catches_every_interruption_ends_the_process(tmp_path):
+    """A lookup that swallows every interruption in a loop cannot be stopped: exit 3 with a report, not a hang."""
+    script = tmp_path / "swallows.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from model.protocols import PaperProtocol
+        from model.watchdog import watching
+
+        class P(PaperProtocol):
+            def rank_lookup(self):
+                while True:
+                    try:
+                        time.sleep(3600)
+                    except BaseException:
+                        pass
+
+        with watching(0.3, hard_grace=0.5):
+            P().rank_lookup()
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == EXIT_UNINTERRUPTIBLE, run.stderr
+    assert "caught the Stalled raised in it" in run.stderr
+
+
+def test_the_short_limit_applies_only_where_a_stall_was_raised():
+    """After a stall at one line, a legitimately slow call that never sits at that line gets the full limit."""
+    with watching(1.0, again=0.1):
+        stalled = _only(run_case(SleepsByLength(), Case(1, 2)))
+        slow = run_case(SleepsByLength(), Case(1, 1))  # 0.3 s at another line: within the 1 s limit
+    assert "SleepsByLength.rank_lookup did not return within 1 s" in stalled.summary
+    assert slow.violations == []
