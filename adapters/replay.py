@@ -4,7 +4,7 @@
 `factory(n_ranks, **options)` — the options come from the trace's `config` (`topology`,
 `use_mla`, `op_timeout`, `password`) so the replay runs the configuration that was measured —
 and checks each op against an in-memory oracle; the outcome is `reproduces` when the trace's
-property is violated again, `fixed` otherwise. Ops are `model.storeops`-shaped
+property is violated again, `fixed` otherwise. Ops are `engines.storeops`-shaped
 (`{"rank", "op", "key", "value"}`; a value is a list of byte values, or `model.trace.encode`d);
 an op may carry `"wait": false`
 (a `get_async` fired and not awaited, as an engine's prefetch does).
@@ -13,16 +13,15 @@ Properties: `store-hang` (a call did not return / a completion never came within
 `store-roundtrip` (an answer differs from the oracle's), `store-error` (a call raised, including
 the factory itself).
 
-`python -m adapters.replay --write` measures every finding of `FINDINGS` against the stock
+`shardcheck regen findings` measures every finding of `FINDINGS` against the stock
 clients, the patched client and the model, and writes `counterexamples/lmcache-<name>.json`
 with the measured expectations, after checking that each is 1-minimal on the client it records (removing any one
-op loses its violation: `kept_by_removal`); `python -m adapters.replay counterexamples/lmcache-*.json
---client NAME` replays.
+op loses its violation: `kept_by_removal`); `shardcheck replay counterexamples/lmcache-*.json --client NAME`
+replays them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,8 +30,8 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from model.storeops import minimise_ops, run_ops
-from model.trace import Trace, decode, encode
+from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
+from model.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched", "model")
@@ -48,108 +47,6 @@ def _factory(client: str) -> Callable[..., list]:
     return load_factory(client)
 
 
-#: The client options a store-ops trace may record in its config.
-OPTION_KEYS = ("topology", "use_mla", "op_timeout", "password")
-
-
-def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
-    """Run the trace's ops with `model.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
-    trace recorded); returns (records, violations as dicts) — at most one violation, the first."""
-    cfg = dict(trace.config)
-    n = int(cfg.get("n_ranks", 1))
-    timeout = float(cfg.get("op_timeout", 1.0))
-    options = {k: cfg[k] for k in OPTION_KEYS if k in cfg}
-    t0 = time.monotonic()
-    try:
-        stores = factory(n, **options)
-    except Exception as e:
-        return [], [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
-                     f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
-    try:
-        records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic)
-    finally:
-        for s in stores:
-            if hasattr(s, "close"):
-                s.close()
-    records = [encode(r) for r in records]
-    records.append({"total_seconds": round(time.monotonic() - t0, 3)})
-    return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
-
-
-def violation_key(trace: Trace, violations: list[dict]) -> tuple[str, str] | None:
-    """What makes two runs show the same violation: its property and the op that showed it (`factory`
-    when building the client failed); None without a violation."""
-    if not violations:
-        return None
-    index = violations[0]["detail"].get("index", -1)
-    return violations[0]["property"], trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
-
-
-def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
-    """The indexes `i` of ops whose removal keeps the trace's violation on `factory` (empty: 1-minimal)."""
-    _, violations = run(trace, factory)
-    want = violation_key(trace, violations)
-    if want is None or want[0] != trace.property:
-        raise ValueError(f"the trace does not show its {trace.property} violation on this client")
-    kept = []
-    for i in range(len(trace.ops)):
-        shorter = attrs.evolve(trace, ops=trace.ops[:i] + trace.ops[i + 1:])
-        if violation_key(shorter, run(shorter, factory)[1]) == want:
-            kept.append(i)
-    return kept
-
-
-def bounded_factory(trace: Any, factory: Any, client: str) -> Any:
-    """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
-    none); every call bounded by the trace's op timeout."""
-    from model.bounded import BoundedStore
-    timeout = float(trace.config.get("op_timeout", 1.0))
-
-    def make(n: int, **options: Any) -> list:
-        made = factory(n) if client == "model" else factory(n, **options)
-        return [BoundedStore(s, timeout) for s in made]
-    return make
-
-
-def minimise_store_ops(trace: Any, factory: Any, client: str, *, should_stop: Any,
-                       progress: Any = None) -> tuple[Any, bool]:
-    """The trace with as few ops as still show its violation (the same property at the same kind of op) on
-    fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
-    (a flaky client) is returned as it is, not minimal."""
-    bounded = bounded_factory(trace, factory, client)
-    first = run(trace, bounded)[1]
-    want = violation_key(trace, first)
-    if want is None or want[0] != trace.property:
-        return trace, False
-    runs, seen = [0], [first]
-
-    def still_fails(ops: list[dict]) -> bool:
-        runs[0] += 1
-        shorter = attrs.evolve(trace, ops=ops)
-        violations = run(shorter, bounded)[1]
-        if violation_key(shorter, violations) != want:
-            return False
-        seen[0] = violations  # the violations of the shortest sequence so far
-        return True
-
-    ops, minimal = minimise_ops(trace.ops, still_fails, should_stop=should_stop)
-    if progress:
-        progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
-                 f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")
-    note = f"minimised from {len(trace.ops)} ops ({'1-minimal' if minimal else 'stopped early'})"
-    summary = seen[0][0]["summary"] if ops != list(trace.ops) else trace.summary
-    return attrs.evolve(trace, ops=ops, verdict={"violations": seen[0]}, summary=summary,
-                        notes=f"{trace.notes} | {note}" if trace.notes else note), minimal
-
-
-def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
-    _, violations = run(trace, factory)
-    props = [v["property"] for v in violations]
-    if trace.property in props:
-        return "reproduces", violations[0]["summary"]
-    return "fixed", "no violation" if not props else f"other violation: {violations[0]['summary']}"
-
-
 # --------------------------------------------------------------------------- the findings
 
 def _v(tag: str, n: int = 64) -> bytes:
@@ -162,7 +59,7 @@ def _op(rank: int, op: str, key: str | None = None, value: bytes | None = None, 
         d["key"] = key
     if value is not None:
         # a list of byte values: JSON-able, and `bytes(value)` of it is the value, so the trace
-        # replays as is through model.storeops.run_ops (which passes op["value"] straight to put)
+        # replays as is through engines.storeops.run_ops (which passes op["value"] straight to put)
         d["value"] = list(value)
     d.update(extra)
     return d
@@ -340,27 +237,3 @@ def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
     props = [v["property"] for v in violations]
     outcome = "reproduces" if t.property in props else "fixed"
     return outcome, violations[0]["summary"] if violations else "no violation", records, violations
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adapters.replay")
-    ap.add_argument("paths", nargs="*", help="store-ops traces to replay")
-    ap.add_argument("--client", default="lmcache-patched")
-    ap.add_argument("--write", action="store_true", help="measure FINDINGS and write counterexamples/")
-    a = ap.parse_args(argv)
-    if a.write:
-        build(progress=lambda s: print(s, flush=True))
-        return 0
-    bad = 0
-    for p in a.paths:
-        t = Trace.load(p)
-        outcome, why = replay(t, _factory(a.client))
-        exp = t.expect.get(a.client)
-        ok = exp is None or exp == outcome
-        bad += not ok
-        print(f"{p}: {outcome} (expected {exp or '-'}) {why}")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,15 +4,12 @@ Each function takes an `Outcome` (see `model.harness`) and returns the list of `
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from model.sim import Violation
-
-if TYPE_CHECKING:
-    from model.harness import Outcome
+from model.outcome import Outcome, Violation
 
 
-def soundness(o: "Outcome") -> list[Violation]:
+def soundness(o: Outcome) -> list[Violation]:
     """The plan never exceeds the longest cached prefix at lookup: `planned <= LCP`."""
     if o.planned is not None and o.planned > o.lcp:
         return [Violation("soundness", f"planned {o.planned} chunks but only {o.lcp} leading chunks were cached "
@@ -20,7 +17,7 @@ def soundness(o: "Outcome") -> list[Violation]:
     return []
 
 
-def completeness(o: "Outcome") -> list[Violation]:
+def completeness(o: Outcome) -> list[Violation]:
     """The plan reaches the longest cached prefix: `planned >= LCP`."""
     if o.planned is not None and o.planned < o.lcp:
         return [Violation("completeness", f"planned {o.planned} chunks though the leading {o.lcp} were cached "
@@ -37,7 +34,7 @@ def _usable(result) -> int | None:
     return len(keys) if keys == list(range(len(keys))) else None
 
 
-def prefix(o: "Outcome") -> list[Violation]:
+def prefix(o: Outcome) -> list[Violation]:
     """Every rank's result is a prefix `{0..u_r-1}`."""
     out = []
     for r, result in sorted(o.results.items()):
@@ -48,7 +45,7 @@ def prefix(o: "Outcome") -> list[Violation]:
     return out
 
 
-def agreement(o: "Outcome") -> list[Violation]:
+def agreement(o: Outcome) -> list[Violation]:
     """All ranks that finished agree on the usable prefix `u`."""
     us = {r: _usable(res) for r, res in o.results.items()}
     us = {r: u for r, u in us.items() if u is not None}
@@ -58,7 +55,7 @@ def agreement(o: "Outcome") -> list[Violation]:
     return []
 
 
-def within_plan(o: "Outcome") -> list[Violation]:
+def within_plan(o: Outcome) -> list[Violation]:
     """No rank loads beyond the plan: `u <= planned`."""
     return [Violation("within-plan", f"rank {r} loaded {u} chunks, more than the planned {o.planned}",
                       {"rank": r, "u": u, "planned": o.planned})
@@ -66,7 +63,7 @@ def within_plan(o: "Outcome") -> list[Violation]:
             if (u := _usable(res)) is not None and o.planned is not None and u > o.planned]
 
 
-def integrity(o: "Outcome") -> list[Violation]:
+def integrity(o: Outcome) -> list[Violation]:
     """Every returned value equals the stored `kv[c]`."""
     out = []
     for r, res in sorted(o.results.items()):
@@ -82,7 +79,7 @@ def integrity(o: "Outcome") -> list[Violation]:
     return out
 
 
-def maximality(o: "Outcome") -> list[Violation]:
+def maximality(o: Outcome) -> list[Violation]:
     """Without a fault after the lookup, every rank loads the whole plan: `u == planned`."""
     if o.case.faults.after_lookup() or o.planned is None or o.load is None or o.load.violations:
         return []
@@ -92,7 +89,7 @@ def maximality(o: "Outcome") -> list[Violation]:
             if (u := _usable(res)) is not None and u < o.planned]
 
 
-def key_consistency(o: "Outcome") -> list[Violation]:
+def key_consistency(o: Outcome) -> list[Violation]:
     """Every key a load reads was written by the store path (of that rank)."""
     if o.load is None:
         return []
@@ -105,7 +102,7 @@ def key_consistency(o: "Outcome") -> list[Violation]:
     return out
 
 
-def run_faults(o: "Outcome") -> list[Violation]:
+def run_faults(o: Outcome) -> list[Violation]:
     """No desync, deadlock, hang, or step-bound exhaustion in the load (found by the simulator)."""
     return list(o.load.violations) if o.load is not None else []
 
@@ -116,7 +113,7 @@ def _preview(b) -> str:
     return repr(b)
 
 
-CHECKS: tuple[Callable[["Outcome"], list[Violation]], ...] = (
+CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = (
     soundness, completeness, run_faults, prefix, agreement, within_plan, integrity, maximality, key_consistency)
 
 #: Every property name a violation can carry.
@@ -124,6 +121,6 @@ PROPERTIES = ("soundness", "completeness", "prefix", "agreement", "within-plan",
               "desync", "deadlock", "hang", "termination", "key-consistency")
 
 
-def check_outcome(o: "Outcome") -> list[Violation]:
+def check_outcome(o: Outcome) -> list[Violation]:
     """Every violation of every check, in the order of `CHECKS`."""
     return [v for check in CHECKS for v in check(o)]

@@ -14,9 +14,10 @@ from model.checks import check_outcome
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import Put
 from model.faults import Eviction, FaultPlan
-from model.sim import Event, SimResult, Violation, lowest_runnable, seeded_chooser, simulate
+from model.outcome import Case, Event, Outcome, SimResult, Violation, default_step_bound, leading_run
+from model.sim import lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
-from model.watchdog import STEPS, Stalled, swallowed
+from model.calls import ProtocolRaised, Stalled, protocol_call
 
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
@@ -32,60 +33,6 @@ def kv_bytes(n_chunks: int, salt: str) -> list[bytes]:
     """Distinct KV payloads per chunk (so a value names its chunk), of varying lengths."""
     return [f"{salt}|kv{c}|".encode() + bytes((c * 7 + i) % 256 for i in range(16 + 5 * c))
             for c in range(n_chunks)]
-
-
-def default_step_bound(n_ranks: int, n_chunks: int) -> int:
-    """A generous bound on load steps: a terminating load needs about 2 * n_chunks + 3 * n_ranks."""
-    return 20 * (n_chunks + n_ranks) + 50
-
-
-@attrs.frozen
-class Case:
-    """One configuration to run: sizes, the salt of its keys, faults, schedule and step bound."""
-
-    n_ranks: int
-    n_chunks: int
-    salt: str = "s0"
-    faults: FaultPlan = FaultPlan()
-    schedule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    seed: int | None = None
-    step_bound: int | None = None
-
-    def bound(self) -> int:
-        return self.step_bound if self.step_bound is not None else default_step_bound(self.n_ranks, self.n_chunks)
-
-
-@attrs.define
-class Outcome:
-    """Everything one run produced, and the violations found in it."""
-
-    case: Case
-    protocol: str
-    hashes: list[str]
-    kv: list[bytes]
-    written: dict[int, dict[str, int]]
-    cached: frozenset[int]
-    lcp: int
-    reports: list[int] | None = None
-    planned: int | None = None
-    load: SimResult | None = None
-    events: list[Event] = attrs.field(factory=list)
-    violations: list[Violation] = attrs.field(factory=list)
-
-    @property
-    def results(self) -> dict[int, Any]:
-        return self.load.results if self.load else {}
-
-    def violated(self) -> list[str]:
-        return sorted({v.property for v in self.violations})
-
-
-def leading_run(cached: frozenset[int] | set[int], n_chunks: int) -> int:
-    """The length of the leading run of cached chunks."""
-    u = 0
-    while u < n_chunks and u in cached:
-        u += 1
-    return u
 
 
 class Shadow:
@@ -136,18 +83,17 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
         out.cached = shadow.cached()
         out.lcp = leading_run(out.cached, k)
         out.reports = [_lookup(protocol, r, n, out.hashes, stores[r], out.events) for r in range(n)]
-        STEPS[0] += 1  # entering protocol code (see model.watchdog)
-        out.planned = protocol.combine(list(out.reports), k)
-        _raise_swallowed(STEPS[0])
+        with protocol_call(None, "combine"):
+            out.planned = protocol.combine(list(out.reports), k)
         out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
     except StoreCallTimeout as exc:
         out.violations = [Violation("hang", f"lookup: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
         return
-    except Exception as exc:  # a protocol's lookup or combine that raises has not terminated normally
-        out.violations = [Violation("termination", f"lookup raised {type(exc).__name__}: {exc}",
-                                    {"exception": type(exc).__name__})]
+    except ProtocolRaised as exc:  # a protocol's lookup or combine that raises has not terminated normally
+        out.violations = [Violation("termination", f"lookup: {exc}", {"rank": exc.rank, "exception": type(exc.error).__name__,
+                                                                    "where": exc.where})]
         return
-    except Stalled as exc:  # a lookup or combine that does not return (see model.watchdog)
+    except Stalled as exc:  # a lookup or combine that does not return (see runtime.watchdog)
         out.violations = [Violation("termination", f"lookup: {exc}", {"stalled": exc.method, "seconds": exc.seconds,
                                                                     "provisional": exc.again})]
         return
@@ -183,13 +129,6 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     return out
 
 
-def _raise_swallowed(step: int) -> None:
-    """Raise the `Stalled` a protocol call caught and went on from (it stalled all the same)."""
-    caught = swallowed(step)
-    if caught is not None:
-        raise caught
-
-
 #: Contains calls of one rank's lookup recorded as events (a lookup that polls its store makes millions).
 MAX_LOOKUP_CALLS = 1000
 
@@ -207,9 +146,7 @@ def _lookup(protocol: Any, rank: int, n: int, hashes: list[str], store: RankStor
                                 note=f"more than {MAX_LOOKUP_CALLS} contains calls: later ones not recorded"))
         return hit
 
-    STEPS[0] += 1  # entering protocol code (see model.watchdog)
-    step = STEPS[0]
-    report = protocol.rank_lookup(rank, n, hashes, contains)
-    _raise_swallowed(step)
+    with protocol_call(rank, "rank_lookup"):
+        report = protocol.rank_lookup(rank, n, hashes, contains)
     events.append(Event(0, rank, 0.0, "lookup", "report", report))
     return report

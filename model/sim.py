@@ -15,50 +15,18 @@ import networkx as nx
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
                            TIMED_OUT, Wait, collective_signature)
+from model.calls import ProtocolRaised, Stalled, protocol_call
 from model.faults import Eviction
-from model.watchdog import STEPS, Stalled, swallowed
+from model.outcome import Event, SimResult, Violation
 
 DONE = "done"
+#: The contract method a phase's rank programs come from.
+_METHOD = {"store": "rank_store", "load": "rank_load"}
 Chooser = Callable[[list[int], int], int]
 
 
 class ScheduleError(Exception):
     """An explicit schedule names a rank that cannot move at that step."""
-
-
-@attrs.define
-class Violation:
-    """One property a run violated: its name, a one-line summary, and structured detail."""
-
-    property: str
-    summary: str
-    detail: dict = attrs.field(factory=dict)
-
-
-@attrs.define
-class Event:
-    """One thing that happened: `rank` did `effect` (at `step`, logical `time`) and got `result`."""
-
-    step: int
-    rank: int | None
-    time: float
-    phase: str
-    effect: Any
-    result: Any = None
-    note: str = ""
-
-
-@attrs.define
-class SimResult:
-    """What a simulated phase produced."""
-
-    results: dict[int, Any]
-    events: list[Event]
-    schedule: list[int]
-    violations: list[Violation]
-    steps: int
-    reads: list[tuple[int, str]]
-    collectives: list[list[tuple[str, int | None]]]
 
 
 def lowest_runnable(runnable: list[int], step: int) -> int:
@@ -126,23 +94,18 @@ class Simulator:
     # -- advancing programs -------------------------------------------------------------------
     def _send(self, r: int, value: Any, first: bool = False) -> None:
         rank = self.ranks[r]
-        STEPS[0] += 1  # entering protocol code (see model.watchdog)
-        step = STEPS[0]
         try:
-            try:
-                rank.pending = next(rank.program) if first else rank.program.send(value)
-            except StopIteration as stop:
-                rank.pending = DONE
-                self.results[r] = stop.value
-            caught = swallowed(step)
-            if caught is not None:
-                raise caught
-        except Exception as exc:  # a rank program that raises has not terminated normally
+            with protocol_call(r, _METHOD.get(self.phase, self.phase)):
+                try:
+                    rank.pending = next(rank.program) if first else rank.program.send(value)
+                except StopIteration as stop:
+                    rank.pending = DONE
+                    self.results[r] = stop.value
+        except ProtocolRaised as exc:  # a rank program that raises has not terminated normally
             rank.pending = DONE
-            self.violations.append(Violation(
-                "termination", f"rank {r} raised {type(exc).__name__}: {exc}",
-                {"rank": r, "exception": type(exc).__name__}))
-        except Stalled as exc:  # a step that does not return (see model.watchdog)
+            self.violations.append(Violation("termination", str(exc), {"rank": r, "exception": type(exc.error).__name__,
+                                                                       "where": exc.where}))
+        except Stalled as exc:  # a step that does not return (see runtime.watchdog)
             rank.pending = DONE
             self.violations.append(Violation("termination", str(exc),
                                              {"rank": r, "stalled": exc.method, "seconds": exc.seconds,

@@ -12,8 +12,7 @@ from typing import Any
 
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
-from model.trace import Trace
-from shardcheck.corpus import PROTOCOL_BUG_EXPECT  # a protocol bug reproduces on every client
+from model.trace import PROTOCOL_BUG_EXPECT, Trace
 
 from .flawed import FLAWED, KMAX, NMAX, VARIANTS
 from .runner import TheoremReport, run_theorem
@@ -76,11 +75,10 @@ def build_trace(report: TheoremReport) -> Trace:
     return trace
 
 
-def write_counterexamples(out_dir: str | Path = COUNTEREXAMPLE_DIR, *, seeds: int = 1) -> list[Path]:
-    """Search every flawed variant and write ``z3-<variant>.json`` traces (overwriting)."""
-    paths = []
+def z3_traces(*, seeds: int = 1) -> dict[str, Trace]:
+    """File name (`z3-<variant>.json`) -> the trace of every flawed variant's Z3 counterexample."""
+    out = {}
     for th in FLAWED:
         report = run_theorem(th, seeds=seeds)
-        variant = report.counterexample["variant"]
-        paths.append(build_trace(report).save(Path(out_dir) / f"z3-{variant}.json", overwrite=True))
-    return paths
+        out[f"z3-{report.counterexample['variant']}.json"] = build_trace(report)
+    return out

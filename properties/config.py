@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from properties.resolve import DEFAULT_PROTOCOL, PROTOCOLS, client_name, resolve_client, resolve_protocol
+from runtime.registry import DEFAULT_PROTOCOL, PROTOCOLS, client_name, resolve_client, resolve_protocol
 
 #: The most ranks any machine uses; the session's stores are one list of this many.
 MAX_RANKS = 4

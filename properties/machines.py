@@ -33,12 +33,12 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, preco
 from model.checks import PROPERTIES
 from model.contract import StoreCallTimeout
 from model.harness import run_case
-from model.sim import Violation
+from model.outcome import Violation
 from model.store import MemoryStore
 from model.trace import Trace, encode
-from model.watchdog import forget
+from runtime.watchdog import forget
 from properties import config, strategies as s
-from model.bounded import BoundedStore, call_bounded
+from runtime.bounded import BoundedStore, call_bounded
 from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
 
 __all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS",
@@ -47,7 +47,7 @@ __all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERT
 #: Rule executions per layer (`properties.bench` reads it).
 RULE_STEPS: collections.Counter = collections.Counter()
 
-#: The store layer's properties (the names `model.storeops` gives them).
+#: The store layer's properties (the names `engines.storeops` gives them).
 STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
 
 
@@ -150,7 +150,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if _final_run():  # the run Hypothesis reports judges a stall at the full limit (see model.watchdog)
+        if _final_run():  # the run Hypothesis reports judges a stall at the full limit (see runtime.watchdog)
             forget()
         self.cfg = config.current()
         self.protocol = self.cfg.protocol_object()
@@ -298,13 +298,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         raise_violations(out.violations, f"protocol {out.protocol}")
 
     def _minimised(self, case: Any, out: Any) -> Any:
-        """The outcome of the smallest case (`model.search.minimise`) that still shows the first violation,
+        """The outcome of the smallest case (`engines.search.minimise`) that still shows the first violation,
         re-run on fresh stores of a real client within `minimise_seconds` (Hypothesis does not shrink runs of
         a real client; on the model it has, and `out` is returned as it is)."""
         if self.cfg.client_label() == "model" or self.cfg.minimise_seconds <= 0:
             return out
-        from adapters.pool import ClientPool
-        from model.search import Found, minimise
+        from runtime.pool import ClientPool
+        from engines.search import Found, minimise
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         pool = ClientPool(self.cfg.factory(), op_timeout=self.cfg.op_timeout)
@@ -379,11 +379,11 @@ class StoreMachine(RuleBasedStateMachine):
         raise VIOLATED[prop](f"{prop}: {message}")
 
     def _minimised(self, trace: Trace) -> Trace:
-        """The trace with as few ops as still fail on fresh stores (`adapters.replay.minimise_store_ops`),
+        """The trace with as few ops as still fail on fresh stores (`engines.storeops.minimise_store_ops`),
         within `minimise_seconds`: with a real client Hypothesis does not shrink, so this is what does."""
         if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0 or self.cfg.client_label() == "model":
             return trace  # (Hypothesis has shrunk a model client's run)
-        from adapters.replay import minimise_store_ops
+        from engines.storeops import minimise_store_ops
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         trace, _ = minimise_store_ops(trace, self.cfg.factory(), self.cfg.client_label(),
@@ -409,7 +409,7 @@ class StoreMachine(RuleBasedStateMachine):
         return where
 
     def _record(self, op: str, rank: int, **args: Any) -> None:
-        """Log an op, before it runs, in `model.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
+        """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
         self.ops.append({"op": op, "rank": rank, **args})
 
     def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:

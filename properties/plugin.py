@@ -1,11 +1,11 @@
 """The `shardcheck` pytest plugin (entry point `pytest11`): `pytest properties/ --protocol MOD:ATTR --client NAME`.
 
 Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
-`properties.resolve.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
+`runtime.registry.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
 `--minimise-seconds` (how long a failing run is minimised on fresh stores before its trace is written),
 `--stall-seconds` (seconds one protocol method may run without returning; every test runs under
-`model.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
+`runtime.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
 `--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from model.watchdog import STALL_SECONDS, watching
+from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
-from properties.resolve import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
+from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

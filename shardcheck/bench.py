@@ -13,7 +13,7 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     """Measure each engine for about `seconds`; the contract's bench JSON."""
     say = progress or (lambda _msg: None)
     say(f"explorer: {seconds:g} s of breadth-first search on the reference protocol ...")
-    from model.explore import bench as explorer_bench
+    from engines.explore import bench as explorer_bench
     explorer = explorer_bench(seconds)
     say("hypothesis: rule steps per second on the protocol and store layers ...")
     from properties.bench import measure

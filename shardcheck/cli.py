@@ -1,8 +1,8 @@
-"""The `shardcheck` command line: check, prove, replay, bench, show, verify.
+"""The `shardcheck` command line: check, prove, replay, bench, show, verify, regen.
 
 Exit codes: 0 every property held / expectations met; 1 a violation (or an unmet expectation);
 2 unusable input (a bad spec, a malformed trace, a dead server), with a message naming it; 3 protocol code
-that blocked and could not be interrupted (see `model.watchdog`), reported on stderr.
+that blocked and could not be interrupted (see `runtime.watchdog`), reported on stderr.
 """
 from __future__ import annotations
 
@@ -49,17 +49,27 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="the main job: proofs, checks, real clients, replays; a summary table")
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default 20)")
     v.add_argument("--json", action="store_true")
+
+    from shardcheck.regen import add_arguments
+    add_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
     return p
+
+
+#: The module that handles each command (`cmd_<command>(args) -> exit code`).
+HANDLERS = {"check": "commands", "prove": "commands", "replay": "commands", "bench": "commands", "show": "commands",
+            "verify": "verify", "regen": "regen"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    from model.watchdog import Stalled, watching
-    from shardcheck import commands
+    from model.calls import Stalled
+    from runtime.watchdog import watching
+    import importlib
+    handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
     try:
         with watching(stall_limit(args)):
-            return getattr(commands, f"cmd_{args.command}")(args)
+            return handler(args)
     except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
               file=sys.stderr)
@@ -87,7 +97,7 @@ def stall_limit(args: Any) -> float:
     """Seconds one protocol call may run without returning: `STALL_SECONDS`, or a quarter of a shorter
     `--budget` (at least 1 s; `REAL_CLIENT_MIN_STALL` with a real client), so that `check` ends near its
     budget even against a protocol that blocks."""
-    from model.watchdog import STALL_SECONDS
+    from runtime.watchdog import STALL_SECONDS
     budget = getattr(args, "budget", None)
     if not (isinstance(budget, float) and budget > 0):
         return STALL_SECONDS

@@ -19,7 +19,7 @@ def _err(msg: str) -> None:
 
 def protocol_of(spec: str | None) -> tuple[Any, str]:
     """The protocol instance `spec` names and the `MOD:ATTR` reference a trace records."""
-    from properties.resolve import DEFAULT_PROTOCOL, PROTOCOLS, ResolveError, resolve_protocol
+    from runtime.registry import DEFAULT_PROTOCOL, PROTOCOLS, ResolveError, resolve_protocol
     spec = spec or DEFAULT_PROTOCOL
     try:
         protocol = resolve_protocol(spec)
@@ -35,7 +35,7 @@ def protocol_of(spec: str | None) -> tuple[Any, str]:
 
 
 def _resolve(protocol_spec: str | None, client_spec: str | None) -> tuple[Any, str, Any, str]:
-    from properties.resolve import DEFAULT_CLIENT, ResolveError, resolve_client
+    from runtime.registry import DEFAULT_CLIENT, ResolveError, resolve_client
     protocol, ref = protocol_of(protocol_spec)
     try:
         factory = resolve_client(client_spec)
@@ -51,7 +51,7 @@ def _runner(factory: Any, client: str) -> Iterator[Any]:
     if client == "model":
         yield run_case
         return
-    from adapters.pool import ClientPool
+    from runtime.pool import ClientPool
     pool = ClientPool(factory)
     try:
         yield pool.run
@@ -90,11 +90,11 @@ STORE_MINIMISE_SHARE = 0.5
 def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
-    from adapters.replay import minimise_store_ops
-    from model.search import Found, SearchStats, minimise
+    from engines.storeops import minimise_store_ops
+    from engines.search import Found, SearchStats, minimise
     from model.trace import Trace, violations_of
-    from model.watchdog import forget
-    from shardcheck.engines import run_engines
+    from runtime.watchdog import forget
+    from shardcheck.campaign import run_engines
     if not math.isfinite(budget) or budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
     protocol, ref, factory, client = _resolve(protocol_spec, client_spec)
@@ -157,10 +157,10 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
 
 
 def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
-    """`found`, or None when its violation is a stall judged at the shortened limit (`model.watchdog`: a line that
+    """`found`, or None when its violation is a stall judged at the shortened limit (`runtime.watchdog`: a line that
     stalled before) that a re-run at the full limit does not confirm."""
-    from model.search import Found
-    from model.watchdog import forget
+    from engines.search import Found
+    from runtime.watchdog import forget
     if not any(v.detail.get("provisional") for v in found.outcome.violations):
         return found
     forget()
@@ -235,8 +235,8 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, factory: Any, cl
 
 
 def _replay_store_ops(trace: Any, factory: Any, client: str) -> tuple[str, str]:
-    """A store-ops trace on fresh, bounded stores of the client (see `adapters.replay.bounded_factory`)."""
-    from adapters.replay import bounded_factory, run
+    """A store-ops trace on fresh, bounded stores of the client (see `engines.storeops.bounded_factory`)."""
+    from engines.storeops import bounded_factory, run
     try:
         _, violations = run(trace, bounded_factory(trace, factory, client))
     except (ValueError, KeyError, TypeError) as exc:
@@ -303,9 +303,3 @@ def cmd_bench(args: Any) -> int:
         from shardcheck.bench import format_bench
         print(format_bench(result))
     return EXIT_HELD
-
-
-# -- verify -----------------------------------------------------------------------------------------
-def cmd_verify(args: Any) -> int:
-    from shardcheck.verify import run_verify
-    return run_verify(budget=args.budget, as_json=args.json)

@@ -1,21 +1,15 @@
 """The curated counterexample corpus: shrunk counterexamples of every demo variant, regenerated
-deterministically. `python -m shardcheck.corpus --check` fails when a saved file drifts from what the
-model produces now; `--update` rewrites them."""
+deterministically (`shardcheck regen corpus`; `--check` fails when a saved file drifts from what the model
+produces now)."""
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from model.search import minimise, search
-from model.trace import Trace
+from engines.search import minimise, search
+from model.trace import PROTOCOL_BUG_EXPECT, Trace
 from model.variants import DEMO_VARIANTS
 
 CORPUS = Path(__file__).resolve().parents[1] / "counterexamples"
-#: A protocol bug reproduces on the in-memory model whatever the client; on the real clients the
-#: expectation is measured (`--update` replays there): a stock client's own bug (a GET of a missing key
-#: that hangs, a dropped put) can mask the protocol's, and the expectation records that honestly.
-PROTOCOL_BUG_EXPECT = {"model": "reproduces", "lmcache": "reproduces", "lmcache-patched": "reproduces"}
 REAL_CLIENTS = ("lmcache", "lmcache-patched")
 SEARCH_CASES = 200_000
 
@@ -61,31 +55,7 @@ def describe_faults(plan) -> str:
     return "; ".join(parts) if parts else "no fault"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shardcheck.corpus", description=__doc__.splitlines()[0])
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--check", action="store_true", help="exit 1 when a saved file differs")
-    g.add_argument("--update", action="store_true", help="rewrite the demo-variant files")
-    args = p.parse_args(argv)
-    drift = []
-    written = []
-    for name, trace in demo_traces().items():
-        path = CORPUS / name
-        if args.update:
-            trace.save(path, overwrite=True)
-            written.append(path)
-        elif not path.exists() or _without_real(Trace.load(path)) != _without_real(trace):
-            drift.append(name)
-    if args.update:
-        measure_real_expectations(written)
-    if drift:
-        print(f"counterexample corpus drifted: {', '.join(drift)}; regenerate with "
-              "`python -m shardcheck.corpus --update` and review the diff", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _without_real(trace: Trace) -> dict:
+def without_real(trace: Trace) -> dict:
     """The trace as JSON less the measured real-client expectations (CI checks those by replaying)."""
     data = trace.to_json()
     data["expect"] = {k: v for k, v in data["expect"].items() if k not in REAL_CLIENTS}
@@ -104,7 +74,3 @@ def measure_real_expectations(paths: list[Path]) -> None:
             trace.expect[client] = row["outcome"]
             trace.save(row["path"], overwrite=True)
             print(f"{row['path']}: {client} {row['outcome']} ({row['why']})")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -307,7 +307,7 @@ def _results_text(results: dict[int, str], n: int) -> str:
 
 
 def _ops_rows(trace: Trace, keys: _Keys) -> list[_Row]:
-    """One row per recorded op: `model.storeops.run_ops` records (result, oracle, outcome, seconds) or the
+    """One row per recorded op: `engines.storeops.run_ops` records (result, oracle, outcome, seconds) or the
     bare ops of a property-test counterexample (op, rank, key/keys/value/handle)."""
     rows = []
     skip = {"rank", "op", "key", "keys", "handle", "result", "value", "oracle", "outcome", "expected", "hung",

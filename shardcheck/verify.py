@@ -59,7 +59,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
 
     def manifest() -> tuple[str, str]:
         import io
-        from model import explore_manifest
+        from engines import manifest as explore_manifest
         report = io.StringIO()
         bad = explore_manifest.check(out=report)
         n = len(explore_manifest.load()["entries"])
@@ -89,3 +89,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
               f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
     return EXIT_HELD if ok else EXIT_VIOLATED
+
+
+def cmd_verify(args: Any) -> int:
+    return run_verify(budget=args.budget, as_json=args.json)

@@ -1,4 +1,4 @@
-"""Protocols whose code blocks (for tests of `model.watchdog`): `MOD:ATTR` targets as `tests.stalling:NAME`."""
+"""Protocols whose code blocks (for tests of `runtime.watchdog`): `MOD:ATTR` targets as `tests.stalling:NAME`."""
 from __future__ import annotations
 
 import threading

@@ -12,7 +12,7 @@ from model.harness import run_case
 from model.faults import FAULT_FIELDS
 from model.trace import Trace
 from shardcheck.commands import protocol_of
-from shardcheck.corpus import CORPUS, _without_real, demo_traces
+from shardcheck.corpus import CORPUS, without_real, demo_traces
 
 PROTOCOL_TRACES = sorted(p for p in CORPUS.glob("*.json") if Trace.load(p).kind == "protocol")
 
@@ -22,9 +22,9 @@ def test_corpus_has_every_demo_variant_and_no_drift():
     real clients' measured expectations are checked by replaying them, in test_real_replay)."""
     for name, trace in demo_traces().items():
         path = CORPUS / name
-        assert path.exists(), f"{name} missing: run python -m shardcheck.corpus --update"
-        assert _without_real(Trace.load(path)) == _without_real(trace), \
-            f"{name} drifted: run python -m shardcheck.corpus --update"
+        assert path.exists(), f"{name} missing: run shardcheck regen corpus"
+        assert without_real(Trace.load(path)) == without_real(trace), \
+            f"{name} drifted: run shardcheck regen corpus"
 
 
 def test_every_trace_has_summary_and_expectations():

@@ -8,10 +8,10 @@ import attrs
 import pytest
 
 from model.effects import TIMED_OUT, GetAsync, Wait
-from model.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
+from engines.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
                            terminal_signatures)
 from model.faults import Eviction, FaultPlan
-from model.explore_manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, entry_name, load, observed, resolve,
+from engines.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, entry_name, load, observed, resolve,
                                     run_entry)
 from model.harness import Case, run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter, owned_chunks
@@ -37,7 +37,7 @@ def test_manifest_entry(entry):
     got = observed(run_entry(entry))
     assert got == entry["expect"], (
         f"manifest entry {entry['name']} drifted: expected {entry['expect']}, got {got}. If the change is "
-        f"intended, regenerate the manifest with `{REGENERATE}` and commit model/manifest.json.")
+        f"intended, regenerate the manifest with `{REGENERATE}` and commit engines/manifest.json.")
 
 
 def test_manifest_covers_the_reference_protocols_and_every_variant():

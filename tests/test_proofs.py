@@ -83,9 +83,9 @@ def test_run_all_rows_and_table():
 
 
 def test_cli_exit_code(capsys):
-    """python -m proofs exits 0 when every theorem has its expected result."""
-    from proofs.__main__ import main
-    assert main(["--seeds", "1"]) == 0
+    """`shardcheck prove` exits 0 when every theorem has its expected result."""
+    from shardcheck.cli import main
+    assert main(["prove", "--seeds", "1"]) == 0
     assert "T1_min_over_ranks" in capsys.readouterr().out
 
 
@@ -255,7 +255,7 @@ def test_flawed_counterexample_is_minimal(reports, th):
 
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_saved_counterexample_has_not_drifted(reports, th):
-    """The committed z3-<variant>.json equals what Z3 and the simulator produce now (python -m proofs --write-counterexamples)."""
+    """The committed z3-<variant>.json equals what Z3 and the simulator produce now (`shardcheck regen z3`)."""
     from proofs.traces import build_trace
     r = reports[th.name]
     path = COUNTEREXAMPLE_DIR / f"z3-{r.counterexample['variant']}.json"

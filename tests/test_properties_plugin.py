@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from adapters.replay import bounded_factory, replay
+from engines.storeops import bounded_factory, replay
 from model.harness import run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter
 from model.store import MemoryStore, memory_factory
@@ -21,7 +21,7 @@ from model.variants import GiveUpOnLocalMiss, MaxCombine
 from properties import config, profiles
 from properties.bad_stores import TruncatingStore, async_key_mismatch_factory
 from properties.machines import ProtocolMachine, StoreMachine, violated_properties
-from properties.resolve import CLIENTS, ResolveError, resolve_client, resolve_protocol
+from runtime.registry import CLIENTS, ResolveError, resolve_client, resolve_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,14 +6,14 @@ import time
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from model.storeops import run_ops
+from engines.storeops import run_ops
 from model.trace import Trace, decode
 from properties import config
 from properties.engine import caught
 from properties.bad_stores import BAD_STORES
-from model.bounded import BoundedStore
+from runtime.bounded import BoundedStore
 from properties.machines import StoreMachine
-from properties.resolve import resolve_client
+from runtime.registry import resolve_client
 
 FIND = settings(max_examples=200, stateful_step_count=25, derandomize=True, deadline=None,
                 phases=(Phase.generate,), report_multiple_bugs=False,

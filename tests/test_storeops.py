@@ -1,9 +1,9 @@
-"""`model.storeops.minimise_ops`: delta debugging of store-op sequences to a 1-minimal one."""
+"""`engines.storeops.minimise_ops`: delta debugging of store-op sequences to a 1-minimal one."""
 from __future__ import annotations
 
 from hypothesis import given
 
-from model.storeops import minimise_ops
+from engines.storeops import minimise_ops
 from properties.strategies import needed_ops
 
 

@@ -1,4 +1,4 @@
-"""Protocol code that blocks becomes a termination violation (model.watchdog), in every engine and command."""
+"""Protocol code that blocks becomes a termination violation (runtime.watchdog), in every engine and command."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from model.explore import explore
+from engines.explore import explore
 from model.harness import Case, run_case
-from model.watchdog import EXIT_UNINTERRUPTIBLE, watching
+from runtime.watchdog import EXIT_UNINTERRUPTIBLE, watching
 from tests.stalling import CatchOnceLookup, KeyLoopLookup, SleepsByLength, LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
 from tests.test_cli import ROOT, sc
 
@@ -88,7 +88,7 @@ def test_uninterruptible_protocol_code_ends_the_process_with_a_report(tmp_path):
     script.write_text(textwrap.dedent("""
         import signal, time
         from model.protocols import PaperProtocol
-        from model.watchdog import SIGNAL, watching
+        from runtime.watchdog import SIGNAL, watching
 
         class P(PaperProtocol):
             def rank_lookup(self):
@@ -143,8 +143,8 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
 
 def test_a_stall_in_the_explorer_set_up_hands_over_to_the_case_engines():
     """A lookup that stalls while the explorer sets up is noted in the stats, not a crash of `check`."""
-    from model.search import SearchStats
-    from shardcheck.engines import _explore
+    from engines.search import SearchStats
+    from shardcheck.campaign import _explore
 
     stats = SearchStats()
     with watching(0.3):
@@ -167,7 +167,7 @@ def test_a_protocol_that_catches_every_interruption_ends_the_process(tmp_path):
     script.write_text(textwrap.dedent("""
         import time
         from model.protocols import PaperProtocol
-        from model.watchdog import watching
+        from runtime.watchdog import watching
 
         class P(PaperProtocol):
             def rank_lookup(self):

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import attrs
 
-from model.bounded import BoundedStore
+from runtime.bounded import BoundedStore
 from model.contract import STORE_METHODS, missing_members
 from model.harness import Case, Outcome, run_case
 

@@ -1,26 +1,21 @@
-"""The explorer's manifest (`model/manifest.json`): configurations with their expected verdict and
+"""The explorer's manifest (`engines/manifest.json`): configurations with their expected verdict and
 distinct-state count, checked in CI (`tests/test_explore.py`), in the manner of tlaplus/Examples manifests.
-
-    python -m model.explore --update-manifest   # re-run every entry and rewrite its expectations
-    python -m model.explore --check             # exit 1 when an entry's verdict or count drifted
-    python -m model.explore --bench SECONDS     # states/s of the explorer (JSON)
-    python -m model.explore --reset-manifest    # rewrite the manifest from the default entries
+`shardcheck regen manifest` re-runs every entry and rewrites its expectations (`--check`: report drift only).
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from model.explore import bench, explore
+from engines.explore import explore
 
 MANIFEST = Path(__file__).with_name("manifest.json")
 SCHEMA = "shardcheck-explore-manifest"
 VERSION = 1
-REGENERATE = "python -m model.explore --update-manifest"
+REGENERATE = "shardcheck regen manifest"
 
 REFERENCE = ("model.protocols:PaperProtocol", "model.protocols:PaperProtocolAsync",
              "model.protocols:Rank0SingleWriter")
@@ -126,24 +121,3 @@ def check(path: Path = MANIFEST, out=sys.stdout) -> int:
     if bad:
         print(f"{bad} entries drifted; if intended, regenerate with `{REGENERATE}`", file=out)
     return 1 if bad else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m model.explore", description=__doc__.splitlines()[0])
-    ap.add_argument("--manifest", type=Path, default=MANIFEST)
-    group = ap.add_mutually_exclusive_group(required=True)
-    group.add_argument("--update-manifest", action="store_true")
-    group.add_argument("--reset-manifest", action="store_true")
-    group.add_argument("--check", action="store_true")
-    group.add_argument("--bench", type=float, metavar="SECONDS")
-    args = ap.parse_args(argv)
-    if args.update_manifest:
-        update(args.manifest)
-        return 0
-    if args.reset_manifest:
-        update(args.manifest, default_entries())
-        return 0
-    if args.check:
-        return check(args.manifest)
-    print(json.dumps(bench(args.bench)))
-    return 0

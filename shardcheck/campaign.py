@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from model.search import Found, SearchStats, search
+from engines.search import Found, SearchStats, search
 
 #: Cumulative ends of each phase, as shares of the budget; random cases take the rest.
 MODEL_PHASES = {"enumerate": 0.4, "explore": 0.65, "hypothesis": 0.85}
@@ -46,8 +46,9 @@ def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, star
 
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:
-    from model.explore import explore
-    from model.watchdog import Stalled, forget
+    from engines.explore import explore
+    from model.calls import Stalled
+    from runtime.watchdog import forget
     for n, k, faults in EXPLORE_SIZES:
         if stop():
             break

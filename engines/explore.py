@@ -1,7 +1,7 @@
 """Exhaustive explorer: breadth-first search over every interleaving of the N rank load programs and
 every fault choice, for small configurations (N ranks, K chunks, every cached set or a given one).
 
-Pure Python, no I/O (the manifest tooling lives in `model.explore_manifest`).
+Pure Python, no I/O (the manifest tooling lives in `engines.manifest`).
 
 # The model explored
 One global state is
@@ -80,7 +80,7 @@ global state is integer shifts, one add per successor, and one dict look-up in `
 the BFS parent, for the shortest counterexample). cProfile showed, in turn: tuple slicing/hashing of
 global states, then unpacking/packing on every collective arrival, then module-global look-ups in the
 loop; what is left is the loop itself (int add, dict membership/insert, list append). `bench()`
-measures it (`python -m model.explore --bench SECONDS`; the manifest: `--update-manifest`, `--check`).
+measures it (`shardcheck bench`; the manifest: `shardcheck regen manifest`).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, chunk_hashes, default_step_bound, kv_bytes, leading_run, run_case
 from model.sim import SimResult, Violation, simulate
 from model.store import memory_factory
-from model.watchdog import STEPS, Stalled, swallowed
+from model.calls import ProtocolRaised, Stalled, protocol_call
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -262,15 +262,15 @@ class _Tries:
     def _replay(self, node: _Node) -> Any:
         """A fresh generator of `node`'s rank program, fed `node`'s history (it must yield `node.effect`)."""
         gen = self.protocol.rank_load(node.rank, self.n, self.hashes, node.planned)
-        STEPS[0] += 1  # entering protocol code (see model.watchdog)
         try:
-            eff = next(gen)
+            with protocol_call(node.rank, "rank_load"):
+                eff = next(gen)
             for edge in node.history():
-                STEPS[0] += 1
-                eff = gen.send(_thaw(edge))
-        except Exception as exc:  # noqa: BLE001
+                with protocol_call(node.rank, "rank_load"):
+                    eff = gen.send(_thaw(edge))
+        except ProtocolRaised as exc:
             raise ExploreError(f"rank {node.rank}'s load program is not deterministic: replaying its history "
-                               f"raised {type(exc).__name__}: {exc}") from None
+                               f"raised {type(exc.error).__name__}: {exc.error}") from None
         if not _same(eff, node.effect):
             raise ExploreError(f"rank {node.rank}'s load program is not deterministic: replaying its history "
                                f"yielded {eff!r}, not {node.effect!r}")
@@ -278,21 +278,17 @@ class _Tries:
 
     @staticmethod
     def _advance(node: _Node, gen: Any, value: Any, first: bool = False) -> None:
-        STEPS[0] += 1  # entering protocol code (see model.watchdog)
-        step = STEPS[0]
         done = False
         try:
-            try:
-                eff = next(gen) if first else gen.send(value)
-            except StopIteration as stop:
-                done, ret = True, stop.value
-            caught = swallowed(step)
-            if caught is not None:
-                raise caught
-        except Exception as exc:  # noqa: BLE001 - a raising rank program is a termination violation
-            node.kind, node.error = _RAISED, f"{type(exc).__name__}: {exc}"
+            with protocol_call(node.rank, "rank_load"):
+                try:
+                    eff = next(gen) if first else gen.send(value)
+                except StopIteration as stop:
+                    done, ret = True, stop.value
+        except ProtocolRaised as exc:  # a raising rank program is a termination violation
+            node.kind, node.error = _RAISED, str(exc)
             return
-        except Stalled as exc:  # a step that does not return (see model.watchdog): the same violation
+        except Stalled as exc:  # a step that does not return (see runtime.watchdog): the same violation
             node.kind, node.error = _RAISED, str(exc)
             return
         if done:
@@ -452,14 +448,10 @@ class _Explorer:
             lcp = leading_run(present, k)
             reports = []
             for r in range(n):
-                STEPS[0] += 1  # entering protocol code (see model.watchdog)
-                reports.append(self.protocol.rank_lookup(r, n, self.hashes, stores[r].data.__contains__))
-                if swallowed(STEPS[0]) is not None:
-                    raise swallowed(STEPS[0])
-            STEPS[0] += 1
-            planned = self.protocol.combine(list(reports), k)
-            if swallowed(STEPS[0]) is not None:
-                raise swallowed(STEPS[0])
+                with protocol_call(r, "rank_lookup"):
+                    reports.append(self.protocol.rank_lookup(r, n, self.hashes, stores[r].data.__contains__))
+            with protocol_call(None, "combine"):
+                planned = self.protocol.combine(list(reports), k)
             self.configs.append(_Config(tuple(Eviction(c, r) for r, c in sorted(out)), present, lcp, reports,
                                         planned, tuple(stores)))
 
@@ -550,7 +542,7 @@ class _Explorer:
     def _to(self, node: _Node, result: Any, store: _Store, asyncs: tuple) -> Any:
         child = self.tries.child(node, result)
         if child.kind == _RAISED:
-            return _Bad("termination", f"rank {node.rank} raised {child.error}")
+            return _Bad("termination", child.error)
         return self.lid(child, _RUN, store, asyncs)
 
     def _store_op(self, node: _Node, store: _Store, asyncs: tuple, eff: Any, kind: int, label: tuple,
@@ -1056,10 +1048,3 @@ def outcome_summary(outcome: Outcome) -> tuple:
     n = outcome.case.n_ranks
     results = tuple(_freeze(outcome.results[r]) if r in outcome.results else None for r in range(n))
     return outcome.cached, outcome.planned, results, tuple(outcome.violated())
-
-
-if __name__ == "__main__":  # the manifest tooling (file I/O) lives in model.explore_manifest
-    import sys
-
-    from model.explore_manifest import main
-    sys.exit(main())

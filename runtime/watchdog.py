@@ -1,9 +1,9 @@
 """Bounding protocol code: a protocol call that does not return becomes the outcome `Stalled`, not a stuck run.
 
-Store calls are bounded one by one (`model.bounded`); protocol code (`rank_lookup`, `combine`, one step of a rank
+Store calls are bounded one by one (`runtime.bounded`); protocol code (`rank_lookup`, `combine`, one step of a rank
 program) runs on the caller's thread and cannot be. Within `watching(seconds)` a sampler thread looks at the main
-thread every `TICK` seconds. The simulator, the harness and the explorer bump `STEPS[0]` each time they enter
-protocol code; when `STEPS` has not moved for `seconds` while a method of the contract stays on the main thread's
+thread every `TICK` seconds. Every engine enters protocol code through `model.calls.protocol_call`, which counts
+entries in `STEPS`; when `STEPS` has not moved for `seconds` while a method of the contract stays on the main thread's
 stack, that call has not returned, however it spends the time (sleeping, waiting on a lock, spinning, polling a
 store). The sampler then signals the main thread (`SIGNAL`), whose handler raises `Stalled` right there. The
 simulator, the harness and the explorer turn `Stalled` into a termination violation of the rank that stalled, so
@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 import attrs
 
+from model.calls import STEPS, Stalled, note_raised
 from model.contract import PROTOCOL_METHODS
 
 #: Seconds between two looks at the main thread (FAST_TICK once some line has stalled).
@@ -52,20 +53,6 @@ HARD_GRACE = 10.0
 EXIT_UNINTERRUPTIBLE = 3
 #: The signal that interrupts the main thread: a real-time one, so SIGALRM stays free (pytest-timeout uses it).
 SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else getattr(signal, "SIGUSR2", None)
-#: Entries into protocol code so far (bumped by the simulator, the harness and the explorer).
-STEPS = [0]
-
-
-class Stalled(BaseException):
-    """Protocol code ran `seconds` without returning (a BaseException, so `except Exception` cannot swallow it)."""
-
-    def __init__(self, method: str, rank: int | None, where: str, seconds: float, again: bool = False) -> None:
-        who = f"rank {rank}'s " if rank is not None else ""
-        before = "; this line stalled before, so the shorter limit" if again else ""
-        super().__init__(f"{who}{method} did not return within {seconds:g} s (blocked at {where}{before})")
-        self.method, self.rank, self.where, self.seconds, self.again = method, rank, where, seconds, again
-
-
 def _is_protocol(frame: FrameType, checked: bool) -> bool:
     if frame.f_code.co_name not in PROTOCOL_METHODS:
         return False
@@ -170,7 +157,7 @@ class _Sampler:
         method = f"{type(owner).__name__}.{entry.f_code.co_name}" if owner is not None else entry.f_code.co_name
         where = _where(proto) + (f", inside {_where(frame)}" if frame is not proto else "")
         exc = Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3])
-        _RAISED[:] = [STEPS[0], exc]
+        note_raised(exc)
         raise exc
 
     def _give_up(self, frame: FrameType | None, what: str) -> None:
@@ -178,22 +165,6 @@ class _Sampler:
         print(f"shardcheck: error: protocol code {what} (at {where}); ending the process "
               f"(exit {EXIT_UNINTERRUPTIBLE})", file=sys.stderr, flush=True)
         os._exit(EXIT_UNINTERRUPTIBLE)
-
-
-#: [STEPS value, Stalled] of the last stall raised (see `swallowed`).
-_RAISED: list[Any] = [-1, None]
-
-
-def swallowed(step: int) -> Stalled | None:
-    """The `Stalled` raised during protocol step `step` (a `STEPS` value) if the protocol caught it and went on
-    (called when a protocol call returned normally): that call stalled all the same."""
-    exc = _RAISED[1] if _RAISED[0] == step else None
-    if exc is not None and not exc.args[0].endswith(_CAUGHT):
-        exc.args = (exc.args[0] + _CAUGHT,)
-    return exc
-
-
-_CAUGHT = "; it caught the interruption and went on"
 
 
 _sampler: _Sampler | None = None

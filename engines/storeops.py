@@ -1,0 +1,223 @@
+"""Store-ops runs: a sequence of store-client operations per rank, checked op by op against an in-memory oracle;
+their traces replayed on fresh, bounded stores of a client, and minimised by delta debugging. A client call that times out raises `StoreCallTimeout` (the bounding is the
+caller's), which becomes the violation `store-hang`."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from model.contract import RankStore, StoreCallTimeout
+from model.outcome import Violation
+from model.store import MemoryStore
+from model.trace import Trace, decode, encode
+from runtime.bounded import BoundedStore
+
+#: The store-client properties an op sequence can violate.
+STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
+OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
+
+
+def _call(store: Any, op: dict, wait_bound: float) -> Any:
+    name = op["op"]
+    if name == "put":
+        return store.put(op["key"], op["value"])
+    if name in ("get", "contains", "delete"):
+        return getattr(store, name)(op["key"])
+    if name == "get_async":
+        future = store.get_async(op["key"])
+        try:
+            return future.result(timeout=wait_bound)
+        except concurrent.futures.TimeoutError:
+            raise StoreCallTimeout("get_async", op["key"], wait_bound) from None
+    if name == "get_batch":
+        if not callable(getattr(store, "get_batch", None)):
+            raise AttributeError("this client has no get_batch read path")
+        return list(store.get_batch(list(op["keys"])))
+    raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+
+
+def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = 5.0,
+            clock: Any = None) -> tuple[list[dict], list[Violation]]:
+    """Run `ops` against `stores` and an oracle; stop at the first violation.
+
+    An op is `{"rank", "op", "key" | "keys", "value"?}`; a value is bytes or a list of byte values; a
+    `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). Returns one
+    record per op run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the
+    violations.
+    """
+    oracle = [MemoryStore() for _ in stores]
+    records: list[dict] = []
+    for i, raw in enumerate(ops):
+        op = dict(raw)
+        if isinstance(op.get("value"), list):
+            op["value"] = bytes(op["value"])
+        r = op["rank"]
+        if not 0 <= r < len(stores):
+            raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
+        fire_only = op["op"] == "get_async" and op.get("wait", True) is False
+        expected = None if fire_only else _call(oracle[r], op, wait_bound)
+        start = clock() if clock else None
+        rec = {"index": i, **op, "oracle": expected}
+        records.append(rec)
+        try:
+            got = stores[r].get_async(op["key"]) if fire_only else _call(stores[r], op, wait_bound)
+        except StoreCallTimeout as exc:
+            rec["outcome"] = "hang"
+            return records, [Violation("store-hang", f"ops[{i}] rank {r}: {exc}",
+                                       {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+        except Exception as exc:  # the client raised instead of answering
+            rec["outcome"] = f"{type(exc).__name__}: {exc}"
+            return records, [Violation("store-error", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
+                                       f" raised {type(exc).__name__}: {exc}", {"index": i})]
+        if clock:
+            rec["seconds"] = round(clock() - start, 6)
+        if fire_only:
+            rec["outcome"] = "not awaited"
+            continue
+        rec["result"] = got
+        if op["op"] not in ("put", "delete") and got != expected:
+            rec["outcome"] = "mismatch"
+            return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
+                                       f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]
+        rec["outcome"] = "ok"
+    return records, []
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        return f"{len(v)} bytes"
+    if isinstance(v, list):
+        return "[" + ", ".join(_short(x) for x in v) + "]"
+    return repr(v)
+
+
+def minimise_ops(ops: Sequence[dict], still_fails: Callable[[list[dict]], bool], *,
+                 should_stop: Callable[[], bool] = lambda: False) -> tuple[list[dict], bool]:
+    """Delta debugging over an op sequence: drop chunks of ops (halves, then quarters, ... then single ops)
+    while `still_fails(shorter)` holds. Returns the shortest sequence found and whether it is 1-minimal
+    (a full pass of single-op removals kept nothing; False when `should_stop()` ended the search first)."""
+    ops = list(ops)
+    n = 2
+    while len(ops) >= 1:
+        size = max(1, len(ops) // n)
+        starts = range(0, len(ops), size)
+        for start in starts:
+            if should_stop():
+                return ops, False
+            shorter = ops[:start] + ops[start + size:]
+            if still_fails(shorter):
+                ops = shorter
+                n = max(n - 1, 2)
+                break
+        else:
+            if size == 1:
+                return ops, True
+            n = min(n * 2, len(ops))
+    return ops, True
+
+
+# -- store-ops traces ------------------------------------------------------------------------------
+#: The client options a store-ops trace may record in its config.
+OPTION_KEYS = ("topology", "use_mla", "op_timeout", "password")
+
+
+def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
+    """Run the trace's ops with `engines.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
+    trace recorded); returns (records, violations as dicts) — at most one violation, the first."""
+    cfg = dict(trace.config)
+    n = int(cfg.get("n_ranks", 1))
+    timeout = float(cfg.get("op_timeout", 1.0))
+    options = {k: cfg[k] for k in OPTION_KEYS if k in cfg}
+    t0 = time.monotonic()
+    try:
+        stores = factory(n, **options)
+    except Exception as e:
+        return [], [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
+                     f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
+    try:
+        records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic)
+    finally:
+        for s in stores:
+            if hasattr(s, "close"):
+                s.close()
+    records = [encode(r) for r in records]
+    records.append({"total_seconds": round(time.monotonic() - t0, 3)})
+    return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
+
+
+def violation_key(trace: Trace, violations: list[dict]) -> tuple[str, str] | None:
+    """What makes two runs show the same violation: its property and the op that showed it (`factory`
+    when building the client failed); None without a violation."""
+    if not violations:
+        return None
+    index = violations[0]["detail"].get("index", -1)
+    return violations[0]["property"], trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+
+
+def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
+    """The indexes `i` of ops whose removal keeps the trace's violation on `factory` (empty: 1-minimal)."""
+    _, violations = run(trace, factory)
+    want = violation_key(trace, violations)
+    if want is None or want[0] != trace.property:
+        raise ValueError(f"the trace does not show its {trace.property} violation on this client")
+    kept = []
+    for i in range(len(trace.ops)):
+        shorter = attrs.evolve(trace, ops=trace.ops[:i] + trace.ops[i + 1:])
+        if violation_key(shorter, run(shorter, factory)[1]) == want:
+            kept.append(i)
+    return kept
+
+
+def bounded_factory(trace: Any, factory: Any, client: str) -> Any:
+    """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
+    none); every call bounded by the trace's op timeout."""
+    timeout = float(trace.config.get("op_timeout", 1.0))
+
+    def make(n: int, **options: Any) -> list:
+        made = factory(n) if client == "model" else factory(n, **options)
+        return [BoundedStore(s, timeout) for s in made]
+    return make
+
+
+def minimise_store_ops(trace: Any, factory: Any, client: str, *, should_stop: Any,
+                       progress: Any = None) -> tuple[Any, bool]:
+    """The trace with as few ops as still show its violation (the same property at the same kind of op) on
+    fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
+    (a flaky client) is returned as it is, not minimal."""
+    bounded = bounded_factory(trace, factory, client)
+    first = run(trace, bounded)[1]
+    want = violation_key(trace, first)
+    if want is None or want[0] != trace.property:
+        return trace, False
+    runs, seen = [0], [first]
+
+    def still_fails(ops: list[dict]) -> bool:
+        runs[0] += 1
+        shorter = attrs.evolve(trace, ops=ops)
+        violations = run(shorter, bounded)[1]
+        if violation_key(shorter, violations) != want:
+            return False
+        seen[0] = violations  # the violations of the shortest sequence so far
+        return True
+
+    ops, minimal = minimise_ops(trace.ops, still_fails, should_stop=should_stop)
+    if progress:
+        progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
+                 f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")
+    note = f"minimised from {len(trace.ops)} ops ({'1-minimal' if minimal else 'stopped early'})"
+    summary = seen[0][0]["summary"] if ops != list(trace.ops) else trace.summary
+    return attrs.evolve(trace, ops=ops, verdict={"violations": seen[0]}, summary=summary,
+                        notes=f"{trace.notes} | {note}" if trace.notes else note), minimal
+
+
+def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
+    _, violations = run(trace, factory)
+    props = [v["property"] for v in violations]
+    if trace.property in props:
+        return "reproduces", violations[0]["summary"]
+    return "fixed", "no violation" if not props else f"other violation: {violations[0]['summary']}"
+
+
