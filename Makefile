@@ -21,6 +21,7 @@ verify: venv
 
 # The ci Hypothesis profile is derandomized and keeps its example database (failures persist).
 test: venv
+	$(VENV)/bin/lint-imports
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest
 
 clean:
