@@ -12,7 +12,7 @@ real LMCache client class, plus optional extra read paths listed in `read_paths`
 - `valkey_factory` (`--client lmcache-valkey`): `RemoteBackend` with `remote_url=valkey://`
   (LMCache's ValkeyConnector over valkey-glide).
 
-Options (keyword-only): `topology="per-rank"|"shared"`, `use_mla=True`, `op_timeout=5.0`,
+Options (keyword-only): `topology="per-rank"|"shared"`, `use_mla=True`, `op_timeout=2.0` (`model.calls.DEFAULT_OP_TIMEOUT`),
 `urls=[...]` (already-running servers; per-rank: one per rank, shared: one), `password=None`,
 `num_workers=8`. Without `urls` the factory starts its own servers and the stores own them:
 closing every store stops them.
@@ -45,11 +45,11 @@ import os
 import socket
 import struct
 import threading
-import time
 from typing import Any, Callable, Sequence
 
 from adapters.valkey_servers import ServerSet, start_servers
 
+from model.calls import DEFAULT_OP_TIMEOUT
 from model.contract import StoreCallTimeout
 
 __all__ = [
@@ -58,7 +58,6 @@ __all__ = [
     "Bounded", "DEFAULT_OP_TIMEOUT",
 ]
 
-DEFAULT_OP_TIMEOUT = 5.0
 MODEL_NAME = "shardcheck"
 CHUNK_TOKENS = 16
 NUM_LAYERS = 8

@@ -36,7 +36,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from model.calls import wait_future
 from model.contract import StoreCallTimeout
+from runtime.bounded import call_bounded
+from runtime.registry import resolve_client
 
 CHECKS = ("miss-prompt", "round-trip", "async-completes", "read-paths-agree", "contains-get",
           "delete-miss", "overwrite", "rank-isolation", "usable-after", "auth-round-trip")
@@ -144,14 +147,12 @@ class _Run:
         store = self.stores[rank]
         t0 = time.monotonic()
         try:
+            # every call bounded (`runtime.bounded`): a client that blocks is a finding, not a stuck probe
             if op == "get_async":
-                fut = store.get_async(key)
-                try:
-                    got = fut.result(self.timeout)
-                except cf.TimeoutError:
-                    raise StoreCallTimeout("get_async", str(key), self.timeout) from None
+                fut = call_bounded(self.timeout, op, str(key), store.get_async, key)
+                got = wait_future(fut, self.timeout, "get_async", str(key))
             else:
-                got = getattr(store, op)(key, *args)
+                got = call_bounded(self.timeout, op, str(key), getattr(store, op), key, *args)
         except StoreCallTimeout as e:
             rec.seconds = time.monotonic() - t0
             rec.observed, rec.outcome = TIMEOUT, "timeout"
@@ -403,20 +404,14 @@ def measure_hang(factory: Callable[..., list], *, op: str = "get", patience: flo
     return out
 
 
-CLIENTS = {
-    "lmcache": "adapters.lmcache_stores:resp_factory",
-    "lmcache-native": "adapters.lmcache_stores:native_factory",
-    "lmcache-valkey": "adapters.lmcache_stores:valkey_factory",
-    "lmcache-patched": "adapters.patched:patched_factory",
-}
+#: The real clients the probe matrix runs.
+CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched")
 
 
 def load_factory(name: str) -> Callable[..., list]:
-    import importlib
-
-    spec = CLIENTS.get(name, name)
-    mod, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(mod), attr)
+    """`factory(n_ranks, **options)` of the client `name` (`runtime.registry`), validating what it returns."""
+    client = resolve_client(name)
+    return lambda n_ranks, **options: client.stores(n_ranks, **options)
 
 
 def probe_matrix(clients: Sequence[str] = tuple(CLIENTS), topologies: Sequence[str] = ("per-rank", "shared"),

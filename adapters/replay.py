@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import attrs
 
 from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
 from model.trace import Trace
@@ -38,13 +36,10 @@ CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched", "mo
 
 
 def _factory(client: str) -> Callable[..., list]:
-    if client == "model":
-        from model.store import memory_factory
+    from runtime.registry import resolve_client
 
-        return lambda n, **_options: memory_factory(n)  # the model takes no options
-    from adapters.probe import load_factory
-
-    return load_factory(client)
+    resolved = resolve_client(client)
+    return lambda n, **options: resolved.stores(n, **options)
 
 
 # --------------------------------------------------------------------------- the findings

@@ -3,17 +3,18 @@ their traces replayed on fresh, bounded stores of a client, and minimised by del
 caller's), which becomes the violation `store-hang`."""
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from typing import Any, Callable, Sequence
 
 import attrs
 
+from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
 from model.store import MemoryStore
 from model.trace import Trace, decode, encode
 from runtime.bounded import BoundedStore
+from runtime.registry import Client
 
 #: The store-client properties an op sequence can violate.
 STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
@@ -27,11 +28,7 @@ def _call(store: Any, op: dict, wait_bound: float) -> Any:
     if name in ("get", "contains", "delete"):
         return getattr(store, name)(op["key"])
     if name == "get_async":
-        future = store.get_async(op["key"])
-        try:
-            return future.result(timeout=wait_bound)
-        except concurrent.futures.TimeoutError:
-            raise StoreCallTimeout("get_async", op["key"], wait_bound) from None
+        return wait_future(store.get_async(op["key"]), wait_bound, "get_async", op["key"])
     if name == "get_batch":
         if not callable(getattr(store, "get_batch", None)):
             raise AttributeError("this client has no get_batch read path")
@@ -39,7 +36,7 @@ def _call(store: Any, op: dict, wait_bound: float) -> Any:
     raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
 
 
-def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = 5.0,
+def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
             clock: Any = None) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
@@ -171,23 +168,22 @@ def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
     return kept
 
 
-def bounded_factory(trace: Any, factory: Any, client: str) -> Any:
+def bounded_factory(trace: Any, client: Client) -> Any:
     """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
     none); every call bounded by the trace's op timeout."""
     timeout = float(trace.config.get("op_timeout", 1.0))
 
     def make(n: int, **options: Any) -> list:
-        made = factory(n) if client == "model" else factory(n, **options)
-        return [BoundedStore(s, timeout) for s in made]
+        return [BoundedStore(s, timeout) for s in client.stores(n, **options)]
     return make
 
 
-def minimise_store_ops(trace: Any, factory: Any, client: str, *, should_stop: Any,
+def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
                        progress: Any = None) -> tuple[Any, bool]:
     """The trace with as few ops as still show its violation (the same property at the same kind of op) on
     fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
     (a flaky client) is returned as it is, not minimal."""
-    bounded = bounded_factory(trace, factory, client)
+    bounded = bounded_factory(trace, client)
     first = run(trace, bounded)[1]
     want = violation_key(trace, first)
     if want is None or want[0] != trace.property:

@@ -1,4 +1,6 @@
-"""Entries into protocol code: the one hook through which a watchdog (`runtime.watchdog`) times protocol calls.
+"""Bounds on calls: entries into protocol code (`protocol_call`, the one hook through which a watchdog,
+`runtime.watchdog`, times protocol calls) and the one default bound on a store call (`DEFAULT_OP_TIMEOUT`,
+`wait_future`).
 
 Every engine that calls protocol code (`rank_lookup`, `combine`, one step of a rank program) does it inside
 `protocol_call()`. The context counts entries in `STEPS`; a watchdog that sees the count stand still while a
@@ -8,11 +10,26 @@ An engine that forgets the context loses stall detection, so there is no other w
 """
 from __future__ import annotations
 
+import concurrent.futures
 from types import TracebackType
+from typing import Any
 
 from model.contract import StoreCallTimeout
 
-__all__ = ["STEPS", "Stalled", "protocol_call", "note_raised", "swallowed", "ProtocolRaised"]
+__all__ = ["STEPS", "Stalled", "protocol_call", "note_raised", "swallowed", "ProtocolRaised", "DEFAULT_OP_TIMEOUT",
+           "wait_future"]
+
+#: Seconds one store-client call (or the completion of an async read) may take before it is a hang: the one
+#: default every engine, runner and adapter uses unless the user gives `--op-timeout`.
+DEFAULT_OP_TIMEOUT = 2.0
+
+
+def wait_future(future: concurrent.futures.Future, seconds: float, op: str, key: str) -> Any:
+    """The result of a store client's future, or `StoreCallTimeout(op, key, seconds)` when it takes longer."""
+    try:
+        return future.result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        raise StoreCallTimeout(op, key, seconds) from None
 
 #: Entries into protocol code so far.
 STEPS = [0]

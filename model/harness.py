@@ -17,7 +17,7 @@ from model.faults import Eviction, FaultPlan
 from model.outcome import Case, Event, Outcome, SimResult, Violation, default_step_bound, leading_run
 from model.sim import lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
-from model.calls import ProtocolRaised, Stalled, protocol_call
+from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
 
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
@@ -101,8 +101,10 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
         out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
 
 
-def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None) -> Outcome:
-    """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it."""
+def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None, *,
+             wait_bound: float = DEFAULT_OP_TIMEOUT) -> Outcome:
+    """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it; an async read's
+    completion is awaited at most `wait_bound` seconds (longer: a `hang`)."""
     n = case.n_ranks
     stores = memory_factory(n) if stores is None else stores
     out, shadow = store_phase(protocol, case, stores)
@@ -123,7 +125,7 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     out.load = simulate([protocol.rank_load(r, n, out.hashes, out.planned) for r in range(n)], stores, phase="load",
                         schedule=case.schedule, chooser=chooser, step_bound=case.bound(),
                         lost=case.faults.lost, delayed=case.faults.delayed,
-                        evictions=case.faults.evict_during_load, evict=shadow.evict)
+                        evictions=case.faults.evict_during_load, evict=shadow.evict, wait_bound=wait_bound)
     out.events.extend(out.load.events)
     out.violations = check_outcome(out)
     return out

@@ -7,7 +7,7 @@ synchronises the clocks of all ranks. The simulator names desync, deadlock, hang
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import attrs
 import networkx as nx
@@ -15,7 +15,7 @@ import networkx as nx
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
                            TIMED_OUT, Wait, collective_signature)
-from model.calls import ProtocolRaised, Stalled, protocol_call
+from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation
 
@@ -67,7 +67,7 @@ class Simulator:
                  schedule: Sequence[int] = (), chooser: Chooser = lowest_runnable, step_bound: int = 10_000,
                  lost: Sequence[tuple[int, int]] = (), delayed: Sequence[tuple[int, int, float]] = (),
                  evictions: Sequence[Eviction] = (), evict: Callable[[Eviction], None] | None = None,
-                 wait_bound: float = 10.0) -> None:
+                 wait_bound: float = DEFAULT_OP_TIMEOUT) -> None:
         self.ranks = [_Rank(p) for p in programs]
         self.n = len(self.ranks)
         self.stores = stores
@@ -150,10 +150,7 @@ class Simulator:
                 return _HUNG
             rank.clock += effect.timeout
             return TIMED_OUT
-        try:
-            value = pending.future.result(timeout=self.wait_bound)
-        except TimeoutError:
-            raise StoreCallTimeout("get_async", pending.key, self.wait_bound) from None
+        value = wait_future(pending.future, self.wait_bound, "get_async", pending.key)
         rank.clock = max(rank.clock, arrival)
         return value
 

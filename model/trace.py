@@ -7,7 +7,10 @@ A malformed file raises `TraceError` naming the file and the field.
 from __future__ import annotations
 
 import base64
+import hashlib
+import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ SCHEMA = "shardcheck-trace"
 VERSION = 1
 KINDS = ("protocol", "store-ops")
 OUTCOMES = ("reproduces", "fixed")
+#: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
+MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES = 64, 1024, 100_000, 64 * 1024 * 1024
 #: A protocol bug reproduces on the in-memory model whatever the client; on the real clients the
 #: expectation is measured (`shardcheck regen` replays there): a stock client's own bug (a GET of a missing key
 #: that hangs, a dropped put) can mask the protocol's, and the expectation records that honestly.
@@ -163,6 +168,24 @@ class Trace:
             f.write(self.dumps())
         return path
 
+    def save_unique(self, out_dir: str | Path, *parts: str) -> Path:
+        """Save as `<parts>-<content hash>.json` under `out_dir`: an identical file is reused, a different one
+        is never overwritten (a `-2`, `-3`... suffix is added)."""
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise FileExistsError(f"{out_dir} is a file, not a directory")
+        body = self.dumps()
+        stem = "-".join(_slug(p) for p in parts) + "-" + hashlib.sha256(body.encode()).hexdigest()[:12]
+        for i in itertools.count(1):
+            path = out_dir / (stem + (f"-{i}" if i > 1 else "") + ".json")
+            if path.exists() and path.read_text() == body:
+                return path
+            try:
+                return self.save(path)
+            except FileExistsError:
+                continue
+        raise AssertionError("unreachable")
+
     @classmethod
     def from_json(cls, data: Any, path: str | Path | None = None) -> "Trace":
         """Validate and build; every problem names the field."""
@@ -190,6 +213,11 @@ class Trace:
             _validate_protocol(data, path)
         else:
             _need(data, "ops", list, path)
+            if len(data["ops"]) > MAX_OPS:
+                raise TraceError(path, "ops", f"{len(data['ops']):,} ops; a trace holds at most {MAX_OPS:,}")
+            n = data["config"].get("n_ranks", 1)
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_RANKS:
+                raise TraceError(path, "config.n_ranks", f"expected an integer in 1..{MAX_RANKS}, got {n!r}")
             for i, op in enumerate(data["ops"]):
                 if not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("rank"), int):
                     raise TraceError(path, f"ops[{i}]", "expected an object with 'op' (str) and 'rank' (int)")
@@ -203,14 +231,23 @@ class Trace:
     def load(cls, path: str | Path) -> "Trace":
         """Read a trace file; a missing, non-JSON or malformed file raises `TraceError`."""
         try:
-            text = Path(path).read_text()
+            size = Path(path).stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise TraceError(path, "<file>", f"{size:,} bytes; a trace is at most {MAX_FILE_BYTES:,}")
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise TraceError(path, "<file>", f"cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(path, "<file>", f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TraceError(path, "<json>", f"not valid JSON: {exc}") from None
         return cls.from_json(data, path)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
 
 
 def _need(data: dict, name: str, typ: type, path: Any) -> None:
@@ -222,9 +259,9 @@ def _need(data: dict, name: str, typ: type, path: Any) -> None:
 
 def _validate_protocol(data: dict, path: Any) -> None:
     cfg = data["config"]
-    for name, lo in (("n_ranks", 1), ("n_chunks", 0)):
-        if not isinstance(cfg.get(name), int) or isinstance(cfg.get(name), bool) or cfg[name] < lo:
-            raise TraceError(path, f"config.{name}", f"expected an integer >= {lo}, got {cfg.get(name)!r}")
+    for name, lo, hi in (("n_ranks", 1, MAX_RANKS), ("n_chunks", 0, MAX_CHUNKS)):
+        if not isinstance(cfg.get(name), int) or isinstance(cfg.get(name), bool) or not lo <= cfg[name] <= hi:
+            raise TraceError(path, f"config.{name}", f"expected an integer in {lo}..{hi}, got {cfg.get(name)!r}")
     for name, typ in (("salt", str), ("step_bound", int), ("seed", int)):
         if cfg.get(name) is not None and (not isinstance(cfg[name], typ) or isinstance(cfg[name], bool)):
             raise TraceError(path, f"config.{name}", f"expected {typ.__name__} or null, got {cfg[name]!r}")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import attrs
 
-from runtime.registry import DEFAULT_PROTOCOL, PROTOCOLS, client_name, resolve_client, resolve_protocol
+from model.calls import DEFAULT_OP_TIMEOUT
+from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
 
 #: The most ranks any machine uses; the session's stores are one list of this many.
 MAX_RANKS = 4
@@ -26,45 +27,41 @@ class RunConfig:
     protocol: Any = None
     client: Any = None
     found_dir: Path = attrs.field(default=Path("counterexamples/found"), converter=Path)
-    op_timeout: float = 2.0
+    op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
-    _protocol_obj: Any = attrs.field(default=None, init=False)
-    _factory: Callable[..., list] | None = attrs.field(default=None, init=False)
+    _protocol: Protocol | None = attrs.field(default=None, init=False)
+    _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
 
+    def resolved_protocol(self) -> Protocol:
+        if self._protocol is None:
+            self._protocol = resolve_protocol(self.protocol)
+        return self._protocol
+
     def protocol_object(self) -> Any:
-        if self._protocol_obj is None:
-            is_spec = self.protocol is None or isinstance(self.protocol, str)
-            self._protocol_obj = resolve_protocol(self.protocol) if is_spec else self.protocol
-        return self._protocol_obj
+        return self.resolved_protocol().obj
 
     def protocol_ref(self) -> str:
         """The `MOD:ATTR` that re-creates the protocol, for traces (as the CLI records it)."""
-        if self.protocol is None or isinstance(self.protocol, str):
-            spec = self.protocol or DEFAULT_PROTOCOL
-            return PROTOCOLS.get(spec, spec)
-        cls = type(self.protocol)
-        return f"{cls.__module__}:{cls.__qualname__}"
+        return self.resolved_protocol().ref
+
+    def resolved_client(self) -> Client:
+        if self._client is None:
+            self._client = resolve_client(self.client)
+        return self._client
 
     def client_label(self) -> str:
-        if self.client is None or isinstance(self.client, str):
-            return client_name(self.client)
-        return f"{getattr(self.client, '__module__', '?')}:{getattr(self.client, '__qualname__', repr(self.client))}"
+        return self.resolved_client().name
 
-    def factory(self) -> Callable[..., list]:
-        if self._factory is None:
-            self._factory = resolve_client(self.client) if self.client is None or isinstance(self.client, str) \
-                else self.client
-        return self._factory
+    def in_memory(self) -> bool:
+        """Whether the client is in memory (calls cannot block: no bounding, no thread hop)."""
+        return self.resolved_client().in_memory
 
     def stores(self, n_ranks: int) -> list:
-        """The first `n_ranks` of the session's stores (created on first use)."""
+        """The first `n_ranks` of the session's stores (created on first use, validated)."""
         if self._stores is None:
-            stores = list(self.factory()(MAX_RANKS))
-            if len(stores) != MAX_RANKS:
-                raise ValueError(f"client {self.client_label()}: factory({MAX_RANKS}) returned {len(stores)} stores")
-            self._stores = stores
+            self._stores = self.resolved_client().stores(MAX_RANKS, op_timeout=self.op_timeout)
         return self._stores[:n_ranks]
 
     def discard(self) -> None:

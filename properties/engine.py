@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
+from model.calls import DEFAULT_OP_TIMEOUT
 from model.trace import Trace
 from properties import config, profiles
 from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
@@ -41,7 +42,7 @@ def caught(machine: type, how: settings, **changes: Any) -> set[str]:
 
 
 def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], bool], seed: int = 0,
-                      store_layer: bool = False, op_timeout: float = 2.0) -> tuple[list[Trace], int]:
+                      store_layer: bool = False, op_timeout: float = DEFAULT_OP_TIMEOUT) -> tuple[list[Trace], int]:
     """Run the machines in seeded batches until `should_stop()` or a failure: (traces found, rule steps)."""
     with tempfile.TemporaryDirectory(prefix="shardcheck-hypothesis-") as tmp:
         return _search(protocol, client, Path(tmp), should_stop, seed, store_layer, op_timeout)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import hashlib
 import itertools
 import re
 import time
@@ -34,7 +33,6 @@ from model.checks import PROPERTIES
 from model.contract import StoreCallTimeout
 from model.harness import run_case
 from model.outcome import Violation
-from model.store import MemoryStore
 from model.trace import Trace, encode
 from runtime.watchdog import forget
 from properties import config, strategies as s
@@ -120,22 +118,9 @@ def event(text: str) -> None:
         _hyp_event(text)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
-
-
-def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:  # type: ignore[return]
-    """Save `trace` as `<parts>-<hash>.json` in `found_dir`; an identical file is kept, never overwritten."""
-    body = trace.dumps()
-    stem = "-".join(_slug(p) for p in parts) + "-" + hashlib.sha256(body.encode()).hexdigest()[:12]
-    for i in itertools.count(1):
-        path = Path(found_dir) / (stem + (f"-{i}" if i > 1 else "") + ".json")
-        if path.exists() and path.read_text() == body:
-            return path
-        try:
-            return trace.save(path)
-        except FileExistsError:
-            continue
+def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
+    """Save `trace` under `found_dir` (`Trace.save_unique`: named by content, never overwriting)."""
+    return trace.save_unique(found_dir, *parts)
 
 
 # == the protocol layer ================================================================================
@@ -160,9 +145,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _open(self, n_ranks: int, n_chunks: int, salt: str) -> Episode:
         self.sizes = (n_ranks, n_chunks, salt)
         # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
-        stores = [st if type(st) is MemoryStore else BoundedStore(st, self.cfg.op_timeout)
-                  for st in self.cfg.stores(n_ranks)]
-        self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt)
+        stores = self.cfg.stores(n_ranks)
+        if not self.cfg.in_memory():
+            stores = [BoundedStore(st, self.cfg.op_timeout) for st in stores]
+        self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt, wait_bound=self.cfg.op_timeout)
         self._check_if_done()
         return self.ep
 
@@ -288,7 +274,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                                            origin="pytest properties/ (ProtocolMachine)")
                 path = write_found(trace, self.cfg.found_dir, out.protocol, out.violations[0].property)
                 note(f"counterexample trace: {path}")
-        if self.cfg.client_label() == "model":
+        if self.cfg.in_memory():
             # the simulator replays a run over in-memory stores: it must see what the machine saw (a real
             # client's run may differ, e.g. where the client hung; `shardcheck replay --client` replays those)
             replay = run_case(self.protocol, ep.case())
@@ -301,13 +287,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         """The outcome of the smallest case (`engines.search.minimise`) that still shows the first violation,
         re-run on fresh stores of a real client within `minimise_seconds` (Hypothesis does not shrink runs of
         a real client; on the model it has, and `out` is returned as it is)."""
-        if self.cfg.client_label() == "model" or self.cfg.minimise_seconds <= 0:
+        if self.cfg.in_memory() or self.cfg.minimise_seconds <= 0:
             return out
         from runtime.pool import ClientPool
         from engines.search import Found, minimise
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
-        pool = ClientPool(self.cfg.factory(), op_timeout=self.cfg.op_timeout)
+        pool = ClientPool(self.cfg.resolved_client(), op_timeout=self.cfg.op_timeout)
         try:
             found = minimise(self.protocol, Found(case, out, "pytest"), runner=pool.run,
                              should_stop=lambda: time.monotonic() >= stop_at)
@@ -381,19 +367,19 @@ class StoreMachine(RuleBasedStateMachine):
     def _minimised(self, trace: Trace) -> Trace:
         """The trace with as few ops as still fail on fresh stores (`engines.storeops.minimise_store_ops`),
         within `minimise_seconds`: with a real client Hypothesis does not shrink, so this is what does."""
-        if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0 or self.cfg.client_label() == "model":
+        if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0 or self.cfg.in_memory():
             return trace  # (Hypothesis has shrunk a model client's run)
         from engines.storeops import minimise_store_ops
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
-        trace, _ = minimise_store_ops(trace, self.cfg.factory(), self.cfg.client_label(),
+        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
                                      should_stop=lambda: time.monotonic() >= stop_at, progress=note)
         return trace
 
     def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
         fn = getattr(self.stores[rank], op)
         try:
-            if type(self.stores[rank]) is MemoryStore:
+            if self.cfg.in_memory():
                 # the reference in-memory store (exactly that class) is a dict and cannot block: no thread hop
                 return fn(*args)
             return call_bounded(self.timeout, op, str(key), fn, *args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
@@ -27,8 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"store client to check: {', '.join(CLIENTS)} or MOD:ATTR naming a factory (default: model)")
     group.addoption("--found-dir", default=None, metavar="DIR",
                     help="where failing runs are written as traces (default: <rootdir>/counterexamples/found)")
-    group.addoption("--op-timeout", default=2.0, type=float, metavar="SECONDS",
-                    help="how long one store-client call may take before it counts as a hang (default: 2)")
+    group.addoption("--op-timeout", default=DEFAULT_OP_TIMEOUT, type=float, metavar="SECONDS",
+                    help=f"how long one store-client call may take before it counts as a hang "
+                         f"(default: {DEFAULT_OP_TIMEOUT:g})")
     group.addoption("--stall-seconds", default=STALL_SECONDS, type=float, metavar="SECONDS",
                     help="how long one protocol method (rank_lookup, a step of rank_load, ...) may run without "
                          f"returning before it counts as stalled (default: {STALL_SECONDS:g})")
@@ -54,15 +56,15 @@ def pytest_configure(config: pytest.Config) -> None:
     stall, op = config.getoption("stall_seconds"), config.getoption("op_timeout")
     if not stall > 0 or not op > 0:
         raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
-    if client not in (None, "model") and stall <= op:
-        raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
-                                "call spends in store calls counts towards its stall limit")
     try:
         resolve_protocol(protocol)
-        resolve_client(client)
+        in_memory = resolve_client(client).in_memory
     except ResolveError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if client not in (None, "model") and not config.getoption("shrink_real"):
+    if not in_memory and stall <= op:
+        raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
+                                "call spends in store calls counts towards its stall limit")
+    if not in_memory and not config.getoption("shrink_real"):
         from hypothesis import Phase
         current = settings.get_current_profile_name()
         settings.register_profile(f"{current}-real-client", settings.get_profile(current),

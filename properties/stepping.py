@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
+from model.calls import DEFAULT_OP_TIMEOUT
 from model.checks import check_outcome, completeness, soundness
 from model.effects import Put
 from model.faults import Eviction, FaultPlan
@@ -28,9 +29,11 @@ kv_bytes = functools.lru_cache(maxsize=256)(harness.kv_bytes)
 class Episode:
     """One prompt: stored by every rank, then evicted from, looked up and loaded as the rules say."""
 
-    def __init__(self, protocol: Any, stores: Sequence[Any], n_ranks: int, n_chunks: int, salt: str) -> None:
+    def __init__(self, protocol: Any, stores: Sequence[Any], n_ranks: int, n_chunks: int, salt: str, *,
+                 wait_bound: float = DEFAULT_OP_TIMEOUT) -> None:
         n, k = n_ranks, n_chunks
         self.protocol, self.stores, self.n, self.k, self.salt = protocol, stores, n, k, salt
+        self.wait_bound = wait_bound
         self.before: list[Eviction] = []
         self.after: list[Eviction] = []
         self.during: list[Eviction] = []
@@ -104,7 +107,7 @@ class Episode:
         assert self.phase == LOOKED_UP
         sim = Simulator([self.protocol.rank_load(r, self.n, self.out.hashes, self.out.planned) for r in range(self.n)],
                         self.stores, phase="load", chooser=lowest_runnable, step_bound=self.bound(),
-                        lost=self.lost, delayed=self.delayed, evict=self.shadow.evict)
+                        lost=self.lost, delayed=self.delayed, evict=self.shadow.evict, wait_bound=self.wait_bound)
         self.sim = sim
         self.phase = LOADING
         sim.start()

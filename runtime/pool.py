@@ -1,25 +1,35 @@
-"""Running protocol cases over a real client: one bounded store set per rank count, a fresh key salt per
-run, and a restart (close + new factory call, so new servers) after a client hang."""
+"""Running protocol cases over a client: `case_runner(client, op_timeout=...)` gives `run(protocol, case) -> Outcome`.
+
+An in-memory client gets fresh stores per case, called directly. Any other client gets a `ClientPool`: one set of
+bounded stores per rank count, reused across cases with a fresh key salt per run, and restarted (closed, and the
+factory called again: new servers) after a call hung. The op timeout bounds every store call and every wait for
+an async completion (the simulator's `wait_bound`).
+"""
 from __future__ import annotations
 
+import contextlib
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 
-from runtime.bounded import BoundedStore
-from model.contract import STORE_METHODS, missing_members
+from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case, Outcome, run_case
+from runtime.bounded import BoundedStore
+from runtime.registry import Client, resolve_client
 
-DEFAULT_OP_TIMEOUT = 2.0
+__all__ = ["ClientPool", "case_runner", "DEFAULT_OP_TIMEOUT"]
 
 
 class ClientPool:
-    """Stores from `factory`, reused across cases with the same rank count."""
+    """Bounded stores of `client`, reused across cases with the same rank count."""
 
-    def __init__(self, factory: Callable[..., list[Any]], *, op_timeout: float = DEFAULT_OP_TIMEOUT,
+    def __init__(self, client: Client | Any, *, op_timeout: float = DEFAULT_OP_TIMEOUT,
                  options: dict | None = None, run_tag: str = "run") -> None:
-        self.factory, self.op_timeout, self.options = factory, op_timeout, dict(options or {})
+        self.client = client if isinstance(client, Client) else resolve_client(client)
+        self.op_timeout, self.options = op_timeout, dict(options or {})
+        if self.client.self_bounded:
+            self.options.setdefault("op_timeout", op_timeout)
         self.sets: dict[int, list[BoundedStore]] = {}
         self.restarts = 0
         self._runs = itertools.count()
@@ -27,14 +37,7 @@ class ClientPool:
 
     def stores(self, n_ranks: int) -> list[BoundedStore]:
         if n_ranks not in self.sets:
-            made = list(self.factory(n_ranks, **self.options))
-            lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
-            if len(made) != n_ranks or lacking:
-                for s in made:
-                    if callable(getattr(s, "close", None)):
-                        s.close()
-                raise ValueError(f"the client factory returned {len(made)} stores for {n_ranks} ranks"
-                                 + (f", lacking RankStore method(s) {', '.join(lacking)}" if lacking else ""))
+            made = self.client.stores(n_ranks, **self.options)
             self.sets[n_ranks] = [BoundedStore(s, self.op_timeout) for s in made]
         return self.sets[n_ranks]
 
@@ -43,7 +46,7 @@ class ClientPool:
         salted = case if case.salt.startswith(self.run_tag) else attrs.evolve(
             case, salt=f"{self.run_tag}{next(self._runs)}-{case.salt}")
         stores = self.stores(case.n_ranks)
-        out = run_case(protocol, salted, stores)
+        out = run_case(protocol, salted, stores, wait_bound=self.op_timeout)
         if any(s.broken for s in stores):
             self.restart(case.n_ranks)
         return out
@@ -64,3 +67,15 @@ class ClientPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT) -> Iterator[Callable[[Any, Case], Outcome]]:
+    """`run(protocol, case)` over `client`: fresh in-memory stores per case, or a `ClientPool` (closed at the end)."""
+    if client.in_memory:
+        def run(protocol: Any, case: Case) -> Outcome:
+            return run_case(protocol, case, client.stores(case.n_ranks), wait_bound=op_timeout)
+        yield run
+        return
+    with ClientPool(client, op_timeout=op_timeout) as pool:
+        yield pool.run

@@ -1,23 +1,37 @@
-"""Turning `--protocol` and `--client` values into objects: the one table of names (the CLI imports it too).
+"""The one registry of protocols and store clients: a name (or `MOD:ATTR`) -> the object, plus what it can do.
 
-- `resolve_protocol(spec)`: a short name of `model.protocols.REFERENCE_PROTOCOLS` (`paper`, `paper-async`,
-  `rank0-single-writer`) or `MOD:ATTR` naming a class (instantiated with no arguments), an instance, or a
-  zero-argument factory of one.
-- `resolve_client(spec)`: a name of `CLIENTS` or `MOD:ATTR` naming a factory
+- `resolve_protocol(spec) -> Protocol`: a short name of `PROTOCOLS` or `MOD:ATTR` naming a class (instantiated
+  with no arguments), an instance, or a zero-argument factory of one; validated against the contract.
+- `resolve_client(spec) -> Client`: a name of `CLIENTS` or `MOD:ATTR` naming a factory
   `factory(n_ranks, **options) -> list[RankStore]` (or a `RankStore` class, one instance per rank).
+  `Client.stores(n_ranks, **options)` calls the factory and validates what it returns (count and methods).
+
+A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
+`in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
+call bounds itself with the `op_timeout` option), `thread_safe` (may be driven from several threads at once),
+`options` (the factory options it accepts; None: any). A `MOD:ATTR` factory may declare them as attributes of
+the factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its
+stores say `thread_safe = False`.
 
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
-Modules are imported lazily, when a name is resolved, so a missing optional adapter only matters when used.
+Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from typing import Any, Callable
+
+import attrs
 
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
-DEFAULT_PROTOCOL = "model.protocols:PaperProtocol"
+__all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
+           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of"]
+
+DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
 
 #: Short protocol names accepted by `--protocol` (the reference protocols of `model.protocols`).
@@ -27,18 +41,96 @@ PROTOCOLS: dict[str, str] = {
     "rank0-single-writer": "model.protocols:Rank0SingleWriter",
 }
 
-#: Client names accepted by `--client`, each the `MOD:ATTR` of its factory.
-CLIENTS: dict[str, str] = {
-    "model": "model.store:memory_factory",
-    "lmcache": "adapters.lmcache_stores:resp_factory",
-    "lmcache-native": "adapters.lmcache_stores:native_factory",
-    "lmcache-valkey": "adapters.lmcache_stores:valkey_factory",
-    "lmcache-patched": "adapters.patched:patched_factory",
+
+@attrs.frozen(kw_only=True)
+class ClientEntry:
+    """A named client: where its factory is and what it can do (see the module doc)."""
+
+    ref: str
+    about: str
+    in_memory: bool = False
+    self_bounded: bool = False
+    thread_safe: bool = True
+    options: tuple[str, ...] | None = None
+
+
+_LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
+
+#: Client names accepted by `--client`.
+CLIENTS: dict[str, ClientEntry] = {
+    "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
+                         in_memory=True, options=()),
+    "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
+                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank"),
+    "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
+                                  options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
+    "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
+                                  options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
+    "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
+                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied"),
 }
 
 
 class ResolveError(ValueError):
     """A `--protocol`/`--client` value that cannot be used; the message names it and the problem."""
+
+
+@attrs.frozen(kw_only=True)
+class Protocol:
+    """A resolved protocol: the object, its contract `name`, and the `MOD:ATTR` a trace records to rebuild it."""
+
+    obj: Any
+    name: str
+    ref: str
+
+
+@attrs.frozen(kw_only=True)
+class Client:
+    """A resolved client: the name a trace records, its factory and its capabilities."""
+
+    name: str
+    factory: Callable[..., list]
+    in_memory: bool = False
+    self_bounded: bool = False
+    thread_safe: bool = True
+    options: tuple[str, ...] | None = None
+
+    def accepted(self, options: dict) -> dict:
+        """The subset of `options` this client's factory accepts."""
+        if self.options is None:
+            return dict(options)
+        return {k: v for k, v in options.items() if k in self.options}
+
+    def stores(self, n_ranks: int, **options: Any) -> list:
+        """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
+        otherwise; what was made is closed). Options the factory does not accept are dropped."""
+        try:
+            made = list(self.factory(n_ranks, **self.accepted(options)))
+        except ResolveError:
+            raise
+        except (OSError, RuntimeError, ValueError, TypeError, ImportError) as exc:
+            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: {exc}") from None
+        lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
+        if len(made) != n_ranks or lacking:
+            for s in made:
+                if callable(getattr(s, "close", None)):
+                    try:
+                        s.close()
+                    except Exception:  # noqa: BLE001 - closing what a broken factory made is best effort
+                        pass
+            what = [f"returned {len(made)} stores for {n_ranks} ranks"] if len(made) != n_ranks else []
+            if lacking:
+                kinds = sorted({type(s).__name__ for s in made})
+                what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (CONTRACT.md)")
+            raise ResolveError(f"client {self.name!r}: factory {'; '.join(what)}")
+        return made
+
+
+def _importable_cwd() -> None:
+    """`MOD:ATTR` names modules of the directory shardcheck runs from, as `python -m` would (README promise)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def load_attr(spec: str, what: str) -> Any:
@@ -47,6 +139,7 @@ def load_attr(spec: str, what: str) -> Any:
     if not sep or not mod_name or not attr:
         known = ", ".join(PROTOCOLS if what == "protocol" else CLIENTS)
         raise ResolveError(f"{what} {spec!r}: expected one of {known}, or MOD:ATTR")
+    _importable_cwd()
     try:
         obj: Any = importlib.import_module(mod_name)
     except ImportError as exc:
@@ -61,43 +154,67 @@ def load_attr(spec: str, what: str) -> Any:
     return obj
 
 
-def resolve_protocol(spec: str | None = None) -> Any:
-    """The protocol object `spec` names (default: the reference `PaperProtocol`)."""
-    spec = spec or DEFAULT_PROTOCOL
-    obj = load_attr(PROTOCOLS.get(spec, spec), "protocol")
+def ref_of(obj: Any) -> str:
+    """The `MOD:ATTR` of an object's class (or of a function), for traces of objects handed over directly."""
+    target = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    return f"{target.__module__}:{target.__qualname__}"
+
+
+def resolve_protocol(spec: Any = None) -> Protocol:
+    """The protocol `spec` names (default: the reference `PaperProtocol`); an object is taken as it is."""
+    if isinstance(spec, Protocol):
+        return spec
+    if spec is not None and not isinstance(spec, str):
+        obj, ref, shown = spec, ref_of(spec), repr(spec)
+    else:
+        shown = spec = spec or DEFAULT_PROTOCOL
+        ref = PROTOCOLS.get(spec, spec)
+        obj = load_attr(ref, "protocol")
     if inspect.isclass(obj) or (missing_members(obj, PROTOCOL_METHODS) and callable(obj)):
         try:
             obj = obj()
         except Exception as exc:
-            raise ResolveError(f"protocol {spec!r}: calling {obj!r} with no arguments raised "
+            raise ResolveError(f"protocol {shown!r}: calling {obj!r} with no arguments raised "
                                f"{type(exc).__name__}: {exc}") from None
     missing = missing_members(obj, PROTOCOL_METHODS)
     if missing:
-        raise ResolveError(f"protocol {spec!r}: {type(obj).__name__} lacks the ShardingProtocol method(s) "
+        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} lacks the ShardingProtocol method(s) "
                            f"{', '.join(missing)}")
     if not isinstance(getattr(obj, "name", None), str):
-        raise ResolveError(f"protocol {spec!r}: {type(obj).__name__} has no string attribute 'name' (CONTRACT.md)")
-    return obj
+        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} has no string attribute 'name' (CONTRACT.md)")
+    return Protocol(obj=obj, name=obj.name, ref=ref)
 
 
-def resolve_client(spec: str | None = None) -> Callable[..., list]:
-    """The store factory `spec` names: `factory(n_ranks, **options) -> list[RankStore]`."""
+def resolve_client(spec: Any = None) -> Client:
+    """The client `spec` names (default: `model`); a factory object is taken as it is."""
+    if isinstance(spec, Client):
+        return spec
+    if spec is not None and not isinstance(spec, str):
+        return _client(ref_of(spec), spec, None)
     spec = spec or DEFAULT_CLIENT
-    obj = load_attr(CLIENTS.get(spec, spec), "client")
+    entry = CLIENTS.get(spec)
+    if entry is not None:
+        return _client(spec, load_attr(entry.ref, "client"), entry)
+    return _client(spec, load_attr(spec, "client"), None)
+
+
+def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if inspect.isclass(obj):
         if not missing_members(obj, STORE_METHODS):
             cls = obj
-            return lambda n_ranks, **options: [cls(**options) for _ in range(n_ranks)]
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise ResolveError(f"client {spec!r}: calling {obj!r} with no arguments raised "
-                               f"{type(exc).__name__}: {exc}") from None
+            factory: Any = lambda n_ranks, **options: [cls(**options) for _ in range(n_ranks)]  # noqa: E731
+            factory.thread_safe = getattr(cls, "thread_safe", True)
+            obj = factory
+        else:
+            try:
+                obj = obj()
+            except Exception as exc:
+                raise ResolveError(f"client {name!r}: calling {obj!r} with no arguments raised "
+                                   f"{type(exc).__name__}: {exc}") from None
     if not callable(obj):
-        raise ResolveError(f"client {spec!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
-    return obj
-
-
-def client_name(spec: str | None) -> str:
-    """The name a trace records for the client `spec`."""
-    return spec or DEFAULT_CLIENT
+        raise ResolveError(f"client {name!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
+    if entry is not None:
+        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about"))
+    else:
+        caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
+    return Client(name=name, factory=obj, **caps)

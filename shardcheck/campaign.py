@@ -1,6 +1,6 @@
 """The engines of `shardcheck check`, run in turn inside the budget.
 
-model client: exhaustive enumeration, the exhaustive explorer, the Hypothesis state machines, then seeded
+An in-memory client: exhaustive enumeration, the exhaustive explorer, the Hypothesis state machines, then seeded
 random cases. Real clients: the Hypothesis machines (store layer, then protocol layer over real stores),
 enumeration, then random cases (the explorer runs its own store model, so it is model-only).
 """
@@ -20,10 +20,12 @@ EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3,
     tuple((n, k, 2) for n, k in ((2, 2), (2, 3), (3, 3), (3, 4), (4, 4), (4, 5)))
 
 
-def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, start: float, budget: float,
-                should_stop: Callable[[], bool], stats: SearchStats, seed: int) -> Any:
-    """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None."""
-    phases = MODEL_PHASES if client == "model" else REAL_PHASES
+def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budget: float,
+                should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float) -> Any:
+    """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None. `client` is a
+    `runtime.registry.Client`: an in-memory one gets the explorer (it runs its own store model), a real one the
+    store layer first."""
+    phases = MODEL_PHASES if client.in_memory else REAL_PHASES
     phase_end = [start]
 
     def phase_over() -> bool:
@@ -38,7 +40,7 @@ def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, star
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
         else:
-            found = _hypothesis(protocol, client, factory, run, phase_over, stats, seed)
+            found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout)
         if found is not None:
             return found
     return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
@@ -65,17 +67,17 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
     return None
 
 
-def _hypothesis(protocol: Any, client: str, factory: Any, run: Callable, stop: Callable[[], bool],
-                stats: SearchStats, seed: int) -> Any:
+def _hypothesis(protocol: Any, client: Any, run: Callable, stop: Callable[[], bool],
+                stats: SearchStats, seed: int, op_timeout: float) -> Any:
     """A protocol-layer failure is re-run as a `Case` (so it is minimised like the others); a store-layer
     failure is its store-ops `Trace`."""
     from properties.engine import hypothesis_search
-    traces, steps = hypothesis_search(protocol, None if client == "model" else factory, should_stop=stop,
-                                     seed=seed, store_layer=client != "model")
+    traces, steps = hypothesis_search(protocol, client, should_stop=stop, seed=seed,
+                                     store_layer=not client.in_memory, op_timeout=op_timeout)
     stats.by_engine["hypothesis_steps"] = stats.by_engine.get("hypothesis_steps", 0) + steps
     for trace in traces:
         if trace.kind == "store-ops":
-            trace.client, trace.expect = client, {client: "reproduces"}
+            trace.client, trace.expect = client.name, {client.name: "reproduces"}
             return trace
         case = trace.case()
         outcome = run(protocol, case)

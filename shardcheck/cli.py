@@ -19,44 +19,44 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("check", help="search for a violation of any property")
-    c.add_argument("--protocol", default=None, help="short name or MOD:ATTR (default: paper)")
+    c.add_argument("--protocol", default=None, help="a short name (paper, paper-async, rank0-single-writer) or "
+                   "MOD:ATTR (default: paper)")
     c.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
                    "lmcache-patched, or MOD:ATTR of a factory (default: model)")
-    c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default 30)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default 0)")
-    c.add_argument("--out", default="counterexamples/found", help="where counterexamples are written")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default: 30)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default: 0)")
+    c.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds one store call may take before it is a hang (default: 2)")
+    c.add_argument("--out", default="counterexamples/found",
+                   help="where counterexamples are written (default: counterexamples/found)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
 
     pr = sub.add_parser("prove", help="run the Z3 proofs with a seed sweep")
-    pr.add_argument("--json", action="store_true")
-    pr.add_argument("--seeds", type=int, default=10)
+    pr.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
+    pr.add_argument("--seeds", type=int, default=10, help="solver seeds per theorem (default: 10)")
 
-    r = sub.add_parser("replay", help="replay saved traces against a client")
-    r.add_argument("paths", nargs="+", metavar="PATH")
-    r.add_argument("--client", default=None)
-    r.add_argument("--protocol", default=None)
-    r.add_argument("--expect", action="store_true", help="exit 0 iff every outcome equals its expectation")
-    r.add_argument("--json", action="store_true")
+    from shardcheck.replay import add_arguments as replay_arguments
+    replay_arguments(sub.add_parser("replay", help="replay saved traces on the client and protocol they record"))
 
     b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement")
+    b.add_argument("--json", action="store_true", help="print the figures as JSON (default: a table)")
+    b.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default: 5)")
 
     s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
-    s.add_argument("trace")
-    s.add_argument("--svg", default=None, metavar="OUT")
+    s.add_argument("trace", help="a trace file")
+    s.add_argument("--svg", default=None, metavar="OUT", help="also write an SVG sequence diagram here (default: none)")
 
     v = sub.add_parser("verify", help="the main job: proofs, checks, real clients, replays; a summary table")
-    v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default 20)")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
+    v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
 
-    from shardcheck.regen import add_arguments
-    add_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
+    from shardcheck.regen import add_arguments as regen_arguments
+    regen_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
     return p
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
-HANDLERS = {"check": "commands", "prove": "commands", "replay": "commands", "bench": "commands", "show": "commands",
+HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
             "verify": "verify", "regen": "regen"}
 
 
@@ -101,7 +101,9 @@ def stall_limit(args: Any) -> float:
     budget = getattr(args, "budget", None)
     if not (isinstance(budget, float) and budget > 0):
         return STALL_SECONDS
-    floor = 1.0 if getattr(args, "client", None) in (None, "model") else REAL_CLIENT_MIN_STALL
+    from runtime.registry import CLIENTS
+    entry = CLIENTS.get(getattr(args, "client", None) or "model")
+    floor = 1.0 if entry is not None and entry.in_memory else REAL_CLIENT_MIN_STALL
     return min(STALL_SECONDS, max(floor, budget / 4))
 
 

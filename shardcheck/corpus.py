@@ -64,9 +64,9 @@ def without_real(trace: Trace) -> dict:
 
 def measure_real_expectations(paths: list[Path]) -> None:
     """Replay `paths` on every real client (real Valkey servers) and record each outcome as its expectation."""
-    from shardcheck.commands import run_replay
+    from shardcheck.replay import run_replay
     for client in REAL_CLIENTS:
-        _, rows = run_replay([str(p) for p in paths], client)
+        rows = run_replay([str(p) for p in paths], client)
         for row in rows:
             if row["outcome"] == "error":
                 raise RuntimeError(f"{row['path']} on {client}: {row['why']}")

@@ -29,7 +29,8 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
-    from shardcheck.commands import run_check, run_replay
+    from shardcheck.commands import run_check
+    from shardcheck.replay import run_replay
     from shardcheck.corpus import CORPUS
 
     rows: list[dict] = []
@@ -72,7 +73,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
 
     for client in ("model", *REAL_CLIENTS):
         def replay(client: str = client) -> tuple[str, str]:
-            _, res = run_replay([str(CORPUS)], client)
+            res = run_replay([str(CORPUS)], client)
             off = [r["path"] for r in res if not r["matches"]]
             return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
         _step(rows, f"replay corpus --expect on {client}", "as expected", replay)

@@ -1,5 +1,4 @@
 """The counterexample corpus: no drift, every trace reproduces on the model, every trace is minimal."""
-import json
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ def test_every_trace_has_summary_and_expectations():
 
 
 def _reproduces(trace, case):
-    protocol, _ = protocol_of(trace.protocol["ref"])
+    protocol = protocol_of(trace.protocol["ref"]).obj
     return trace.property in run_case(protocol, case).violated()
 
 

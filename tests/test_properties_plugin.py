@@ -35,17 +35,18 @@ def make_protocol() -> Rank0SingleWriter:
 
 def test_short_protocol_names():
     """`paper`, `paper-async`, `rank0-single-writer` and no value resolve to the reference protocols."""
-    assert type(resolve_protocol(None)) is PaperProtocol
-    assert type(resolve_protocol("paper")) is PaperProtocol
-    assert type(resolve_protocol("paper-async")) is PaperProtocolAsync
-    assert type(resolve_protocol("rank0-single-writer")) is Rank0SingleWriter
+    assert type(resolve_protocol(None).obj) is PaperProtocol
+    assert type(resolve_protocol("paper").obj) is PaperProtocol
+    assert resolve_protocol("paper").ref == "model.protocols:PaperProtocol"
+    assert type(resolve_protocol("paper-async").obj) is PaperProtocolAsync
+    assert type(resolve_protocol("rank0-single-writer").obj) is Rank0SingleWriter
 
 
 def test_mod_attr_class_instance_and_factory():
     """MOD:ATTR may name a class (instantiated), an instance (used as is) or a factory (called)."""
-    assert type(resolve_protocol("model.variants:MaxCombine")) is MaxCombine
-    assert resolve_protocol(f"{__name__}:INSTANCE") is INSTANCE
-    assert type(resolve_protocol(f"{__name__}:make_protocol")) is Rank0SingleWriter
+    assert type(resolve_protocol("model.variants:MaxCombine").obj) is MaxCombine
+    assert resolve_protocol(f"{__name__}:INSTANCE").obj is INSTANCE
+    assert type(resolve_protocol(f"{__name__}:make_protocol").obj) is Rank0SingleWriter
 
 
 @pytest.mark.parametrize("spec, named", [
@@ -62,11 +63,14 @@ def test_unusable_protocol_is_a_clear_error(spec, named):
 
 
 def test_client_names():
-    """The client table has exactly the contract's names; `model` is the in-memory factory."""
+    """The client table has exactly the contract's names; `model` is the in-memory factory, the only in-memory one."""
     assert set(CLIENTS) == {"model", "lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched"}
-    assert resolve_client(None) is memory_factory and resolve_client("model") is memory_factory
-    stores = resolve_client("properties.bad_stores:TruncatingStore")(3)
+    assert resolve_client(None).factory is memory_factory and resolve_client("model").factory is memory_factory
+    assert [name for name, e in CLIENTS.items() if e.in_memory] == ["model"]
+    truncating = resolve_client("properties.bad_stores:TruncatingStore")
+    stores = truncating.stores(3)
     assert len(stores) == 3 and all(type(s) is TruncatingStore for s in stores)
+    assert not truncating.in_memory  # a user's client is bounded and driven as a real one
     with pytest.raises(ResolveError, match="nosuch"):
         resolve_client("nosuch:factory")
     with pytest.raises(ResolveError, match="model.effects:TIMED_OUT"):
@@ -121,7 +125,7 @@ def test_plugin_finds_bugs_from_another_directory(tmp_path):
     assert "soundness" in run_case(MaxCombine(), kinds["protocol"].case()).violated()
     store = kinds["store-ops"]  # not shrunk by Hypothesis (a MOD:ATTR client), so minimised before it is written
     assert "1-minimal" in store.notes and len(store.ops) <= 3, store.ops
-    made = bounded_factory(store, async_key_mismatch_factory, store.client)
+    made = bounded_factory(store, resolve_client(store.client))
     assert replay(store, made)[0] == "reproduces"
 
 
