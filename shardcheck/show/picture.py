@@ -172,7 +172,7 @@ def _locate(trace: Trace, rows: list[Row], n: int) -> tuple[list[Violation], dic
     return out, bad_status
 
 
-def _header(trace: Trace, n: int) -> tuple[str, list[str]]:
+def _header(trace: Trace, n: int, keys: Keys) -> tuple[str, list[str]]:
     proto = trace.protocol if isinstance(trace.protocol, dict) else {}
     name, ref = proto.get("name", "?"), proto.get("ref")
     violations = trace.verdict.get("violations", []) if isinstance(trace.verdict, dict) else []
@@ -192,10 +192,11 @@ def _header(trace: Trace, n: int) -> tuple[str, list[str]]:
                          f"cached {lk.get('cached')}")
         if trace.schedule:
             lines.append("schedule " + clip(" ".join(map(str, trace.schedule)), 100))
-        lines.append(f"keys     cI = kv:<hash of chunk I>:pcp{cfg.get('n_ranks')}:r<rank>; hI = GetAsync handle I")
     else:
         lines.append(f"config   {brief(cfg, 100)}" if cfg else "config   -")
         lines.append(f"ops      {len(trace.ops)} store-client operations over {n} rank(s)")
+    legend = keys.legend(("hI = GetAsync handle I",) if trace.kind == "protocol" else ())
+    lines += [("keys     " if i == 0 else " " * 9) + line for i, line in enumerate(legend)]
     lines.append(f"verdict  {verdict}" + (f"   expect {trace.expect}" if trace.expect else ""))
     for v in violations:
         if isinstance(v, dict):
@@ -273,7 +274,7 @@ def picture(trace: Trace) -> Picture:
                 if not any(v.prop == "hang" and v.row == i for v in violations):
                     violations.append(Violation("hang", f"!! hang: rank {row.rank} never returns from {row.text}",
                                                  row.rank, i))
-    title, header = _header(trace, n)
+    title, header = _header(trace, n, keys)
     for row in rows:  # nothing from the trace reaches a terminal or the SVG with control characters
         row.text, row.result, row.hung, row.bad = map(safe, (row.text, row.result, row.hung, row.bad))
     for v in violations:

@@ -186,9 +186,9 @@ def ops_rows(trace: Trace, keys: Keys) -> list[Row]:
         rank = as_int(op.get("rank"))
         name = str(op.get("op"))
         text = name + (f" h{op['handle']}" if as_int(op.get("handle")) is not None else "")
-        text += f" {keys(op['key'])}" if "key" in op else ""
+        text += f" {keys(op['key'], rank)}" if "key" in op else ""
         if isinstance(op.get("keys"), list):
-            text += " [" + ",".join(keys(k) for k in op["keys"][:4]) + (",.." if len(op["keys"]) > 4 else "") + "]"
+            text += " [" + ",".join(keys(k, rank) for k in op["keys"][:4]) + (",.." if len(op["keys"]) > 4 else "") + "]"
         size = nbytes(op.get("value"))
         if size is not None:
             text += f" {size}B"
