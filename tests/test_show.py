@@ -320,12 +320,14 @@ def _generated() -> list[Trace]:
 
 
 def _check_renders(trace: Trace) -> None:
+    """Both renderings mark exactly the properties of the trace's verdict, and nothing when it has none."""
     text, root = timeline(trace), ET.fromstring(svg(trace))
-    bad = bool(trace.verdict.get("violations"))
-    assert text.strip() and ("!!" in text) == bad
+    props = {v["property"] for v in trace.verdict.get("violations")}
+    assert text.strip() and ("!!" in text) == bool(props)
     assert len(_all(root, "lifeline")) >= 1
-    assert (root.find(".//*[@id='violation']") is not None) == bad
-    assert bool(_all(root, "violation")) == bad
+    assert (root.find(".//*[@id='violation']") is not None) == bool(props)
+    assert {e.get("data-property") for e in _all(root, "violation")} == props
+    assert set(re.findall(r"^!! ([\w-]+)", text, re.M)) == props
 
 
 def test_every_demo_variant_renders():
@@ -336,13 +338,17 @@ def test_every_demo_variant_renders():
         _check_renders(t)
 
 
-def test_every_stored_counterexample_renders(tmp_path):
-    """Every counterexamples/*.json renders (and, with none stored yet, the generated traces via files do)."""
+def test_every_stored_counterexample_renders():
+    """Every counterexamples/*.json draws a lifeline per rank and marks exactly its verdict's properties."""
     files = sorted(COUNTEREXAMPLES.glob("*.json"))
-    if not files:
-        files = [t.save(tmp_path / f"{i}.json") for i, t in enumerate(_generated())]
+    assert len(files) >= 20, "the curated corpus is missing: this test must not pass on no files"
     for f in files:
-        _check_renders(Trace.load(f))
+        t = Trace.load(f)
+        props = {v["property"] for v in t.verdict["violations"]}
+        assert t.property in props, f.name
+        _check_renders(t)
+        assert len(_all(_parse(t), "lifeline")) == t.config["n_ranks"], f.name
+        assert f"verdict  VIOLATED {', '.join(sorted(props))}" in timeline(t), f.name
 
 
 # -- show_command --------------------------------------------------------------------------------------
