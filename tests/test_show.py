@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import ClassVar
 
+import attrs
 import pytest
 
 from model.effects import TIMED_OUT
@@ -317,12 +320,14 @@ def _generated() -> list[Trace]:
 
 
 def _check_renders(trace: Trace) -> None:
+    """Both renderings mark exactly the properties of the trace's verdict, and nothing when it has none."""
     text, root = timeline(trace), ET.fromstring(svg(trace))
-    bad = bool(trace.verdict.get("violations"))
-    assert text.strip() and ("!!" in text) == bad
+    props = {v["property"] for v in trace.verdict.get("violations")}
+    assert text.strip() and ("!!" in text) == bool(props)
     assert len(_all(root, "lifeline")) >= 1
-    assert (root.find(".//*[@id='violation']") is not None) == bad
-    assert bool(_all(root, "violation")) == bad
+    assert (root.find(".//*[@id='violation']") is not None) == bool(props)
+    assert {e.get("data-property") for e in _all(root, "violation")} == props
+    assert set(re.findall(r"^!! ([\w-]+)", text, re.M)) == props
 
 
 def test_every_demo_variant_renders():
@@ -333,13 +338,17 @@ def test_every_demo_variant_renders():
         _check_renders(t)
 
 
-def test_every_stored_counterexample_renders(tmp_path):
-    """Every counterexamples/*.json renders (and, with none stored yet, the generated traces via files do)."""
+def test_every_stored_counterexample_renders():
+    """Every counterexamples/*.json draws a lifeline per rank and marks exactly its verdict's properties."""
     files = sorted(COUNTEREXAMPLES.glob("*.json"))
-    if not files:
-        files = [t.save(tmp_path / f"{i}.json") for i, t in enumerate(_generated())]
+    assert len(files) >= 20, "the curated corpus is missing: this test must not pass on no files"
     for f in files:
-        _check_renders(Trace.load(f))
+        t = Trace.load(f)
+        props = {v["property"] for v in t.verdict["violations"]}
+        assert t.property in props, f.name
+        _check_renders(t)
+        assert len(_all(_parse(t), "lifeline")) == t.config["n_ranks"], f.name
+        assert f"verdict  VIOLATED {', '.join(sorted(props))}" in timeline(t), f.name
 
 
 # -- show_command --------------------------------------------------------------------------------------
@@ -371,3 +380,82 @@ def test_show_command_bad_trace(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(bad) in err and "'kind'" in err
     assert show_command(str(tmp_path / "missing.json"), None) == 2
+
+
+# -- keys in the trace's own format ---------------------------------------------------------------------
+@attrs.define(frozen=True)
+class _PositionKeys(PaperProtocol):
+    """Keys name the chunk's position instead of its prefix hash."""
+
+    name: ClassVar[str] = "position-keys"
+
+    def key(self, chunk: int, chunk_hash: str, rank: int, n_ranks: int) -> str:
+        return f"chunk/{chunk}"
+
+
+@attrs.define(frozen=True)
+class _TenantKeys(PaperProtocol):
+    """Rank 0 keys chunks under tenant A, every other rank under tenant B."""
+
+    name: ClassVar[str] = "tenant-keys"
+
+    def key(self, chunk: int, chunk_hash: str, rank: int, n_ranks: int) -> str:
+        return f"tenant{'A' if rank == 0 else 'B'}|{chunk_hash}"
+
+
+def _legend(text: str) -> dict[str, str]:
+    """The `label = key` entries of a timeline's `keys` header lines."""
+    lines = text.split("\nkeys     ", 1)[1].split("\nverdict", 1)[0].splitlines()
+    joined = "".join(line.strip() + (" " if line.endswith(";") else "") for line in lines)
+    entries = joined.split("; ")
+    return dict(e.split(" = ", 1) for e in entries)
+
+
+def _foreign_ops_trace() -> Trace:
+    """A store-ops trace whose keys are long, hashed, and shaped like generated labels."""
+    sha = hashlib.sha256(b"prompt").hexdigest()
+    keys = [f"tenantA|{sha}", f"tenantB|{sha}", "model=llama-3-70b/layer=12/chunk=0004", "k1", "c0", "short/7"]
+    return Trace(kind="store-ops", property="store-roundtrip", summary="-", protocol={"name": "-", "ref": None},
+                 client="x", config={"n_ranks": 1}, ops=[{"op": "put", "rank": 0, "key": k} for k in keys],
+                 verdict={"violations": []})
+
+
+def test_position_keys_are_shown_in_full():
+    """Short keys of a foreign format (`chunk/<pos>`) are their own labels; the legend claims no `kv:` format."""
+    text = timeline(_trace(_PositionKeys(), Case(2, 3)))
+    assert "Put chunk/0 23B" in text and "Get chunk/2 -> hit" in text and "has chunk/1? -> yes" in text
+    assert _legend(text) == {"hI": "GetAsync handle I"} and "kv:" not in text
+
+
+def test_hashed_keys_of_a_foreign_format_are_chunk_labels():
+    """`tenantX|<chunk hash>` keys are `cI` per template, and the legend gives each template in full."""
+    t = _trace(_TenantKeys(), Case(2, 3))
+    text = timeline(t)
+    assert _legend(text) == {"cI": "tenantA|<hash of chunk I>", "cIa": "tenantB|<hash of chunk I>",
+                             "hI": "GetAsync handle I"}
+    assert re.search(r"^store .*\| Put c0 23B", text, re.M) and re.search(r"\| Put c1a 28B", text)
+    assert "kv:" not in text and "tenantB|&lt;hash of chunk I&gt;" in svg(t)
+
+
+def test_reference_keys_keep_the_rank_template():
+    """The reference keys of two ranks share one template with `<rank>`; one rank's keys are named in full."""
+    assert _legend(timeline(_trace(PaperProtocol(), Case(2, 3))))["cI"] == "kv:<hash of chunk I>:pcp2:r<rank>"
+    assert _legend(timeline(_trace(PaperProtocol(), Case(2, 1))))["cI"] == "kv:<hash of chunk I>:pcp2:r0"
+
+
+def test_wrong_key_gets_its_own_label():
+    """A read of a key the store path never wrote gets a label of its own, so it cannot pass for the written one."""
+    text = timeline(_trace(WrongAsyncKey(), Case(2, 2)))
+    assert _legend(text)["cIa"] == "kv:<hash of chunk I>:pcp2" and "GetAsync c0a -> h0 <- unwritten key" in text
+
+
+def test_long_foreign_keys_map_back_to_their_keys():
+    """Every op's label in a store-ops trace with long foreign keys maps back, through the legend, to its own key."""
+    t = _foreign_ops_trace()
+    text = timeline(t)
+    legend = _legend(text)
+    labels = [re.search(rf"^ops +{i} +\| put (\S+) -> ok", text, re.M).group(1) for i in range(len(t.ops))]
+    assert [legend.get(label, label) for label in labels] == [op["key"] for op in t.ops]
+    assert len(set(labels)) == len(labels) and max(map(len, labels)) <= 18
+    assert labels[:2] == [f"tenantA|{t.ops[0]['key'][8:12]}..", f"tenantB|{t.ops[1]['key'][8:12]}.."]
+    assert labels[5] == "short/7" and labels[3] != "k1" and labels[4] != "c0"

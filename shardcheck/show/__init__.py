@@ -1,0 +1,48 @@
+"""`shardcheck show TRACE [--svg OUT]`: a stored run as a terminal timeline and as an SVG sequence diagram.
+
+Both renderings are pure functions of a `model.trace.Trace` and share one intermediate form,
+`picture.Picture`: the trace read into rows (one per event: a store op, a collective arrival or completion,
+an eviction, a lookup step), the end state of every rank's lifeline, and the violations located on those rows.
+`terminal.timeline` lays the rows out as text columns (one per rank), `diagram.svg` as a sequence diagram.
+Stdlib only; every value shown comes from the trace, so a hand-edited trace renders too.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from model.trace import Trace, TraceError
+from shardcheck.show.diagram import svg
+from shardcheck.show.terminal import timeline
+
+__all__ = ["timeline", "svg", "show_command"]
+
+
+def show_command(path: str, svg_out: str | None) -> int:
+    """`shardcheck show PATH [--svg OUT]`: print the timeline, write the SVG; 2 on a bad trace or OUT."""
+    try:
+        trace = Trace.load(path)
+    except TraceError as exc:
+        print(f"shardcheck show: {exc}", file=sys.stderr)
+        return 2
+    if svg_out is not None:
+        parent = Path(svg_out).parent
+        if not parent.is_dir():
+            print(f"shardcheck show: cannot write the SVG to {svg_out}: directory {str(parent)!r} does not exist",
+                  file=sys.stderr)
+            return 2
+        if Path(svg_out).resolve() == Path(path).resolve():
+            print(f"shardcheck show: refusing to write the SVG over the trace itself ({svg_out})", file=sys.stderr)
+            return 2
+        if Path(svg_out).is_dir():
+            print(f"shardcheck show: cannot write the SVG to {svg_out}: it is a directory", file=sys.stderr)
+            return 2
+    sys.stdout.write(timeline(trace))
+    if svg_out is not None:
+        try:
+            Path(svg_out).write_text(svg(trace), encoding="utf-8")
+        except OSError as exc:
+            print(f"shardcheck show: cannot write the SVG to {svg_out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {svg_out}")
+    return 0
