@@ -1,0 +1,37 @@
+"""One op timeout reaches every wait: regression tests for the bounds that used to differ per engine."""
+import inspect
+
+from adapters import lmcache_stores, patched
+from adapters.probe import probe
+from model.calls import DEFAULT_OP_TIMEOUT
+from model.harness import Case
+from model.protocols import PaperProtocolAsync
+from properties.bad_stores import blocking_miss_factory
+from runtime import bounded, pool
+from runtime.pool import ClientPool
+from runtime.registry import resolve_client
+
+
+def test_pool_op_timeout_bounds_the_wait_for_an_async_completion():
+    """A completion that never comes is a hang after the pool's op timeout, not after a fixed 10 s."""
+    with ClientPool(resolve_client("properties.bad_stores:lost_async_factory"), op_timeout=0.2) as p:
+        out = p.run(PaperProtocolAsync(), Case(n_ranks=1, n_chunks=1))
+    hangs = [v for v in out.violations if v.property == "hang"]
+    assert hangs and hangs[0].detail["seconds"] == 0.2, out.violations
+
+
+def test_probe_bounds_every_call_of_a_client_that_does_not_bound_itself():
+    """The probe reports a GET that blocks as a timeout at its op timeout (it used to wait for the client)."""
+    findings = probe(blocking_miss_factory, 1, client="blocking-miss", op_timeout=0.2, checks=("miss-prompt",))
+    assert [f.check for f in findings] == ["miss-prompt"]
+    assert findings[0].violating.outcome == "timeout" and "within 0.2 s" in findings[0].summary
+
+
+def test_one_default_op_timeout():
+    """The pool, the bounded calls and the LMCache adapters default to the one `model.calls.DEFAULT_OP_TIMEOUT`."""
+    assert pool.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT
+    defaults = [inspect.signature(f).parameters["op_timeout"].default
+                for f in (ClientPool.__init__, lmcache_stores.BackendStore.__init__,
+                          lmcache_stores.NativeStore.__init__, patched.PatchedBackendStore.__init__)]
+    assert set(defaults) == {DEFAULT_OP_TIMEOUT}
+    assert not hasattr(bounded, "DEFAULT_OP_TIMEOUT") or bounded.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT
