@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
+from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
 from model.store import MemoryStore
@@ -16,8 +17,6 @@ from model.trace import Trace, decode, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
-#: The store-client properties an op sequence can violate.
-STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
 OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
 
 

@@ -1,10 +1,13 @@
 """Every property of the contract's "What the harness checks", as a named function over a run's outcome.
 
-Each function takes an `Outcome` (see `model.harness`) and returns the list of `Violation`s it finds.
+Each function takes an `Outcome` (see `model.outcome`) and returns the list of `Violation`s it finds; `CATALOG`
+holds every property of every layer as a `Property` record (name, layer, check, demos).
 """
 from __future__ import annotations
 
 from typing import Callable
+
+import attrs
 
 from model.outcome import Outcome, Violation
 
@@ -113,12 +116,67 @@ def _preview(b) -> str:
     return repr(b)
 
 
-CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = (
-    soundness, completeness, run_faults, prefix, agreement, within_plan, integrity, maximality, key_consistency)
+@attrs.frozen(kw_only=True)
+class Property:
+    """One property: its name, its layer, the check that finds it, and the known-bad demos that violate it.
 
-#: Every property name a violation can carry.
-PROPERTIES = ("soundness", "completeness", "prefix", "agreement", "within-plan", "integrity", "maximality",
-              "desync", "deadlock", "hang", "termination", "key-consistency")
+    `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time) or
+    "concurrency" (a store client called from several callers at once). `check`: the function over an `Outcome`
+    that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
+    hang and termination, reported through `run_faults`; the store layers' runners). `demos`: `MOD:ATTR` of each
+    known-bad protocol or client built to violate it (every property has one, so every check can fail).
+    """
+
+    name: str
+    layer: str
+    about: str
+    demos: tuple[str, ...]
+    check: Callable[[Outcome], list[Violation]] | None = None
+
+
+def _protocol(name: str, about: str, check: Callable | None, *demos: str) -> Property:
+    return Property(name=name, layer="protocol", about=about, check=check,
+                    demos=tuple(f"model.variants:{d}" for d in demos))
+
+
+def _store(name: str, about: str, *demos: str) -> Property:
+    return Property(name=name, layer="store", about=about,
+                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+
+
+#: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),
+#: and a demo that violates it (ARCHITECTURE.md).
+CATALOG: tuple[Property, ...] = (
+    _protocol("soundness", "planned <= LCP", soundness, "MaxCombine"),
+    _protocol("completeness", "planned >= LCP", completeness,
+              "OwnCountReport", "EmptyRankReportsZero", "MismatchedOwnership"),
+    _protocol("desync", "the k-th collectives of all ranks match", None, "EarlyExitOnMiss"),
+    _protocol("deadlock", "some rank can always progress", None, "SkipEmptyGather"),
+    _protocol("hang", "no rank waits forever on a completion", None, "UnboundedWaitAsync"),
+    _protocol("termination", "the load ends within the step bound; protocol code returns", None,
+              "RetryUntilPresent"),
+    _protocol("prefix", "every rank's result is a prefix 0..u-1", prefix, "GappyLoad"),
+    _protocol("agreement", "all ranks agree on u", agreement, "GiveUpOnLocalMiss"),
+    _protocol("within-plan", "u <= planned", within_plan, "AlignedPlanGreedyLoad"),
+    _protocol("integrity", "every returned value equals the stored KV", integrity, "ByteOffByOne"),
+    _protocol("maximality", "u == planned without a fault after the lookup", maximality, "PessimisticLoad"),
+    _protocol("key-consistency", "a load reads only keys its store path wrote", key_consistency, "WrongAsyncKey"),
+    _store("store-hang", "every call and completion returns within the op timeout",
+           "blocking_miss_factory", "lost_async_factory"),
+    _store("store-roundtrip", "every answer equals the oracle's, on every read path",
+           "truncating_factory", "async_key_mismatch_factory", "shared_server_factory"),
+    _store("store-error", "no call raises; the client stays usable", "unusable_after_miss_factory"),
+)
+BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}
+
+#: The protocol layer's checks, in report order (`run_faults` stands for the simulator's properties).
+CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = tuple(dict.fromkeys(
+    p.check or run_faults for p in CATALOG if p.layer == "protocol"))
+
+#: Every property name a protocol run's violation can carry.
+PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
+#: The store layer's properties.
+STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
 
 
 def check_outcome(o: Outcome) -> list[Violation]:

@@ -1,6 +1,7 @@
 """Known-bad demo variants: each violates at least one property, proving that check can fail.
 
-`DEMO_VARIANTS` maps every variant to the property it is built to violate.
+`DEMO_VARIANTS` maps every variant to the property it is built to violate (each property's record in
+`model.checks.CATALOG` names its demos).
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import ClassVar
 
 import attrs
 
+from model.checks import CATALOG
 from model.effects import AllGather, AllReduceMin, Get, GetAsync, Put, TIMED_OUT, Wait
 from model.protocols import PaperProtocol, PaperProtocolAsync, assemble, owned_chunks
 
@@ -204,20 +206,6 @@ class WrongAsyncKey(PaperProtocolAsync):
         return planned, fetched
 
 
-#: Every demo variant and the property it is built to violate.
-DEMO_VARIANTS: dict[type, str] = {
-    OwnCountReport: "completeness",
-    EmptyRankReportsZero: "completeness",
-    MaxCombine: "soundness",
-    MismatchedOwnership: "completeness",
-    GappyLoad: "prefix",
-    GiveUpOnLocalMiss: "agreement",
-    AlignedPlanGreedyLoad: "within-plan",
-    ByteOffByOne: "integrity",
-    PessimisticLoad: "maximality",
-    EarlyExitOnMiss: "desync",
-    SkipEmptyGather: "deadlock",
-    UnboundedWaitAsync: "hang",
-    RetryUntilPresent: "termination",
-    WrongAsyncKey: "key-consistency",
-}
+#: Every demo variant and the property it is built to violate (from `model.checks.CATALOG`).
+DEMO_VARIANTS: dict[type, str] = {globals()[ref.partition(":")[2]]: p.name
+                                  for p in CATALOG if p.layer == "protocol" for ref in p.demos}

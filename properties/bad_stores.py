@@ -10,6 +10,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable
 
+from model.checks import CATALOG
 from model.store import MemoryStore
 
 #: How long a blocking bad store blocks at most when nobody closes it.
@@ -96,12 +97,7 @@ truncating_factory = _per_rank(TruncatingStore)
 async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
 
-#: Every bad store: its factory and the store-layer property it violates.
+#: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
-    "blocking-miss": (blocking_miss_factory, "store-hang"),
-    "lost-async": (lost_async_factory, "store-hang"),
-    "truncating": (truncating_factory, "store-roundtrip"),
-    "async-key-mismatch": (async_key_mismatch_factory, "store-roundtrip"),
-    "unusable-after-miss": (unusable_after_miss_factory, "store-error"),
-    "shared-server": (shared_server_factory, "store-roundtrip"),
-}
+    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
+    for p in CATALOG if p.layer == "store" for ref in p.demos}

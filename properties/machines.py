@@ -29,7 +29,7 @@ from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, precondition, rule
 
-from model.checks import PROPERTIES
+from model.checks import PROPERTIES, STORE_PROPERTIES
 from model.contract import StoreCallTimeout
 from model.harness import run_case
 from model.outcome import Violation
@@ -45,8 +45,6 @@ __all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERT
 #: Rule executions per layer (`properties.bench` reads it).
 RULE_STEPS: collections.Counter = collections.Counter()
 
-#: The store layer's properties (the names `engines.storeops` gives them).
-STORE_PROPERTIES = ("store-hang", "store-roundtrip", "store-error")
 
 
 class PropertyViolated(AssertionError):

@@ -1,0 +1,33 @@
+"""The property catalog: every property of every layer has a record, a check or an engine, and a demo."""
+import inspect
+
+from model import checks, protocols, variants
+from model.checks import CATALOG, CHECKS, PROPERTIES
+from runtime.registry import load_attr
+
+
+def test_every_property_has_a_resolvable_demo():
+    """Each record names at least one known-bad demo, and every demo resolves to a class or factory."""
+    assert len({p.name for p in CATALOG}) == len(CATALOG)
+    for p in CATALOG:
+        assert p.layer in ("protocol", "store", "concurrency") and p.about and p.demos, p
+        for ref in p.demos:
+            assert callable(load_attr(ref, "demo")), ref
+
+
+def test_every_demo_variant_class_is_in_the_catalog():
+    """Every protocol class `model.variants` defines (beyond the reference ones) is some property's demo."""
+    defined = {c for _, c in inspect.getmembers(variants, inspect.isclass)
+               if c.__module__ == variants.__name__}
+    assert defined == set(variants.DEMO_VARIANTS)
+    assert not set(variants.DEMO_VARIANTS) & {c for _, c in inspect.getmembers(protocols, inspect.isclass)}
+
+
+def test_checks_follow_the_catalog():
+    """The protocol checks run in catalog order, and each protocol property is found by a check or the simulator."""
+    assert [c.__name__ for c in CHECKS] == ["soundness", "completeness", "run_faults", "prefix", "agreement",
+                                             "within_plan", "integrity", "maximality", "key_consistency"]
+    simulator_found = {p.name for p in CATALOG if p.layer == "protocol" and p.check is None}
+    assert simulator_found == {"desync", "deadlock", "hang", "termination"}
+    assert set(PROPERTIES) == {p.name for p in CATALOG if p.layer == "protocol"}
+    assert all(getattr(checks, c.__name__) is c for c in CHECKS)
