@@ -8,9 +8,8 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from model.faults import Eviction, FaultPlan
+from model.faults import FAULT_KINDS, Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
-from model.protocols import DEFAULT_WAIT_TIMEOUT
 
 Runner = Callable[[Any, Case], Outcome]
 ENUM_RANKS = range(1, 5)
@@ -27,51 +26,38 @@ def _evicted_sets(k: int) -> Iterator[tuple[Eviction, ...]]:
         yield tuple(Eviction(c) for c in range(k) if mask >> c & 1)
 
 
-def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> Iterator[Case]:
-    """Every case of one enumeration level, smallest configurations first.
+def _level_cost(level: str) -> int:
+    """Cases one cached set of 2 ranks x 3 chunks costs at `level`: levels run cheapest first."""
+    return sum(sum(1 for _ in k.singles(2, 3)) for k in FAULT_KINDS if k.level == level)
 
-    Levels: `cached` (every cached set, no later fault), `after-lookup` (every cached set x every single
-    eviction between lookup and load), `during-load` (x every single eviction before every load step),
-    `completions` (x every single lost completion, and a completion delayed past the wait timeout).
-    """
+
+#: The enumeration levels: every cached set alone, then with every single fault of each level's kinds.
+LEVELS = ("cached", *sorted(dict.fromkeys(k.level for k in FAULT_KINDS if k.level is not None), key=_level_cost))
+
+
+def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> Iterator[Case]:
+    """Every case of one enumeration level, smallest configurations first: every cached set (`cached`), or every
+    cached set with every single fault of the kinds of that level (`model.faults.FAULT_KINDS`; the kinds of one
+    level alternate fault by fault)."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown enumeration level {level!r} (known: {', '.join(LEVELS)})")
+    kinds = [k for k in FAULT_KINDS if k.level == level]
     for n, k in sizes or _sizes():
         for before in _evicted_sets(k):
             plan = FaultPlan(evict_before_lookup=before)
             if level == "cached":
                 yield Case(n, k, faults=plan)
-            elif level == "after-lookup":
-                for c in range(k):
-                    yield Case(n, k, faults=attrs.evolve(plan, evict_after_lookup=(Eviction(c),)))
-            elif level == "during-load":
-                for step in range(2 * k + 3 * n):
-                    for c in range(k):
-                        yield Case(n, k, faults=attrs.evolve(plan, evict_during_load=(Eviction(c, step=step),)))
-            elif level == "completions":
-                for r in range(n):
-                    for i in range(-(-k // n)):
-                        yield Case(n, k, faults=attrs.evolve(plan, lost=((r, i),)))
-                        yield Case(n, k, faults=attrs.evolve(plan, delayed=((r, i, 2 * DEFAULT_WAIT_TIMEOUT),)))
-            else:
-                raise ValueError(f"unknown enumeration level {level!r}")
-
-
-LEVELS = ("cached", "after-lookup", "completions", "during-load")
+                continue
+            for singles in zip(*(kind.singles(n, k) for kind in kinds)):
+                for kind, item in zip(kinds, singles):
+                    yield Case(n, k, faults=attrs.evolve(plan, **{kind.field: (item,)}))
 
 
 def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32) -> Case:
     """A seeded random case beyond the enumerated sizes: random sizes, cached set, faults and schedule seed."""
     n, k = rng.randint(1, max_ranks), rng.randint(0, max_chunks)
-    before = tuple(Eviction(c) for c in range(k) if rng.random() < 0.1)
-    faults: dict[str, Any] = {"evict_before_lookup": before}
-    if k and rng.random() < 0.4:
-        faults["evict_after_lookup"] = (Eviction(rng.randrange(k)),)
-    if k and rng.random() < 0.4:
-        faults["evict_during_load"] = (Eviction(rng.randrange(k), step=rng.randrange(2 * k + 3 * n)),)
-    if k and rng.random() < 0.3:
-        faults["lost"] = ((rng.randrange(n), rng.randrange(-(-k // n))),)
-    if k and rng.random() < 0.3:
-        faults["delayed"] = ((rng.randrange(n), rng.randrange(-(-k // n)), rng.choice([0.5, 2.0])),)
-    return Case(n, k, salt=f"r{rng.getrandbits(32):08x}", faults=FaultPlan(**faults), seed=rng.getrandbits(32))
+    faults = FaultPlan(**{kind.field: kind.draw(rng, n, k) for kind in FAULT_KINDS})
+    return Case(n, k, salt=f"r{rng.getrandbits(32):08x}", faults=faults, seed=rng.getrandbits(32))
 
 
 @attrs.define
@@ -125,35 +111,26 @@ def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[]
 
 
 def _shrinks(case: Case) -> Iterator[Case]:
-    """Smaller neighbours of `case`: fewer ranks or chunks, fewer faults, no schedule or seed."""
+    """Smaller neighbours of `case`: fewer ranks or chunks, fewer faults, simpler faults, no schedule or seed."""
     f = case.faults
     if case.n_ranks > 1:
         n = case.n_ranks - 1
-        yield attrs.evolve(case, n_ranks=n, schedule=(), faults=_restrict(f, n, case.n_chunks))
+        yield attrs.evolve(case, n_ranks=n, schedule=(), faults=f.restricted(n, case.n_chunks))
     if case.n_chunks > 0:
         k = case.n_chunks - 1
-        yield attrs.evolve(case, n_chunks=k, schedule=(), faults=_restrict(f, case.n_ranks, k))
-    for field in ("evict_before_lookup", "evict_after_lookup", "evict_during_load", "lost", "delayed"):
-        for i in range(len(getattr(f, field))):
-            yield attrs.evolve(case, faults=f.without(field, i))
-    for i, e in enumerate(f.evict_during_load):
-        if e.step:
-            moved = list(f.evict_during_load)
-            moved[i] = attrs.evolve(e, step=e.step - 1)
-            yield attrs.evolve(case, faults=attrs.evolve(f, evict_during_load=tuple(moved)))
+        yield attrs.evolve(case, n_chunks=k, schedule=(), faults=f.restricted(case.n_ranks, k))
+    for kind in FAULT_KINDS:
+        for i in range(len(getattr(f, kind.field))):
+            yield attrs.evolve(case, faults=f.without(kind.field, i))
+    for kind in FAULT_KINDS:
+        items = getattr(f, kind.field)
+        for i, item in enumerate(items):
+            for simpler in kind.smaller(item):
+                yield attrs.evolve(case, faults=attrs.evolve(f, **{kind.field: items[:i] + (simpler,) + items[i + 1:]}))
     if case.seed is not None or case.schedule:
         yield attrs.evolve(case, seed=None, schedule=())
     if case.salt != "s0":
         yield attrs.evolve(case, salt="s0")
-
-
-def _restrict(f: FaultPlan, n: int, k: int) -> FaultPlan:
-    def ok(e: Eviction) -> bool:
-        return e.chunk < k and (e.rank is None or e.rank < n)
-
-    return FaultPlan(tuple(filter(ok, f.evict_before_lookup)), tuple(filter(ok, f.evict_after_lookup)),
-                     tuple(filter(ok, f.evict_during_load)), tuple(x for x in f.lost if x[0] < n),
-                     tuple(x for x in f.delayed if x[0] < n))
 
 
 def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000,

@@ -13,12 +13,15 @@ import attrs
 from model.checks import check_outcome
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import Put
-from model.faults import Eviction, FaultPlan
-from model.outcome import Case, Event, Outcome, SimResult, Violation, default_step_bound, leading_run
+from model.faults import Eviction
+from model.outcome import Case, Event, Outcome, Violation, default_step_bound, leading_run
 from model.sim import lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
 
+
+__all__ = ["chunk_hashes", "kv_bytes", "Shadow", "store_phase", "lookup_phase", "run_case", "Case", "Outcome",
+           "default_step_bound", "leading_run"]
 
 def chunk_hashes(n_chunks: int, salt: str) -> list[str]:
     """Prefix-chain hashes: chunk c's hash covers the salt and every chunk before it."""
@@ -111,21 +114,22 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     if out.violations:
         return out
     try:
-        for e in case.faults.evict_before_lookup:
-            shadow.evict(e)
+        for kind, e in case.faults.items():
+            if kind.when == "before-lookup":
+                shadow.evict(e)
         lookup_phase(protocol, out, stores, shadow)
         if out.violations:
             return out
-        for e in case.faults.evict_after_lookup:
-            shadow.evict(e)
+        for kind, e in case.faults.items():
+            if kind.when == "after-lookup":
+                shadow.evict(e)
     except StoreCallTimeout as exc:
         out.violations = [Violation("hang", f"eviction: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
         return out
     chooser = seeded_chooser(case.seed) if case.seed is not None else lowest_runnable
     out.load = simulate([protocol.rank_load(r, n, out.hashes, out.planned) for r in range(n)], stores, phase="load",
                         schedule=case.schedule, chooser=chooser, step_bound=case.bound(),
-                        lost=case.faults.lost, delayed=case.faults.delayed,
-                        evictions=case.faults.evict_during_load, evict=shadow.evict, wait_bound=wait_bound)
+                        evict=shadow.evict, wait_bound=wait_bound, **case.faults.simulator_options())
     out.events.extend(out.load.events)
     out.violations = check_outcome(out)
     return out

@@ -273,54 +273,20 @@ def _validate_protocol(data: dict, path: Any) -> None:
         plan = faults_from_json(data["faults"])
     except (TypeError, ValueError, KeyError) as exc:
         raise TraceError(path, "faults", str(exc)) from None
-    n, k = cfg["n_ranks"], cfg["n_chunks"]
-    for field in ("evict_before_lookup", "evict_after_lookup", "evict_during_load"):
-        for i, e in enumerate(getattr(plan, field)):
-            if not 0 <= e.chunk < k or (e.rank is not None and not 0 <= e.rank < n) or (e.step is not None and e.step < 0):
-                raise TraceError(path, f"faults.{field}[{i}]", f"chunk {e.chunk}, rank {e.rank}, step {e.step} is "
-                                 f"outside {n} ranks x {k} chunks")
-    for field in ("lost", "delayed"):
-        for i, x in enumerate(getattr(plan, field)):
-            if not 0 <= x[0] < n or x[1] < 0:
-                raise TraceError(path, f"faults.{field}[{i}]", f"rank {x[0]}, GetAsync #{x[1]} is outside {n} ranks")
+    for field, problem in plan.problems(cfg["n_ranks"], cfg["n_chunks"]):
+        raise TraceError(path, f"faults.{field}", problem)
     if not isinstance(data["protocol"].get("name"), str):
         raise TraceError(path, "protocol.name", "expected a string")
 
 
 def faults_to_json(plan: FaultPlan) -> dict:
-    def ev(e: Eviction) -> dict:
-        return {k: v for k, v in attrs.asdict(e).items() if v is not None}
-
-    return {"evict_before_lookup": [ev(e) for e in plan.evict_before_lookup],
-            "evict_after_lookup": [ev(e) for e in plan.evict_after_lookup],
-            "evict_during_load": [ev(e) for e in plan.evict_during_load],
-            "lost": [list(x) for x in plan.lost], "delayed": [list(x) for x in plan.delayed]}
+    """A trace's `faults` object (`FaultPlan.to_json`)."""
+    return plan.to_json()
 
 
 def faults_from_json(data: dict) -> FaultPlan:
-    if not isinstance(data, dict):
-        raise TypeError(f"expected an object, got {type(data).__name__}")
-    unknown = set(data) - {"evict_before_lookup", "evict_after_lookup", "evict_during_load", "lost", "delayed"}
-    if unknown:
-        raise ValueError(f"unknown fault kind {sorted(unknown)[0]!r}")
-
-    def evs(name: str, need_step: bool) -> list[Eviction]:
-        out = []
-        for i, e in enumerate(data.get(name, [])):
-            if not isinstance(e, dict) or not isinstance(e.get("chunk"), int):
-                raise ValueError(f"{name}[{i}]: expected an object with an integer 'chunk'")
-            if need_step and not isinstance(e.get("step"), int):
-                raise ValueError(f"{name}[{i}]: expected an integer 'step'")
-            out.append(Eviction(e["chunk"], e.get("rank"), e.get("step")))
-        return out
-
-    for name, width in (("lost", 2), ("delayed", 3)):
-        for i, x in enumerate(data.get(name, [])):
-            if not isinstance(x, list) or len(x) != width or not all(isinstance(v, (int, float)) for v in x):
-                raise ValueError(f"{name}[{i}]: expected a list of {width} numbers")
-    return FaultPlan(evs("evict_before_lookup", False), evs("evict_after_lookup", False),
-                     evs("evict_during_load", True), [tuple(map(int, x)) for x in data.get("lost", [])],
-                     [(int(r), int(i), float(d)) for r, i, d in data.get("delayed", [])])
+    """The plan of a trace's `faults` object (`FaultPlan.from_json`)."""
+    return FaultPlan.from_json(data)
 
 
 def violations_of(trace: Trace) -> list[Violation]:

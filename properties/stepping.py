@@ -49,7 +49,8 @@ class Episode:
         return harness.default_step_bound(self.n, self.k)
 
     def faults(self) -> FaultPlan:
-        return FaultPlan(self.before, self.after, self.during, self.lost, self.delayed)
+        return FaultPlan(evict_before_lookup=self.before, evict_after_lookup=self.after,
+                         evict_during_load=self.during, lost=self.lost, delayed=self.delayed)
 
     def case(self) -> Case:
         """The `Case` that `run_case` replays this episode from."""

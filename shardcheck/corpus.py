@@ -40,19 +40,9 @@ def _paragraph(variant: type, found) -> str:
     """A one-paragraph human summary: the bug, the smallest configuration, what went wrong."""
     doc = " ".join((variant.__doc__ or variant.__name__).split())
     case, v = found.case, found.outcome.violations[0]
-    faults = describe_faults(case.faults)
+    faults = case.faults.text()
     return (f"{doc} Smallest case found (by {found.engine}, then shrunk): {case.n_ranks} rank(s), "
             f"{case.n_chunks} chunk(s), {faults}. Outcome: {v.property}: {v.summary}.")
-
-
-def describe_faults(plan) -> str:
-    """The fault plan in words."""
-    parts = [f"chunk {e.chunk} evicted before lookup" for e in plan.evict_before_lookup]
-    parts += [f"chunk {e.chunk} evicted between lookup and load" for e in plan.evict_after_lookup]
-    parts += [f"chunk {e.chunk} evicted before load step {e.step}" for e in plan.evict_during_load]
-    parts += [f"rank {r}'s GetAsync #{i} completion lost" for r, i in plan.lost]
-    parts += [f"rank {r}'s GetAsync #{i} completion delayed {d:g} s" for r, i, d in plan.delayed]
-    return "; ".join(parts) if parts else "no fault"
 
 
 def without_real(trace: Trace) -> dict:
