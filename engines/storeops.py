@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from engines.minimise import ddmin
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.contract import RankStore, StoreCallTimeout
@@ -88,31 +89,6 @@ def _short(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_short(x) for x in v) + "]"
     return repr(v)
-
-
-def minimise_ops(ops: Sequence[dict], still_fails: Callable[[list[dict]], bool], *,
-                 should_stop: Callable[[], bool] = lambda: False) -> tuple[list[dict], bool]:
-    """Delta debugging over an op sequence: drop chunks of ops (halves, then quarters, ... then single ops)
-    while `still_fails(shorter)` holds. Returns the shortest sequence found and whether it is 1-minimal
-    (a full pass of single-op removals kept nothing; False when `should_stop()` ended the search first)."""
-    ops = list(ops)
-    n = 2
-    while len(ops) >= 1:
-        size = max(1, len(ops) // n)
-        starts = range(0, len(ops), size)
-        for start in starts:
-            if should_stop():
-                return ops, False
-            shorter = ops[:start] + ops[start + size:]
-            if still_fails(shorter):
-                ops = shorter
-                n = max(n - 1, 2)
-                break
-        else:
-            if size == 1:
-                return ops, True
-            n = min(n * 2, len(ops))
-    return ops, True
 
 
 # -- store-ops traces ------------------------------------------------------------------------------
@@ -198,7 +174,7 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
         seen[0] = violations  # the violations of the shortest sequence so far
         return True
 
-    ops, minimal = minimise_ops(trace.ops, still_fails, should_stop=should_stop)
+    ops, minimal = ddmin(trace.ops, still_fails, should_stop=should_stop)
     if progress:
         progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
                  f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")

@@ -61,7 +61,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               op_timeout: float | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
-    from engines.search import Found, SearchStats, minimise
+    from engines.minimise import minimise
+    from engines.search import Found, SearchStats
     from model.trace import Trace, violations_of
     from runtime.watchdog import forget
     from shardcheck.campaign import run_engines

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.search import minimise, search
+from engines.minimise import minimise
+from engines.search import search
 from model.trace import PROTOCOL_BUG_EXPECT, Trace
 from model.variants import DEMO_VARIANTS
 

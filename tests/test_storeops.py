@@ -1,9 +1,9 @@
-"""`engines.storeops.minimise_ops`: delta debugging of store-op sequences to a 1-minimal one."""
+"""`engines.minimise.ddmin`: delta debugging of store-op sequences to a 1-minimal one."""
 from __future__ import annotations
 
 from hypothesis import given
 
-from engines.storeops import minimise_ops
+from engines.minimise import ddmin as minimise_ops
 from properties.strategies import needed_ops
 
 

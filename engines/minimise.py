@@ -1,0 +1,92 @@
+"""The minimisers: `ddmin`, delta debugging over any list of reducible parts (store ops, concurrent ops), and
+`minimise`, which shrinks a protocol `Case` (fewer ranks, chunks and faults, simpler faults, no schedule) while it
+still violates the same property. Pure: runs come in through callables."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import attrs
+
+from engines.search import Found, Runner
+from model.faults import FAULT_KINDS
+from model.harness import Case, run_case
+
+__all__ = ["ddmin", "minimise", "shrinks"]
+
+T = TypeVar("T")
+
+
+def ddmin(parts: Sequence[T], still_fails: Callable[[list[T]], bool], *,
+          should_stop: Callable[[], bool] = lambda: False) -> tuple[list[T], bool]:
+    """Delta debugging over reducible parts (an op sequence, a history's ops, a thread's ops): drop chunks of parts
+    (halves, then quarters, ... then single parts) while `still_fails(shorter)` holds. Returns the shortest list
+    found and whether it is 1-minimal (a full pass of single removals kept nothing; False when `should_stop()`
+    ended the search first)."""
+    ops = list(parts)
+    n = 2
+    while len(ops) >= 1:
+        size = max(1, len(ops) // n)
+        starts = range(0, len(ops), size)
+        for start in starts:
+            if should_stop():
+                return ops, False
+            shorter = ops[:start] + ops[start + size:]
+            if still_fails(shorter):
+                ops = shorter
+                n = max(n - 1, 2)
+                break
+        else:
+            if size == 1:
+                return ops, True
+            n = min(n * 2, len(ops))
+    return ops, True
+
+
+def shrinks(case: Case) -> Iterator[Case]:
+    """Smaller neighbours of `case`: fewer ranks or chunks, fewer faults, simpler faults, no schedule or seed."""
+    f = case.faults
+    if case.n_ranks > 1:
+        n = case.n_ranks - 1
+        yield attrs.evolve(case, n_ranks=n, schedule=(), faults=f.restricted(n, case.n_chunks))
+    if case.n_chunks > 0:
+        k = case.n_chunks - 1
+        yield attrs.evolve(case, n_chunks=k, schedule=(), faults=f.restricted(case.n_ranks, k))
+    for kind in FAULT_KINDS:
+        for i in range(len(getattr(f, kind.field))):
+            yield attrs.evolve(case, faults=f.without(kind.field, i))
+    for kind in FAULT_KINDS:
+        items = getattr(f, kind.field)
+        for i, item in enumerate(items):
+            for simpler in kind.smaller(item):
+                yield attrs.evolve(case, faults=attrs.evolve(f, **{kind.field: items[:i] + (simpler,) + items[i + 1:]}))
+    if case.seed is not None or case.schedule:
+        yield attrs.evolve(case, seed=None, schedule=())
+    if case.salt != "s0":
+        yield attrs.evolve(case, salt="s0")
+
+
+def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000,
+             should_stop: Callable[[], bool] = lambda: False) -> Found:
+    """Greedily shrink the case while it still violates the same property (smallest ranks, chunks, faults)."""
+    target = found.outcome.violations[0].property
+    best, runs = found, 0
+    progress = True
+    while progress and runs < budget_runs:
+        progress = False
+        for smaller in shrinks(best.case):
+            if should_stop() or runs >= budget_runs:
+                return _lead_with(best, target)
+            runs += 1
+            out = runner(protocol, smaller)
+            if target in out.violated():
+                best = Found(smaller, out, found.engine)
+                progress = True
+                break
+    return _lead_with(best, target)
+
+
+def _lead_with(found: Found, prop: str) -> Found:
+    """Put the violation of `prop` first (it names the trace)."""
+    vs = found.outcome.violations
+    vs.sort(key=lambda v: v.property != prop)
+    return found
