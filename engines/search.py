@@ -1,5 +1,5 @@
-"""The `check` engines: exhaustive enumeration of small configurations, seeded random simulation, and
-minimisation of the first violation found. Pure: time and I/O come in through callables."""
+"""The `check` case engines: exhaustive enumeration of small configurations and seeded random simulation (the
+first violation found is shrunk by `engines.minimise`). Pure: time and I/O come in through callables."""
 from __future__ import annotations
 
 import itertools
@@ -10,6 +10,8 @@ import attrs
 
 from model.faults import FAULT_KINDS, Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
+
+__all__ = ["Runner", "LEVELS", "enumerate_cases", "random_case", "search", "Found", "SearchStats"]
 
 Runner = Callable[[Any, Case], Outcome]
 ENUM_RANKS = range(1, 5)
