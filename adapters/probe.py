@@ -41,6 +41,11 @@ from model.contract import StoreCallTimeout
 from runtime.bounded import call_bounded
 from runtime.registry import resolve_client
 
+__all__ = ["CHECKS", "LENGTHS", "TIMEOUT", "Op", "Finding", "check_miss_prompt", "check_round_trip",
+           "check_async_completes", "check_read_paths_agree", "check_contains_get", "check_delete_miss",
+           "check_overwrite", "check_rank_isolation", "check_usable_after", "CHECK_FUNCS", "probe",
+           "AUTH_PASSWORD", "measure_hang", "CLIENTS", "load_factory", "probe_matrix", "main"]
+
 CHECKS = ("miss-prompt", "round-trip", "async-completes", "read-paths-agree", "contains-get",
           "delete-miss", "overwrite", "rank-isolation", "usable-after", "auth-round-trip")
 LENGTHS = (0, 1, 7, 100, 1000, 4088)

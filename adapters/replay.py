@@ -31,6 +31,8 @@ from typing import Any, Callable, Sequence
 from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
 from model.trace import Trace
 
+__all__ = ["ROOT", "CLIENTS", "FINDINGS", "MEASURED", "RECORDED_ON", "trace_of", "build", "CHILD"]
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched", "model")
 

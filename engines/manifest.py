@@ -12,6 +12,10 @@ from typing import Any
 
 from engines.explore import explore
 
+__all__ = ["MANIFEST", "SCHEMA", "VERSION", "REGENERATE", "REFERENCE", "REFERENCE_CONFIGS", "VARIANT_CONFIGS",
+           "VARIANTS_FULL", "resolve", "entry_name", "default_entries", "run_entry", "observed", "load", "update",
+           "check"]
+
 MANIFEST = Path(__file__).with_name("manifest.json")
 SCHEMA = "shardcheck-explore-manifest"
 VERSION = 1

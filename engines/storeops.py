@@ -18,6 +18,9 @@ from model.trace import Trace, decode, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
+__all__ = ["OPS", "run_ops", "OPTION_KEYS", "run", "violation_key", "kept_by_removal", "bounded_factory",
+           "minimise_store_ops", "replay"]
+
 OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
 
 

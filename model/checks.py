@@ -11,6 +11,10 @@ import attrs
 
 from model.outcome import Outcome, Violation
 
+__all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
+           "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
+           "STORE_PROPERTIES", "check_outcome"]
+
 
 def soundness(o: Outcome) -> list[Violation]:
     """The plan never exceeds the longest cached prefix at lookup: `planned <= LCP`."""

@@ -7,6 +7,9 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 
 from model.effects import Effect
 
+__all__ = ["ShardingProtocol", "RankStore", "StoreFactory", "PROTOCOL_METHODS", "STORE_METHODS",
+           "StoreCallTimeout", "missing_members"]
+
 
 @typing.runtime_checkable
 class ShardingProtocol(typing.Protocol):

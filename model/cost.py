@@ -17,6 +17,9 @@ import math
 
 import attrs
 
+__all__ = ["t_hit", "t_recompute", "break_even_bandwidth", "hit_threshold_tokens", "hit_wins", "utilisation",
+           "PaperFigures", "PAPER"]
+
 
 def t_hit(n: float, s: float, B: float, T0: float) -> float:
     """Seconds to serve an n-token prompt from the remote tier: T0 + n*s/B."""

@@ -5,6 +5,9 @@ from typing import Any
 
 import attrs
 
+__all__ = ["TIMED_OUT", "Put", "Get", "GetAsync", "Wait", "AllReduceMin", "AllGather", "Broadcast",
+           "STORE_EFFECTS", "COLLECTIVES", "Effect", "Handle", "collective_signature"]
+
 
 class _TimedOut:
     """The result of a `Wait` whose timeout passed before the completion arrived."""

@@ -7,6 +7,9 @@ import attrs
 
 from model.effects import AllGather, AllReduceMin, Broadcast, Effect, Get, GetAsync, Put, TIMED_OUT, Wait
 
+__all__ = ["DEFAULT_WAIT_TIMEOUT", "owned_chunks", "PaperProtocol", "assemble", "PaperProtocolAsync",
+           "Rank0SingleWriter", "REFERENCE_PROTOCOLS"]
+
 #: Logical seconds the async flavour waits for one completion before treating the chunk as failed.
 DEFAULT_WAIT_TIMEOUT = 1.0
 

@@ -19,6 +19,8 @@ from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_ca
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation
 
+__all__ = ["DONE", "Chooser", "ScheduleError", "lowest_runnable", "seeded_chooser", "Simulator", "simulate"]
+
 DONE = "done"
 #: The contract method a phase's rank programs come from.
 _METHOD = {"store": "rank_store", "load": "rank_load"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
+__all__ = ["MemoryStore", "memory_factory"]
+
 
 class MemoryStore:
     """A rank's store as a dict; every call returns at once and `get_async` resolves immediately.

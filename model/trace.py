@@ -21,6 +21,9 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import Violation
 
+__all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "TraceError", "encode", "decode",
+           "Trace", "faults_to_json", "faults_from_json", "violations_of"]
+
 SCHEMA = "shardcheck-trace"
 VERSION = 1
 KINDS = ("protocol", "store-ops")

@@ -13,6 +13,10 @@ from model.checks import CATALOG
 from model.effects import AllGather, AllReduceMin, Get, GetAsync, Put, TIMED_OUT, Wait
 from model.protocols import PaperProtocol, PaperProtocolAsync, assemble, owned_chunks
 
+__all__ = ["OwnCountReport", "EmptyRankReportsZero", "MaxCombine", "MismatchedOwnership", "GappyLoad",
+           "GiveUpOnLocalMiss", "AlignedPlanGreedyLoad", "ByteOffByOne", "PessimisticLoad", "EarlyExitOnMiss",
+           "SkipEmptyGather", "UnboundedWaitAsync", "RetryUntilPresent", "WrongAsyncKey", "DEMO_VARIANTS"]
+
 
 @attrs.define(frozen=True)
 class OwnCountReport(PaperProtocol):

@@ -13,6 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 import z3
 
+__all__ = ["RLIMIT", "MAX_SECONDS", "Query", "Obligation", "CheckResult", "check", "between", "ints", "reals",
+           "pred", "ifun"]
+
 #: Fixed resource budget per obligation (z3 ``rlimit``).  The heaviest obligation uses < 2 % of it.
 RLIMIT = 2_000_000
 #: Solver seconds one theorem may take on one seed (all its obligations together).

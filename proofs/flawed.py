@@ -15,6 +15,8 @@ import z3
 from .encoding import Obligation, ints
 from .theorems import Theorem
 
+__all__ = ["VARIANTS", "evaluate", "confirm", "FLAWED"]
+
 NMAX, KMAX = 4, 6
 
 # Each variant: name -> (demo class in model.variants, property the harness should report)

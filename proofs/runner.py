@@ -8,6 +8,8 @@ import attrs
 from .encoding import MAX_SECONDS, RLIMIT, CheckResult, Obligation, check
 from .theorems import Theorem
 
+__all__ = ["TheoremReport", "hypotheses_of", "run_theorem", "run_reports", "format_table"]
+
 
 @attrs.frozen
 class TheoremReport:

@@ -26,6 +26,8 @@ from model.cost import PAPER
 
 from .encoding import Obligation, between, ifun, ints, pred, reals
 
+__all__ = ["Theorem", "T1", "T2", "T3", "T4", "T5", "THEOREMS"]
+
 
 @attrs.frozen
 class Theorem:

@@ -17,6 +17,9 @@ from model.trace import PROTOCOL_BUG_EXPECT, Trace
 from .flawed import FLAWED, KMAX, NMAX, VARIANTS
 from .runner import TheoremReport, run_theorem
 
+__all__ = ["COUNTEREXAMPLE_DIR", "protocol_ref", "protocol_of", "case_of", "replay", "summary_of", "build_trace",
+           "z3_traces"]
+
 COUNTEREXAMPLE_DIR = Path(__file__).resolve().parent.parent / "counterexamples"
 
 

@@ -13,6 +13,9 @@ from typing import Any, Callable
 from model.checks import CATALOG
 from model.store import MemoryStore
 
+__all__ = ["BLOCK_SECONDS", "BlockingMissStore", "LostAsyncStore", "TruncatingStore", "AsyncKeyMismatchStore",
+           "UnusableAfterMissStore", "shared_server_factory", "BAD_STORES"]
+
 #: How long a blocking bad store blocks at most when nobody closes it.
 BLOCK_SECONDS = 30.0
 

@@ -14,6 +14,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from properties import config
 from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine
 
+__all__ = ["measure"]
+
 _SETTINGS = dict(deadline=None, database=None, phases=(Phase.generate,), stateful_step_count=50,
                  suppress_health_check=list(HealthCheck))
 

@@ -16,6 +16,8 @@ import attrs
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
 
+__all__ = ["MAX_RANKS", "RunConfig", "CURRENT", "current", "using"]
+
 #: The most ranks any machine uses; the session's stores are one list of this many.
 MAX_RANKS = 4
 

@@ -19,6 +19,8 @@ from model.trace import Trace
 from properties import config, profiles
 from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
 
+__all__ = ["BATCH", "run_machine", "caught", "hypothesis_search"]
+
 #: One batch: few examples, so the budget is polled often. No shrinking inside Hypothesis: it cannot be
 #: bounded in time (each shrink step of a hanging client costs a timeout); `check` minimises protocol
 #: cases itself.

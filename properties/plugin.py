@@ -19,6 +19,9 @@ from properties import config as run_config
 from properties import profiles
 from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
 
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header", "pytest_runtest_setup",
+           "pytest_runtest_call", "pytest_sessionfinish"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("shardcheck", "shardcheck property layers")

@@ -16,6 +16,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+__all__ = ["PROFILES", "DEFAULT_PROFILE", "CI_DATABASE", "register", "chosen", "seed_test"]
+
 PROFILES = ("dev", "ci", "nightly")
 DEFAULT_PROFILE = "dev"
 CI_DATABASE = Path(".hypothesis") / "ci-examples"

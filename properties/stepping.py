@@ -19,6 +19,8 @@ from model import harness
 from model.harness import Case, Outcome, lookup_phase, store_phase
 from model.sim import Simulator, Violation, lowest_runnable
 
+__all__ = ["Episode", "STORED", "LOOKED_UP", "LOADING", "DONE"]
+
 STORED, LOOKED_UP, LOADING, DONE = "stored", "looked-up", "loading", "done"
 
 # the prompt of (n_chunks, salt) is the same every time: build its hashes and KV bytes once

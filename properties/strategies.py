@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from model.protocols import DEFAULT_WAIT_TIMEOUT
 
+__all__ = ["n_ranks", "n_chunks", "salts", "chunk_index", "evict_rank", "rank_index", "async_ahead", "delays",
+           "move_choice", "STORE_RANKS", "store_rank", "keys", "large_values", "values", "batch_keys", "needed_ops"]
+
 # -- protocol layer -----------------------------------------------------------------------------------
 n_ranks = st.integers(1, 4)
 n_chunks = st.integers(0, 6)

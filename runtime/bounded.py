@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from model.contract import StoreCallTimeout
 
+__all__ = ["call_bounded", "BoundedStore"]
+
 
 class _Worker:
     def __init__(self) -> None:

@@ -42,6 +42,9 @@ import attrs
 from model.calls import STEPS, Stalled, note_raised
 from model.contract import PROTOCOL_METHODS
 
+__all__ = ["TICK", "FAST_TICK", "STALL_SECONDS", "HARD_GRACE", "EXIT_UNINTERRUPTIBLE", "SIGNAL", "watching",
+           "forget"]
+
 #: Seconds between two looks at the main thread (FAST_TICK once some line has stalled).
 TICK = 0.1
 FAST_TICK = 0.02

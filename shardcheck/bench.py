@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+__all__ = ["TARGETS", "run_bench", "format_bench"]
+
 TARGETS = {"explorer.states_per_s": 150_000, "hypothesis.protocol_steps_per_s": 5_000,
            "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0}
 

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from engines.search import Found, SearchStats, search
 
+__all__ = ["MODEL_PHASES", "REAL_PHASES", "EXPLORE_SIZES", "run_engines"]
+
 #: Cumulative ends of each phase, as shares of the budget; random cases take the rest.
 MODEL_PHASES = {"enumerate": 0.4, "explore": 0.65, "hypothesis": 0.85}
 REAL_PHASES = {"hypothesis": 0.3, "enumerate": 0.8}

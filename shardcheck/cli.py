@@ -13,6 +13,8 @@ from typing import Any
 
 from shardcheck.errors import EXIT_USAGE, UsageError
 
+__all__ = ["HANDLERS", "main", "REAL_CLIENT_MIN_STALL", "stall_limit"]
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardcheck", description=__doc__.splitlines()[0])

@@ -10,6 +10,9 @@ from typing import Any, Iterator
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
+__all__ = ["protocol_of", "client_of", "MINIMISE_GRACE", "STORE_MINIMISE_SHARE", "run_check", "cmd_check",
+           "cmd_prove", "cmd_show", "cmd_bench"]
+
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

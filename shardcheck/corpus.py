@@ -10,6 +10,8 @@ from engines.search import search
 from model.trace import PROTOCOL_BUG_EXPECT, Trace
 from model.variants import DEMO_VARIANTS
 
+__all__ = ["CORPUS", "REAL_CLIENTS", "SEARCH_CASES", "demo_traces", "without_real", "measure_real_expectations"]
+
 CORPUS = Path(__file__).resolve().parents[1] / "counterexamples"
 REAL_CLIENTS = ("lmcache", "lmcache-patched")
 SEARCH_CASES = 200_000

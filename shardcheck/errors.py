@@ -1,5 +1,7 @@
 """Exit codes and the usage error of the command line."""
 
+__all__ = ["UsageError"]
+
 EXIT_HELD, EXIT_VIOLATED, EXIT_USAGE = 0, 1, 2
 
 

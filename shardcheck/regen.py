@@ -19,6 +19,8 @@ from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
+__all__ = ["TARGETS", "DEFAULT_TARGETS", "add_arguments", "cmd_regen"]
+
 TARGETS = ("manifest", "corpus", "z3", "findings")
 DEFAULT_TARGETS = ("manifest", "corpus", "z3")
 

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
+__all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
+
 REAL_CLIENTS = ("lmcache", "lmcache-patched")
 
 
