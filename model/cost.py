@@ -76,11 +76,11 @@ class PaperFigures:
     predicted_hit_16k_s: float = 0.79  # the model's prediction for that hit
     sources: dict[str, str] = attrs.field(factory=lambda: {
         "B_star_reported, T0, threshold_reported, B_sharded, hit_16k_s, recompute_16k_s":
-            "paper abstract (arXiv 2610.21500), /work/shared/seeds/004_*",
+            "paper abstract (arXiv 2610.21500), shared/seeds/004_* beside this repository",
         "s, R, B_single_instance, predicted_hit_16k_s":
-            "write-up of the paper, section 1 (s = 48.4 KB/token, R = 52.2k token/s), /work/shared/seeds/001_*",
+            "write-up of the paper, section 1 (s = 48.4 KB/token, R = 52.2k token/s), shared/seeds/001_* beside this repository",
         "lam, bytes_per_hit, B_sync, rho_reported":
-            "write-up of the paper, section 2 (rho = lam*n*s/B ~ 1.13 > 1), /work/shared/seeds/001_*",
+            "write-up of the paper, section 2 (rho = lam*n*s/B ~ 1.13 > 1), shared/seeds/001_* beside this repository",
     })
 
     def break_even_bandwidth(self) -> float:

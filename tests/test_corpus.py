@@ -1,9 +1,4 @@
 """The counterexample corpus: no drift, every trace reproduces on the model, every trace is minimal."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import attrs
 import pytest
 
@@ -12,6 +7,7 @@ from model.faults import FAULT_FIELDS
 from model.trace import Trace
 from shardcheck.commands import protocol_of
 from shardcheck.corpus import CORPUS, without_real, demo_traces
+from tests.conftest import run_cli
 
 PROTOCOL_TRACES = sorted(p for p in CORPUS.glob("*.json") if Trace.load(p).kind == "protocol")
 
@@ -27,10 +23,14 @@ def test_corpus_has_every_demo_variant_and_no_drift():
 
 
 def test_every_trace_has_summary_and_expectations():
-    """Every saved trace names its property, has a human summary and an expectation for the model."""
-    for p in CORPUS.glob("*.json"):
+    """Every saved trace names a catalogued property, has a human summary and an expectation for the model."""
+    from model.checks import BY_NAME
+    paths = sorted(CORPUS.glob("*.json"))
+    kinds = {p.name.split("-")[0] for p in paths}
+    assert len(paths) >= len(demo_traces()) and kinds >= {"demo", "z3", "lmcache"}, kinds
+    for p in paths:
         t = Trace.load(p)
-        assert t.property and len(t.summary) > 40 and "model" in t.expect, p
+        assert t.property in BY_NAME and len(t.summary) > 40 and "model" in t.expect, p
 
 
 def _reproduces(trace, case):
@@ -58,8 +58,5 @@ def test_protocol_trace_is_minimal(path):
 
 def test_replay_expect_model_client():
     """`shardcheck replay counterexamples/ --expect` passes for the model client."""
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "shardcheck", "replay", str(CORPUS), "--expect", "--client", "model"],
-                       capture_output=True, text=True, cwd=root, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(root)})
+    r = run_cli("replay", str(CORPUS), "--expect", "--client", "model", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

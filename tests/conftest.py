@@ -1,0 +1,23 @@
+"""What the tests share: the repository root, the command line in a subprocess (`run_cli`), and the real Valkey
+server fixtures (`shardcheck_servers`, `shardcheck_server_factory`)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_servers  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env_extra: list[str] | None = None, timeout: float = 120,
+            profile: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m shardcheck ARGS` from the repository root (or `cwd`), bounded by `timeout` seconds; `env_extra`
+    directories join PYTHONPATH, `profile` sets HYPOTHESIS_PROFILE."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *(env_extra or [])])}
+    if profile:
+        env["HYPOTHESIS_PROFILE"] = profile
+    return subprocess.run([sys.executable, "-m", "shardcheck", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=timeout)
