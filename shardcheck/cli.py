@@ -64,6 +64,11 @@ HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from shardcheck import supervise
+    if args.command == "check" and not supervise.in_child() and isinstance(args.budget, float) and args.budget > 0:
+        # a protocol stuck in C starves the watchdog: the parent ends it at a deadline (see shardcheck.supervise)
+        return supervise.supervise(sys.argv[1:] if argv is None else list(argv), supervise.deadline(args.budget),
+                                   args.command)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     from model.calls import Stalled
     from runtime.watchdog import watching

@@ -1,0 +1,77 @@
+"""A backstop for protocol code stuck in C: `check` runs in a child process that its parent ends at a deadline.
+
+The watchdog (`runtime.watchdog`) interrupts protocol code that blocks in Python, but it is a Python thread: code
+that holds the interpreter in C (a catastrophic regular expression, a C extension's loop) starves it, and no signal
+handler runs either. The parent here needs nothing from the child: at `deadline(budget)` it asks the child for its
+stack (faulthandler on `DUMP_SIGNAL`, which works without the interpreter), kills it (its Valkey servers die with it:
+PDEATHSIG), and exits `EXIT_UNINTERRUPTIBLE` with one line saying why. Output passes straight through; Ctrl-C and
+SIGTERM are passed on to the child, which ends cleanly, or is killed after `STOP_SECONDS`.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import time
+
+__all__ = ["SUPERVISED", "DUMP_SIGNAL", "deadline", "supervise", "in_child"]
+
+#: Set in the child's environment; its presence means "do not supervise again".
+SUPERVISED = "SHARDCHECK_SUPERVISED"
+#: Extra seconds past `--budget` before the parent ends the child (`SHARDCHECK_SUPERVISOR_GRACE` overrides).
+GRACE_SECONDS = 30.0
+STOP_SECONDS = 5.0
+DUMP_SIGNAL = signal.SIGUSR1
+EXIT_UNINTERRUPTIBLE = 3
+
+
+def deadline(budget: float) -> float:
+    """Seconds the child may run: the budget, the time `check` may take past it (minimising: up to half the
+    budget more), and a grace."""
+    grace = float(os.environ.get("SHARDCHECK_SUPERVISOR_GRACE", GRACE_SECONDS))
+    return 1.5 * budget + grace
+
+
+def in_child() -> bool:
+    """Whether this process is a supervised child (then: install the stack dump on `DUMP_SIGNAL`)."""
+    if os.environ.get(SUPERVISED) != "1":
+        return False
+    faulthandler.register(DUMP_SIGNAL, all_threads=False)
+    return True
+
+
+def supervise(argv: list[str], seconds: float, command: str) -> int:
+    """Run `python -m shardcheck ARGV` as a child; its exit status, or `EXIT_UNINTERRUPTIBLE` after `seconds`."""
+    child = subprocess.Popen([sys.executable, "-m", "shardcheck", *argv], env={**os.environ, SUPERVISED: "1"})
+    previous = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    try:
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                return child.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+            except KeyboardInterrupt:  # the child got the same Ctrl-C from the terminal; give it time to end
+                child.send_signal(signal.SIGINT)
+                try:
+                    return child.wait(timeout=STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                    return 130
+        print(f"shardcheck {command}: error: still running {seconds:g} s after it started (its --budget and a "
+              "grace); protocol code that cannot be interrupted (stuck in C?) is the likely cause. Its stack:",
+              file=sys.stderr, flush=True)
+        child.send_signal(DUMP_SIGNAL)
+        time.sleep(0.5)
+        child.kill()
+        child.wait()
+        print(f"shardcheck {command}: error: ended the run (exit {EXIT_UNINTERRUPTIBLE})", file=sys.stderr, flush=True)
+        return EXIT_UNINTERRUPTIBLE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
