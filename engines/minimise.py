@@ -10,6 +10,7 @@ import attrs
 from engines.search import Found, Runner
 from model.faults import FAULT_KINDS
 from model.harness import Case, run_case
+from model.outcome import OtherPrompt
 
 __all__ = ["ddmin", "minimise", "shrinks"]
 
@@ -59,10 +60,28 @@ def shrinks(case: Case) -> Iterator[Case]:
         for i, item in enumerate(items):
             for simpler in kind.smaller(item):
                 yield attrs.evolve(case, faults=attrs.evolve(f, **{kind.field: items[:i] + (simpler,) + items[i + 1:]}))
+    for i, other in enumerate(case.others):
+        rest = case.others[:i] + case.others[i + 1:]
+        yield attrs.evolve(case, others=rest)
+        for simpler in _simpler(other):
+            yield attrs.evolve(case, others=case.others[:i] + (simpler,) + case.others[i + 1:])
     if case.seed is not None or case.schedule:
         yield attrs.evolve(case, seed=None, schedule=())
     if case.salt != "s0":
         yield attrs.evolve(case, salt="s0")
+
+
+def _simpler(other: OtherPrompt) -> Iterator[OtherPrompt]:
+    """Smaller neighbours of another prompt: fewer chunks, a shorter shared prefix, fewer evictions, stored first."""
+    if other.n_chunks:
+        m = other.n_chunks - 1
+        yield attrs.evolve(other, n_chunks=m, shared=min(other.shared, m), evicted=tuple(c for c in other.evicted if c < m))
+    if other.shared:
+        yield attrs.evolve(other, shared=other.shared - 1)
+    for i in range(len(other.evicted)):
+        yield attrs.evolve(other, evicted=other.evicted[:i] + other.evicted[i + 1:])
+    if other.after:
+        yield attrs.evolve(other, after=False)
 
 
 def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000,

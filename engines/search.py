@@ -10,6 +10,7 @@ import attrs
 
 from model.faults import FAULT_KINDS, Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
+from model.outcome import OtherPrompt
 
 __all__ = ["Runner", "LEVELS", "enumerate_cases", "random_case", "search", "Found", "SearchStats"]
 
@@ -33,13 +34,26 @@ def _level_cost(level: str) -> int:
     return sum(sum(1 for _ in k.singles(2, 3)) for k in FAULT_KINDS if k.level == level)
 
 
-#: The enumeration levels: every cached set alone, then with every single fault of each level's kinds.
-LEVELS = ("cached", *sorted(dict.fromkeys(k.level for k in FAULT_KINDS if k.level is not None), key=_level_cost))
+#: The enumeration levels: every cached set alone; with another prompt in the same tier (`prompts`); then with
+#: every single fault of each level's kinds.
+LEVELS = ("cached", "prompts",
+          *sorted(dict.fromkeys(k.level for k in FAULT_KINDS if k.level is not None), key=_level_cost))
+
+
+def other_prompts(n: int, k: int) -> Iterator[OtherPrompt]:
+    """Every other prompt the `prompts` level tries beside a k-chunk one: any shared prefix, stored before or
+    after it; one of another tenant (nothing shared); then the same, evicting the other prompt's last chunk."""
+    for evicted in ((), (k - 1,)) if k else ((),):
+        for shared in range(k + 1):
+            for after in (False, True):
+                yield OtherPrompt(n_chunks=k, shared=shared, after=after, evicted=evicted)
+        yield OtherPrompt(salt="tenant-b", n_chunks=k, after=True, evicted=evicted)
 
 
 def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> Iterator[Case]:
-    """Every case of one enumeration level, smallest configurations first: every cached set (`cached`), or every
-    cached set with every single fault of the kinds of that level (`model.faults.FAULT_KINDS`; the kinds of one
+    """Every case of one enumeration level, smallest configurations first: every cached set (`cached`), the whole
+    prompt cached beside each of `other_prompts` (`prompts`), or every cached set with every single fault of the kinds
+    of that level (`model.faults.FAULT_KINDS`; the kinds of one
     level alternate fault by fault)."""
     if level not in LEVELS:
         raise ValueError(f"unknown enumeration level {level!r} (known: {', '.join(LEVELS)})")
@@ -50,6 +64,10 @@ def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> I
             if level == "cached":
                 yield Case(n, k, faults=plan)
                 continue
+            if level == "prompts":  # (every prompt cached: another prompt's harm does not need evictions of its own)
+                if not before:
+                    yield from (Case(n, k, others=(other,)) for other in other_prompts(n, k))
+                continue
             for singles in zip(*(kind.singles(n, k) for kind in kinds)):
                 for kind, item in zip(kinds, singles):
                     yield Case(n, k, faults=attrs.evolve(plan, **{kind.field: (item,)}))
@@ -59,7 +77,14 @@ def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32)
     """A seeded random case beyond the enumerated sizes: random sizes, cached set, faults and schedule seed."""
     n, k = rng.randint(1, max_ranks), rng.randint(0, max_chunks)
     faults = FaultPlan(**{kind.field: kind.draw(rng, n, k) for kind in FAULT_KINDS})
-    return Case(n, k, salt=f"r{rng.getrandbits(32):08x}", faults=faults, seed=rng.getrandbits(32))
+    salt, seed = f"r{rng.getrandbits(32):08x}", rng.getrandbits(32)
+    others = []
+    while rng.random() < 0.3 and len(others) < 3:  # other prompts in the same tier
+        m = rng.randint(0, max_chunks)
+        others.append(OtherPrompt(salt=f"o{len(others)}", n_chunks=m, shared=rng.randint(0, min(m, k)),
+                                  after=rng.random() < 0.5,
+                                  evicted=tuple(c for c in range(m) if rng.random() < 0.1)))
+    return Case(n, k, salt=salt, faults=faults, seed=seed, others=tuple(others))
 
 
 @attrs.define

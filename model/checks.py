@@ -109,6 +109,45 @@ def key_consistency(o: Outcome) -> list[Violation]:
     return out
 
 
+def isolation_load(o: Outcome) -> list[Violation]:
+    """A load returns only bytes stored for this prompt's chunks (never another prompt's: a leak, or poisoning)."""
+    out = []
+    for r, res in sorted(o.results.items()):
+        if not hasattr(res, "items"):
+            continue
+        for c, value in sorted(res.items(), key=lambda kv: repr(kv[0])):
+            whose = o.foreign.get(bytes(value)) if isinstance(value, (bytes, bytearray)) else None
+            if whose is not None:
+                out.append(Violation("isolation-load", f"rank {r} loaded chunk {c} with the bytes of {whose}, another "
+                                     "prompt in the same tier", {"rank": r, "chunk": c, "from": whose}))
+                break
+    return out
+
+
+def isolation_lookup(o: Outcome) -> list[Violation]:
+    """A lookup never counts a chunk as a hit because another prompt's bytes sit under this prompt's key."""
+    if o.planned is None or not isinstance(o.planned, int) or o.planned <= o.lcp:
+        return []
+    counted = sorted(c for c in o.stale if o.lcp <= c < o.planned)
+    if not counted:
+        return []
+    return [Violation("isolation-lookup", f"planned {o.planned} chunks, counting chunk(s) {counted} whose keys hold "
+                      f"another prompt's bytes (this prompt's cached prefix is {o.lcp})",
+                      {"planned": o.planned, "lcp": o.lcp, "chunks": counted})]
+
+
+def isolation_eviction(o: Outcome) -> list[Violation]:
+    """Other prompts' evictions change this prompt's plan only through what they evicted of this prompt's chunks."""
+    if o.before_other_evictions is None or o.planned is None:
+        return []
+    cached, planned = o.before_other_evictions
+    if cached != o.cached or planned == o.planned:
+        return []
+    return [Violation("isolation-eviction", f"another prompt's eviction changed the plan from {planned} to "
+                      f"{o.planned} chunks, though it evicted none of this prompt's cached chunks",
+                      {"before": planned, "after": o.planned})]
+
+
 def run_faults(o: Outcome) -> list[Violation]:
     """No desync, deadlock, hang, or step-bound exhaustion in the load (found by the simulator)."""
     return list(o.load.violations) if o.load is not None else []
@@ -165,6 +204,12 @@ CATALOG: tuple[Property, ...] = (
     _protocol("integrity", "every returned value equals the stored KV", integrity, "ByteOffByOne"),
     _protocol("maximality", "u == planned without a fault after the lookup", maximality, "PessimisticLoad"),
     _protocol("key-consistency", "a load reads only keys its store path wrote", key_consistency, "WrongAsyncKey"),
+    _protocol("isolation-load", "a load returns only bytes stored for this prompt's chunks", isolation_load,
+              "PositionKeyedLoad"),
+    _protocol("isolation-lookup", "a lookup never counts another prompt's chunk as a hit", isolation_lookup,
+              "PositionKeys"),
+    _protocol("isolation-eviction", "another prompt's eviction changes this prompt's plan only through this prompt's "
+              "chunks", isolation_eviction, "PositionMarkedLookup"),
     _store("store-hang", "every call and completion returns within the op timeout",
            "blocking_miss_factory", "lost_async_factory"),
     _store("store-roundtrip", "every answer equals the oracle's, on every read path",

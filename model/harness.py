@@ -6,7 +6,7 @@ the properties, the proofs' counterexamples and `shardcheck replay` all use.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
@@ -14,7 +14,7 @@ from model.checks import check_outcome
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import Put
 from model.faults import Eviction
-from model.outcome import Case, Event, Outcome, Violation, default_step_bound, leading_run
+from model.outcome import Case, Event, OtherPrompt, Outcome, Violation, default_step_bound, leading_run
 from model.sim import lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
@@ -38,16 +38,56 @@ def kv_bytes(n_chunks: int, salt: str) -> list[bytes]:
             for c in range(n_chunks)]
 
 
+def other_prompt(case: Case, other: OtherPrompt, hashes: list[str], kv: list[bytes]) -> tuple[list[str], list[bytes]]:
+    """The chunk hashes and KV bytes of `other`: the checked prompt's first `shared` chunks, then its own chain."""
+    shared = max(0, min(other.shared, other.n_chunks, len(hashes)))
+    own_kv = kv_bytes(other.n_chunks, f"{other.salt}/{case.salt}")
+    out_h, out_kv = list(hashes[:shared]), list(kv[:shared])
+    prev = hashes[shared - 1] if shared else other.salt
+    for c in range(shared, other.n_chunks):
+        prev = hashlib.sha256(f"{prev}|{c}|{other.salt}".encode()).hexdigest()[:16]
+        out_h.append(prev)
+        out_kv.append(own_kv[c])
+    return out_h, out_kv
+
+
 class Shadow:
-    """The harness's exact record of which written keys each store still holds (the oracle of `cached`)."""
+    """The harness's exact record of which keys each store holds for the checked prompt (the oracle of `cached`).
+
+    A key the checked prompt wrote counts for its chunk while it is present and holds the checked prompt's bytes: one
+    that another prompt overwrote with other bytes is `stale`. Keys other prompts wrote are tracked too, so that
+    their evictions delete what they wrote (and nothing else).
+    """
 
     def __init__(self, stores: Sequence[RankStore], written: dict[int, dict[str, int]]) -> None:
         self.stores, self.written = stores, written
         self.present = {r: set(keys) for r, keys in written.items()}
+        self.overwritten: dict[int, set[str]] = {r: set() for r in written}
+        self.others: list[dict[int, dict[str, int]]] = []
 
     def cached(self) -> frozenset[int]:
         return frozenset(c for r, keys in self.present.items() for k in keys
-                         if (c := self.written[r][k]) is not None)
+                         if (c := self.written[r][k]) is not None and k not in self.overwritten[r])
+
+    def stale(self) -> frozenset[int]:
+        """Chunks with a key the checked prompt wrote that is present but holds another prompt's bytes."""
+        return frozenset(c for r, keys in self.overwritten.items() for k in keys
+                         if k in self.present[r] and (c := self.written[r][k]) is not None)
+
+    def other_wrote(self, written: dict[int, dict[str, int]], values: dict[tuple[int, str], bytes],
+                    own: Callable[[int, str], bytes | None], after: bool) -> None:
+        """Another prompt's store phase wrote `written` (rank -> key -> its chunk) with `values`; `own(rank, key)`
+        is the checked prompt's bytes under that key. Written after the checked prompt's, it overwrites."""
+        self.others.append(written)
+        if not after:
+            return
+        for (r, key), value in values.items():
+            if key in self.written.get(r, {}):
+                self.present[r].add(key)
+                if value != own(r, key):
+                    self.overwritten[r].add(key)
+                else:
+                    self.overwritten[r].discard(key)
 
     def evict(self, e: Eviction) -> None:
         for r, keys in self.written.items():
@@ -58,24 +98,72 @@ class Shadow:
                     self.stores[r].delete(k)
                     self.present[r].discard(k)
 
+    def evict_other(self, index: int, chunk: int) -> None:
+        """Evict other prompt `index`'s keys of `chunk` from every store (a key the checked prompt shares goes too)."""
+        for r, keys in self.others[index].items():
+            for k, c in keys.items():
+                if c == chunk:
+                    self.stores[r].delete(k)
+                    self.present.get(r, set()).discard(k)
+
+
+def _written(events: list[Event], kv: list[bytes], n: int) -> tuple[dict[int, dict[str, int]], dict]:
+    """rank -> key -> chunk of every Put a store phase made (chunk None: bytes of no chunk), and the bytes put."""
+    chunk_of = {v: c for c, v in enumerate(kv)}
+    written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
+    values: dict[tuple[int, str], bytes] = {}
+    for ev in events:
+        if ev.note == "" and isinstance(ev.effect, Put) and ev.rank is not None:
+            written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
+            values[(ev.rank, ev.effect.key)] = bytes(ev.effect.value)
+    return written, values
+
 
 def store_phase(protocol: Any, case: Case, stores: Sequence[RankStore], *, hashes: list[str] | None = None,
                 kv: list[bytes] | None = None) -> tuple[Outcome, Shadow]:
-    """Every rank's `rank_store`, simulated; the outcome so far (violations of the store phase, if any)."""
+    """Every rank's `rank_store` of the other prompts stored before, the checked prompt, and the other prompts stored
+    after it, simulated over the same stores; the outcome so far (violations of the store phase, if any)."""
     n, k = case.n_ranks, case.n_chunks
     hashes = chunk_hashes(k, case.salt) if hashes is None else hashes
     kv = kv_bytes(k, case.salt) if kv is None else kv
-    chunk_of = {v: c for c, v in enumerate(kv)}
     name = str(getattr(protocol, "name", type(protocol).__name__))
-    store = simulate([protocol.rank_store(r, n, hashes, kv) for r in range(n)], stores, phase="store",
-                     step_bound=case.bound() + 10 * k * n)
-    written: dict[int, dict[str, int]] = {r: {} for r in range(n)}
-    for ev in store.events:
-        if ev.note == "" and isinstance(ev.effect, Put) and ev.rank is not None:
-            written[ev.rank][ev.effect.key] = chunk_of.get(ev.effect.value)
-    out = Outcome(case, name, hashes, kv, written, frozenset(), 0, events=list(store.events))
-    out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in store.violations]
-    return out, Shadow(stores, written)
+    bound = case.bound() + 10 * k * n
+
+    def phase(h: list[str], b: list[bytes]) -> Any:
+        return simulate([protocol.rank_store(r, n, h, b) for r in range(n)], stores, phase="store",
+                        step_bound=bound + 10 * len(h) * n)
+
+    prompts = [(o, *other_prompt(case, o, hashes, kv)) for o in case.others]
+    events: list[Event] = []
+    violations: list[Violation] = []
+    foreign: dict[bytes, str] = {}
+    later: list[tuple[int, Any, list[bytes]]] = []
+    before: list[tuple[int, Any, list[bytes]]] = []
+    for i, (o, h, b) in enumerate(prompts):
+        (later if o.after else before).append((i, phase(h, b) if not o.after else None, b))
+        foreign.update((v, f"prompt {o.salt!r} chunk {c}") for c, v in enumerate(b) if v not in kv)
+    for i, res, _ in before:
+        violations += res.violations
+        events += [attrs.evolve(ev, note=ev.note or f"other prompt {prompts[i][0].salt}") for ev in res.events]
+    store = phase(hashes, kv)
+    written, _ = _written(store.events, kv, n)
+    shadow = Shadow(stores, written)
+    events += store.events
+    violations += store.violations
+    for i, res, b in before:
+        shadow.other_wrote(_written(res.events, b, n)[0], {}, lambda r, key: None, after=False)
+    for i, _, b in later:
+        res = phase(prompts[i][1], b)
+        violations += res.violations
+        events += [attrs.evolve(ev, note=ev.note or f"other prompt {prompts[i][0].salt}") for ev in res.events]
+        other_written, values = _written(res.events, b, n)
+        shadow.other_wrote(other_written, values, lambda r, key: kv[c] if (c := written[r].get(key)) is not None
+                           else None, after=True)
+    order = [i for i, _, _ in before] + [i for i, _, _ in later]
+    shadow.others = [shadow.others[order.index(i)] for i in range(len(prompts))]  # in `case.others` order
+    out = Outcome(case, name, hashes, kv, written, frozenset(), 0, events=events, foreign=foreign)
+    out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}") for v in violations]
+    return out, shadow
 
 
 def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shadow: Shadow) -> None:
@@ -83,7 +171,13 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
     recorded in `out.violations`."""
     n, k = out.case.n_ranks, out.case.n_chunks
     try:
+        evictions = [(i, c) for i, o in enumerate(out.case.others) for c in o.evicted]
+        if evictions:  # the verdict before them, to tell what the other prompts' evictions changed (isolation)
+            out.before_other_evictions = _probe(protocol, out, stores, shadow)
+            for i, c in evictions:
+                shadow.evict_other(i, c)
         out.cached = shadow.cached()
+        out.stale = shadow.stale()
         out.lcp = leading_run(out.cached, k)
         out.reports = [_lookup(protocol, r, n, out.hashes, stores[r], out.events) for r in range(n)]
         with protocol_call(None, "combine"):
@@ -133,6 +227,14 @@ def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = Non
     out.events.extend(out.load.events)
     out.violations = check_outcome(out)
     return out
+
+
+def _probe(protocol: Any, out: Outcome, stores: Sequence[RankStore], shadow: Shadow) -> tuple[frozenset[int], Any]:
+    """(cached set, planned) of a lookup nobody records (the lookup is read-only)."""
+    n, k = out.case.n_ranks, out.case.n_chunks
+    reports = [_lookup(protocol, r, n, out.hashes, stores[r], []) for r in range(n)]
+    with protocol_call(None, "combine"):
+        return shadow.cached(), protocol.combine(list(reports), k)
 
 
 #: Contains calls of one rank's lookup recorded as events (a lookup that polls its store makes millions).

@@ -7,7 +7,7 @@ import attrs
 
 from model.faults import FaultPlan
 
-__all__ = ["Violation", "Event", "SimResult", "Case", "Outcome", "leading_run", "default_step_bound"]
+__all__ = ["Violation", "Event", "SimResult", "OtherPrompt", "Case", "Outcome", "leading_run", "default_step_bound"]
 
 
 @attrs.define
@@ -50,9 +50,27 @@ def default_step_bound(n_ranks: int, n_chunks: int) -> int:
     return 20 * (n_chunks + n_ranks) + 50
 
 
+@attrs.frozen(kw_only=True)
+class OtherPrompt:
+    """Another prompt in the same shared tier as the checked one (the tier outlives one prompt).
+
+    It shares the checked prompt's first `shared` chunks (hashes and KV bytes: the same prefix, as requests with a
+    common system prompt do) and then diverges under `salt` (a tenant, a model, or other text); it is stored before
+    the checked prompt's store phase (`after=False`) or after it, and its chunks `evicted` are evicted from every
+    store after all store phases, before the lookup.
+    """
+
+    salt: str = "t1"
+    n_chunks: int = 0
+    shared: int = 0
+    after: bool = False
+    evicted: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+
 @attrs.frozen
 class Case:
-    """One configuration to run: sizes, the salt of its keys, faults, schedule and step bound."""
+    """One configuration to run: sizes, the salt of its keys, faults, schedule and step bound, and the other prompts
+    that share its stores."""
 
     n_ranks: int
     n_chunks: int
@@ -61,6 +79,7 @@ class Case:
     schedule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     seed: int | None = None
     step_bound: int | None = None
+    others: tuple[OtherPrompt, ...] = attrs.field(default=(), converter=tuple)
 
     def bound(self) -> int:
         return self.step_bound if self.step_bound is not None else default_step_bound(self.n_ranks, self.n_chunks)
@@ -82,6 +101,12 @@ class Outcome:
     load: SimResult | None = None
     events: list[Event] = attrs.field(factory=list)
     violations: list[Violation] = attrs.field(factory=list)
+    #: Bytes other prompts stored that this prompt never did -> which prompt and chunk (isolation).
+    foreign: dict[bytes, str] = attrs.field(factory=dict)
+    #: Chunks whose keys this prompt wrote are present but hold another prompt's bytes at the lookup.
+    stale: frozenset[int] = frozenset()
+    #: (cached set, planned) of a lookup made before the other prompts' evictions, when there were some.
+    before_other_evictions: tuple[frozenset[int], Any] | None = None
 
     @property
     def results(self) -> dict[int, Any]:

@@ -19,6 +19,7 @@ import attrs
 from model import effects
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome
+from model.outcome import OtherPrompt
 from model.outcome import Violation
 
 __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "TraceError", "encode", "decode",
@@ -29,7 +30,7 @@ VERSION = 1
 KINDS = ("protocol", "store-ops")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
-MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES = 64, 1024, 100_000, 64 * 1024 * 1024
+MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 64 * 1024 * 1024, 16
 #: A protocol bug reproduces on the in-memory model whatever the client; on the real clients the
 #: expectation is measured (`shardcheck regen` replays there): a stock client's own bug (a GET of a missing key
 #: that hangs, a dropped put) can mask the protocol's, and the expectation records that honestly.
@@ -137,7 +138,8 @@ class Trace:
             summary=summary or (first.summary if first else "every property held"),
             protocol={"name": outcome.protocol, "ref": protocol_ref}, client=client,
             config={"n_ranks": case.n_ranks, "n_chunks": case.n_chunks, "salt": case.salt,
-                    "step_bound": case.bound(), "seed": case.seed},
+                    "step_bound": case.bound(), "seed": case.seed,
+                    **({"others": [others_to_json(o) for o in case.others]} if case.others else {})},
             faults=faults_to_json(case.faults),
             schedule=list(outcome.load.schedule) if outcome.load else list(case.schedule),
             events=[{"step": e.step, "rank": e.rank, "time": e.time, "phase": e.phase, "effect": encode(e.effect),
@@ -153,6 +155,7 @@ class Trace:
         c = self.config
         return Case(n_ranks=c["n_ranks"], n_chunks=c["n_chunks"], salt=c.get("salt", "s0"),
                     faults=faults_from_json(self.faults), schedule=tuple(self.schedule), seed=c.get("seed"),
+                    others=tuple(others_from_json(o) for o in c.get("others", [])),
                     step_bound=c.get("step_bound"))
 
     # -- JSON ---------------------------------------------------------------------------------------------
@@ -278,8 +281,40 @@ def _validate_protocol(data: dict, path: Any) -> None:
         raise TraceError(path, "faults", str(exc)) from None
     for field, problem in plan.problems(cfg["n_ranks"], cfg["n_chunks"]):
         raise TraceError(path, f"faults.{field}", problem)
+    others = cfg.get("others", [])
+    if not isinstance(others, list) or len(others) > MAX_OTHERS:
+        raise TraceError(path, "config.others", f"expected a list of at most {MAX_OTHERS} prompts")
+    for i, o in enumerate(others):
+        try:
+            others_from_json(o)
+        except (TypeError, ValueError) as exc:
+            raise TraceError(path, f"config.others[{i}]", str(exc)) from None
     if not isinstance(data["protocol"].get("name"), str):
         raise TraceError(path, "protocol.name", "expected a string")
+
+
+def others_to_json(other: OtherPrompt) -> dict:
+    """A trace's entry for another prompt in the tier (`config.others`)."""
+    return {"salt": other.salt, "n_chunks": other.n_chunks, "shared": other.shared, "after": other.after,
+            "evicted": list(other.evicted)}
+
+
+def others_from_json(data: Any) -> OtherPrompt:
+    """The other prompt of a `config.others` entry; `ValueError` naming what is wrong."""
+    if not isinstance(data, dict) or set(data) - {"salt", "n_chunks", "shared", "after", "evicted"}:
+        raise ValueError("expected an object with salt, n_chunks, shared, after, evicted")
+    k = data.get("n_chunks")
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_CHUNKS:
+        raise ValueError(f"n_chunks: expected an integer in 0..{MAX_CHUNKS}, got {k!r}")
+    shared, evicted = data.get("shared", 0), data.get("evicted", [])
+    if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= k:
+        raise ValueError(f"shared: expected an integer in 0..{k}, got {shared!r}")
+    if not isinstance(evicted, list) or not all(isinstance(c, int) and 0 <= c < k for c in evicted):
+        raise ValueError(f"evicted: expected chunks in 0..{k - 1}")
+    if not isinstance(data.get("salt", "t1"), str) or not isinstance(data.get("after", False), bool):
+        raise ValueError("salt: expected a string; after: expected true or false")
+    return OtherPrompt(salt=data.get("salt", "t1"), n_chunks=k, shared=shared, after=data.get("after", False),
+                       evicted=tuple(evicted))
 
 
 def faults_to_json(plan: FaultPlan) -> dict:

@@ -15,7 +15,7 @@ from model.protocols import PaperProtocol, PaperProtocolAsync, assemble, owned_c
 
 __all__ = ["OwnCountReport", "EmptyRankReportsZero", "MaxCombine", "MismatchedOwnership", "GappyLoad",
            "GiveUpOnLocalMiss", "AlignedPlanGreedyLoad", "ByteOffByOne", "PessimisticLoad", "EarlyExitOnMiss",
-           "SkipEmptyGather", "UnboundedWaitAsync", "RetryUntilPresent", "WrongAsyncKey", "DEMO_VARIANTS"]
+           "SkipEmptyGather", "UnboundedWaitAsync", "RetryUntilPresent", "WrongAsyncKey", "PositionKeys", "PositionKeyedLoad", "PositionMarkedLookup", "DEMO_VARIANTS"]
 
 
 @attrs.define(frozen=True)
@@ -208,6 +208,58 @@ class WrongAsyncKey(PaperProtocolAsync):
                 return c, fetched
             fetched[c] = value
         return planned, fetched
+
+
+@attrs.define(frozen=True)
+class PositionKeys(PaperProtocol):
+    """Keys name the chunk's position, not its prefix hash: in a tier shared by many prompts, another prompt's
+    chunk at the same position counts as a hit and is loaded (isolation-lookup; cache poisoning)."""
+
+    name: ClassVar[str] = "position-keys"
+
+    def key(self, chunk, chunk_hash, rank, n_ranks):
+        return f"kv:pos{chunk}:pcp{n_ranks}:r{rank}"
+
+
+@attrs.define(frozen=True)
+class PositionKeyedLoad(PaperProtocol):
+    """Stores every chunk under its prefix hash and under its position; looks up by hash (right) but loads by
+    position, so a prompt stored later under the same positions is what gets loaded (isolation-load)."""
+
+    name: ClassVar[str] = "position-keyed-load"
+
+    def rank_store(self, rank, n_ranks, chunk_hashes, kv):
+        for c in owned_chunks(self, rank, n_ranks, len(chunk_hashes)):
+            yield Put(self.key(c, chunk_hashes[c], rank, n_ranks), kv[c])
+            yield Put(f"kv:pos{c}:pcp{n_ranks}:r{rank}", kv[c])
+
+    def fetch_own(self, rank, n_ranks, chunk_hashes, planned):
+        fetched = {}
+        for c in owned_chunks(self, rank, n_ranks, planned):
+            value = yield Get(f"kv:pos{c}:pcp{n_ranks}:r{rank}")
+            if value is None:
+                return c, fetched
+            fetched[c] = value
+        return planned, fetched
+
+
+@attrs.define(frozen=True)
+class PositionMarkedLookup(PositionKeyedLoad):
+    """Loads by prefix hash (right) but its lookup first asks a position marker shared by every prompt ("is any
+    chunk stored at this position?"): evicting another prompt's chunk drops the marker and this prompt's plan
+    with it (isolation-eviction)."""
+
+    name: ClassVar[str] = "position-marked-lookup"
+
+    def fetch_own(self, rank, n_ranks, chunk_hashes, planned):
+        return (yield from PaperProtocol.fetch_own(self, rank, n_ranks, chunk_hashes, planned))
+
+    def rank_lookup(self, rank, n_ranks, chunk_hashes, contains):
+        for c in owned_chunks(self, rank, n_ranks, len(chunk_hashes)):
+            if not contains(f"kv:pos{c}:pcp{n_ranks}:r{rank}") or \
+                    not contains(self.key(c, chunk_hashes[c], rank, n_ranks)):
+                return c
+        return len(chunk_hashes)
 
 
 #: Every demo variant and the property it is built to violate (from `model.checks.CATALOG`).

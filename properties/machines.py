@@ -138,15 +138,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.cfg = config.current()
         self.protocol = self.cfg.protocol_object()
         self.ep: Episode | None = None
-        self.sizes: tuple[int, int, str] = (1, 0, "s0")
+        self.sizes: tuple[int, int, str, tuple] = (1, 0, "s0", ())
 
-    def _open(self, n_ranks: int, n_chunks: int, salt: str) -> Episode:
-        self.sizes = (n_ranks, n_chunks, salt)
+    def _open(self, n_ranks: int, n_chunks: int, salt: str, others: tuple = ()) -> Episode:
+        self.sizes = (n_ranks, n_chunks, salt, others)
         # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
         stores = self.cfg.stores(n_ranks)
         if not self.cfg.in_memory():
             stores = [BoundedStore(st, self.cfg.op_timeout) for st in stores]
-        self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt, wait_bound=self.cfg.op_timeout)
+        self.ep = Episode(self.protocol, stores, n_ranks, n_chunks, salt, wait_bound=self.cfg.op_timeout,
+                          others=others)
         self._check_if_done()
         return self.ep
 
@@ -169,6 +170,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.ep.finish()
             self._check_if_done()
         self._open(n_ranks, n_chunks, salt)
+
+    @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts, others=s.other_prompts)
+    def store_prompts(self, n_ranks: int, n_chunks: int, salt: str, others: list) -> None:
+        """Finish (and check) the open episode, then a new prompt is stored in a tier that other prompts share
+        (stored before or after it, sharing a prefix or not, some of their chunks evicted)."""
+        RULE_STEPS["protocol"] += 1
+        if self.ep is not None:
+            self.ep.finish()
+            self._check_if_done()
+        self._open(n_ranks, n_chunks, salt, tuple(others))
 
     @precondition(lambda self: self.sizes[1] > 0)
     @rule(chunk=s.chunk_index, rank=s.evict_rank)

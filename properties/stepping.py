@@ -17,6 +17,7 @@ from model.effects import Put
 from model.faults import Eviction, FaultPlan
 from model import harness
 from model.harness import Case, Outcome, lookup_phase, store_phase
+from model.outcome import OtherPrompt
 from model.sim import Simulator, Violation, lowest_runnable
 
 __all__ = ["Episode", "STORED", "LOOKED_UP", "LOADING", "DONE"]
@@ -32,10 +33,11 @@ class Episode:
     """One prompt: stored by every rank, then evicted from, looked up and loaded as the rules say."""
 
     def __init__(self, protocol: Any, stores: Sequence[Any], n_ranks: int, n_chunks: int, salt: str, *,
-                 wait_bound: float = DEFAULT_OP_TIMEOUT) -> None:
+                 wait_bound: float = DEFAULT_OP_TIMEOUT, others: Sequence[OtherPrompt] = ()) -> None:
         n, k = n_ranks, n_chunks
         self.protocol, self.stores, self.n, self.k, self.salt = protocol, stores, n, k, salt
         self.wait_bound = wait_bound
+        self.others = tuple(others)
         self.before: list[Eviction] = []
         self.after: list[Eviction] = []
         self.during: list[Eviction] = []
@@ -57,7 +59,7 @@ class Episode:
     def case(self) -> Case:
         """The `Case` that `run_case` replays this episode from."""
         schedule = tuple(self.sim.made) if self.sim is not None else ()
-        return Case(self.n, self.k, self.salt, self.faults(), schedule)
+        return Case(self.n, self.k, self.salt, self.faults(), schedule, others=self.others)
 
     # -- rules ----------------------------------------------------------------------------------------
     def evict(self, chunk: int, rank: int | None) -> Eviction:
@@ -147,7 +149,7 @@ class Episode:
         return self.out
 
     def cleanup(self) -> None:
-        """Delete every key this episode wrote (stores are reused across episodes)."""
+        """Delete every key this episode wrote, other prompts' included (stores are reused across episodes)."""
         for ev in self.out.events:
-            if isinstance(ev.effect, Put) and ev.rank is not None and ev.note == "":
+            if isinstance(ev.effect, Put) and ev.rank is not None and (ev.note == "" or ev.note.startswith("other prompt")):
                 self.stores[ev.rank].delete(ev.effect.key)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from model.outcome import OtherPrompt
 from model.protocols import DEFAULT_WAIT_TIMEOUT
 
 __all__ = ["n_ranks", "n_chunks", "salts", "chunk_index", "evict_rank", "rank_index", "async_ahead", "delays",
-           "move_choice", "STORE_RANKS", "store_rank", "keys", "large_values", "values", "batch_keys", "needed_ops"]
+           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "keys", "large_values", "values", "batch_keys", "needed_ops"]
 
 # -- protocol layer -----------------------------------------------------------------------------------
 n_ranks = st.integers(1, 4)
@@ -28,6 +29,14 @@ async_ahead = st.integers(0, 3)
 delays = st.sampled_from([DEFAULT_WAIT_TIMEOUT / 4, DEFAULT_WAIT_TIMEOUT * 2, DEFAULT_WAIT_TIMEOUT * 10])
 #: Which runnable rank moves next (wrapped over the runnable ranks; 0: the lowest).
 move_choice = st.integers(0, 3)
+
+#: Other prompts in the same tier as the episode's (a shared tier outlives one prompt): a shared prefix, stored
+#: before or after, some of their chunks evicted; their chunk counts and shared prefixes wrap like indices.
+other_prompts = st.lists(st.builds(
+    lambda salt, k, shared, after, evicted: OtherPrompt(salt=salt, n_chunks=k, shared=min(shared, k), after=after,
+                                                        evicted=tuple(sorted({c % k for c in evicted})) if k else ()),
+    st.sampled_from(["t1", "t2", "tenant-b"]), st.integers(0, 6), st.integers(0, 6), st.booleans(),
+    st.lists(st.integers(0, 5), max_size=2)), max_size=2)
 
 # -- store layer ---------------------------------------------------------------------------------------
 STORE_RANKS = 2

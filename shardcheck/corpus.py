@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engines.minimise import minimise
 from engines.search import search
+from model.harness import run_case
 from model.trace import PROTOCOL_BUG_EXPECT, Trace
 from model.variants import DEMO_VARIANTS
 
@@ -23,10 +24,12 @@ def demo_traces() -> dict[str, Trace]:
     for variant, prop in DEMO_VARIANTS.items():
         protocol = variant()
         budget = iter(range(SEARCH_CASES))
-        found = search(protocol, should_stop=lambda: next(budget, None) is None)
+        run = _showing(prop)
+        found = search(protocol, runner=run, should_stop=lambda: next(budget, None) is None)
         if found is None:
-            raise RuntimeError(f"{variant.__name__}: no violation in {SEARCH_CASES} cases")
-        small = minimise(protocol, found)
+            raise RuntimeError(f"{variant.__name__}: no violation of {prop} in {SEARCH_CASES} cases")
+        found.outcome.violations.sort(key=lambda v: v.property != prop)
+        small = minimise(protocol, found, runner=run)
         small.outcome.violations.sort(key=lambda v: v.property != prop)
         if small.outcome.violations[0].property != prop:
             raise RuntimeError(f"{variant.__name__}: shrunk counterexample violates "
@@ -37,6 +40,16 @@ def demo_traces() -> dict[str, Trace]:
         trace.summary = _paragraph(variant, small)
         out[f"demo-{protocol.name}.json"] = trace
     return out
+
+
+def _showing(prop: str):
+    """`run_case`, where only a run that violates `prop` counts as violated (the demo's own property leads)."""
+    def run(protocol, case):
+        out = run_case(protocol, case)
+        if prop not in out.violated():
+            out.violations = []
+        return out
+    return run
 
 
 def _paragraph(variant: type, found) -> str:

@@ -49,7 +49,7 @@ def _manifest(check: bool, real: bool) -> list[str]:
 
 def _corpus(check: bool, real: bool) -> list[str]:
     from model.trace import Trace
-    from shardcheck.corpus import CORPUS, demo_traces, measure_real_expectations, without_real
+    from shardcheck.corpus import CORPUS, REAL_CLIENTS, demo_traces, measure_real_expectations, without_real
     drift, written = [], []
     for name, trace in demo_traces().items():
         path = CORPUS / name
@@ -58,7 +58,8 @@ def _corpus(check: bool, real: bool) -> list[str]:
                 drift.append(f"{path}: differs from the demo variant's shrunk counterexample")
             continue
         if path.exists():  # keep the real clients' measured expectations unless they are measured again
-            trace.expect = {**Trace.load(path).expect, **trace.expect}
+            measured = {c: o for c, o in Trace.load(path).expect.items() if c in REAL_CLIENTS}
+            trace.expect = {**trace.expect, **measured}
         trace.save(path, overwrite=True)
         written.append(path)
         _say(f"wrote {path}")
