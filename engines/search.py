@@ -12,14 +12,15 @@ from model.faults import FAULT_KINDS, Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
 from model.outcome import OtherPrompt
 
-__all__ = ["Runner", "LEVELS", "enumerate_cases", "random_case", "search", "Found", "SearchStats"]
+__all__ = ["Runner", "LEVELS", "enumerate_cases", "enumeration_sizes", "other_prompts", "random_case", "search",
+           "Found", "SearchStats", "coverage_lines", "SWARM_EVERY"]
 
 Runner = Callable[[Any, Case], Outcome]
 ENUM_RANKS = range(1, 5)
 ENUM_CHUNKS = range(0, 11)
 
 
-def _sizes() -> list[tuple[int, int]]:
+def enumeration_sizes() -> list[tuple[int, int]]:
     """Every (ranks, chunks) of the enumeration, smallest first."""
     return sorted(itertools.product(ENUM_RANKS, ENUM_CHUNKS), key=lambda nk: (nk[0] + nk[1], nk[0]))
 
@@ -58,7 +59,7 @@ def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> I
     if level not in LEVELS:
         raise ValueError(f"unknown enumeration level {level!r} (known: {', '.join(LEVELS)})")
     kinds = [k for k in FAULT_KINDS if k.level == level]
-    for n, k in sizes or _sizes():
+    for n, k in sizes or enumeration_sizes():
         for before in _evicted_sets(k):
             plan = FaultPlan(evict_before_lookup=before)
             if level == "cached":
@@ -98,26 +99,107 @@ class Found:
 
 @attrs.define
 class SearchStats:
-    """What the engines covered."""
+    """What the engines covered: cases per engine, the sizes each one exhausted, the largest it tried."""
 
     cases: int = 0
     by_engine: dict[str, int] = attrs.field(factory=dict)
     sizes_done: list[list[int]] = attrs.field(factory=list)
     largest: dict[str, list[int]] = attrs.field(factory=dict)
+    #: The engine running now (progress reports show it).
+    phase: str = ""
+    #: Explorer configurations searched to the end: {"ranks", "chunks", "faults", "states"}.
+    explored: list[dict] = attrs.field(factory=list)
+    #: Store-client read/lookup paths the properties called, and how often.
+    paths: dict[str, int] = attrs.field(factory=dict)
 
     def count(self, engine: str, case: Case) -> None:
         self.cases += 1
         self.by_engine[engine] = self.by_engine.get(engine, 0) + 1
-        self.largest[engine] = [case.n_ranks, case.n_chunks]
+        top = self.largest.get(engine)
+        size = [case.n_ranks, case.n_chunks]
+        if top is None or (sum(size), size[0]) > (sum(top), top[0]):
+            self.largest[engine] = size
+
+    def exhausted(self) -> dict | None:
+        """The enumeration's exhausted sizes as the largest box of them: every size up to `ranks` x `chunks`."""
+        done = {tuple(d) for d in self.sizes_done}
+        best = None
+        for n in sorted({d[0] for d in done}):
+            for k in sorted({d[1] for d in done}):
+                if all((a, b) in done for a in range(1, n + 1) for b in range(0, k + 1)):
+                    if best is None or n * (k + 1) > best[0] * (best[1] + 1):
+                        best = (n, k)
+        return None if best is None else {"ranks": best[0], "chunks": best[1]}
+
+    def coverage(self) -> dict:
+        """Per engine: what it exhausted, how much it ran, the largest size it tried (JSON)."""
+        out: dict[str, dict] = {}
+        if "enumerate" in self.by_engine:
+            out["enumerate"] = {"cases": self.by_engine["enumerate"], "exhausted": self.exhausted(),
+                                "sizes_done": len(self.sizes_done), "largest": self.largest.get("enumerate"),
+                                "each_size": "every cached set; one other prompt in the tier; one fault of each kind"}
+        if self.explored or "explore" in self.largest:
+            out["explore"] = {"exhausted": self.explored, "states": sum(e["states"] for e in self.explored),
+                              "largest": self.largest.get("explore")}
+        if "hypothesis_steps" in self.by_engine:
+            out["hypothesis"] = {"rule_steps": self.by_engine["hypothesis_steps"]}
+        for engine in ("swarm", "random"):
+            if engine in self.by_engine:
+                out[engine] = {"cases": self.by_engine[engine], "largest": self.largest.get(engine)}
+        if self.paths:
+            out["paths"] = dict(sorted(self.paths.items()))
+        return out
+
+    def coverage_lines(self) -> list[str]:
+        """`coverage()` in words, one line per engine."""
+        return coverage_lines(self.coverage())
+
+
+def coverage_lines(c: dict) -> list[str]:
+    """A `SearchStats.coverage()` dict in words, one line per engine."""
+    lines = []
+    if "enumerate" in c:
+        e = c["enumerate"]
+        box = e["exhausted"]
+        what = (f"exhausted 1-{box['ranks']} ranks x 0-{box['chunks']} chunks" if box else "exhausted no size")
+        lines.append(f"enumeration: {what} ({e['each_size']}); {e['cases']:,} cases, largest "
+                     f"{_size(e['largest'])}")
+    if "explore" in c:
+        x = c["explore"]
+        done = ", ".join(f"{d['ranks']}x{d['chunks']}/{d['faults']}f" for d in x["exhausted"][-4:]) or "none"
+        lines.append(f"explorer: {len(x['exhausted'])} configurations exhausted (every interleaving; last: {done}); "
+                     f"{x['states']:,} states")
+    if "hypothesis" in c:
+        lines.append(f"hypothesis: {c['hypothesis']['rule_steps']:,} rule steps")
+    for engine in ("swarm", "random"):
+        if engine in c:
+            lines.append(f"{engine}: {c[engine]['cases']:,} cases, largest {_size(c[engine]['largest'])}")
+    if "paths" in c:
+        lines.append("client paths exercised: " + ", ".join(f"{p} x{n}" for p, n in c["paths"].items()))
+    return lines
+
+
+
+
+def _size(size: list[int] | None) -> str:
+    return "-" if not size else f"{size[0]} ranks x {size[1]} chunks"
+
+
+#: Large random shapes sampled alongside enumeration (one every SWARM_EVERY cases), so a bug that needs a big shape
+#: is found in seconds, not after the enumeration's ladder reaches it.
+SWARM_EVERY = 16
 
 
 def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[], bool] = lambda: False,
            seed: int = 0, stats: SearchStats | None = None, levels: tuple[str, ...] = LEVELS,
-           random_cases: bool = True) -> Found | None:
-    """Enumerate every level for each size, smallest sizes first, then simulate random cases until
-    `should_stop()`; return the first violation."""
+           random_cases: bool = True, swarm: bool = False,
+           sizes: list[tuple[int, int]] | None = None) -> Found | None:
+    """Enumerate every level for each size (`sizes`, default every enumerated size), smallest first, then
+    simulate random cases until `should_stop()`; return the first violation. `swarm`: during enumeration, every
+    `SWARM_EVERY`-th case is a random one of any size up to 8 ranks x 32 chunks (its own seeded stream)."""
     stats = stats if stats is not None else SearchStats()
-    for size in (_sizes() if levels else []):
+    swarm_rng = random.Random(f"swarm-{seed}")
+    for size in (sizes or enumeration_sizes() if levels else []):
         for level in levels:
             for case in enumerate_cases(level, [size]):
                 if should_stop():
@@ -126,6 +208,12 @@ def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[]
                 out = runner(protocol, case)
                 if out.violations:
                     return Found(case, out, f"enumerate:{level}")
+                if swarm and stats.by_engine["enumerate"] % SWARM_EVERY == 0:
+                    big = random_case(swarm_rng)
+                    stats.count("swarm", big)
+                    out = runner(protocol, big)
+                    if out.violations:
+                        return Found(big, out, "swarm")
         stats.sizes_done.append(list(size))
     rng = random.Random(seed)
     while random_cases and not should_stop():

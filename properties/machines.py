@@ -39,11 +39,13 @@ from properties import config, strategies as s
 from runtime.bounded import BoundedStore, call_bounded
 from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
 
-__all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS",
+__all__ = ["ProtocolMachine", "StoreMachine", "PropertyViolated", "STORE_PROPERTIES", "RULE_STEPS", "PATH_CALLS",
            "violated_properties", "write_found"]
 
 #: Rule executions per layer (`properties.bench` reads it).
 RULE_STEPS: collections.Counter = collections.Counter()
+#: Store-client calls per path (`get`, `get_async`, `get_batch`, ...) the store layer made (check's coverage).
+PATH_CALLS: collections.Counter = collections.Counter()
 
 
 
@@ -387,6 +389,7 @@ class StoreMachine(RuleBasedStateMachine):
         return trace
 
     def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
+        PATH_CALLS[op] += 1
         fn = getattr(self.stores[rank], op)
         try:
             if self.cfg.in_memory():

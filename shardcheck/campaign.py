@@ -37,14 +37,17 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
         phase_end[0] = start + share * budget
         if phase_over():
             continue
+        stats.phase = phase
         if phase == "enumerate":
-            found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False)
+            found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False,
+                           swarm=True)
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
         else:
             found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout)
         if found is not None:
             return found
+    stats.phase = "random"
     return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
                   random_cases=True)
 
@@ -64,6 +67,8 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
             return None
         stats.by_engine["explore_states"] = stats.by_engine.get("explore_states", 0) + res.states
         stats.largest["explore"] = [n, k, faults]
+        if res.verdict == "held":
+            stats.explored.append({"ranks": n, "chunks": k, "faults": faults, "states": res.states})
         if res.verdict == "violated":
             return Found(res.counterexample, run(protocol, res.counterexample), "explore")
     return None
@@ -74,9 +79,14 @@ def _hypothesis(protocol: Any, client: Any, run: Callable, stop: Callable[[], bo
     """A protocol-layer failure is re-run as a `Case` (so it is minimised like the others); a store-layer
     failure is its store-ops `Trace`."""
     from properties.engine import hypothesis_search
+    from properties.machines import PATH_CALLS
+    before = dict(PATH_CALLS)
     traces, steps = hypothesis_search(protocol, client, should_stop=stop, seed=seed,
                                      store_layer=not client.in_memory, op_timeout=op_timeout)
     stats.by_engine["hypothesis_steps"] = stats.by_engine.get("hypothesis_steps", 0) + steps
+    for path, count in PATH_CALLS.items():
+        if count > before.get(path, 0):
+            stats.paths[path] = stats.paths.get(path, 0) + count - before.get(path, 0)
     for trace in traces:
         if trace.kind == "store-ops":
             trace.client, trace.expect = client.name, {client.name: "reproduces"}

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default: 0)")
     c.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds one store call may take before it is a hang (default: 2)")
+    c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
+                   help="first enumerate every configuration up to this size, whatever the budget, then spend "
+                        "--budget on the engines (default: off)")
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")

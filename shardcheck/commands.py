@@ -61,11 +61,12 @@ STORE_MINIMISE_SHARE = 0.5
 
 def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False,
-              op_timeout: float | None = None) -> dict:
+              op_timeout: float | None = None, until_exhausted: tuple[int, int] | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
     from engines.minimise import minimise
-    from engines.search import Found, SearchStats
+    from engines.search import Found, SearchStats, enumeration_sizes, search
+    from shardcheck.progress import Progress
     from model.trace import Trace, violations_of
     from runtime.watchdog import forget
     from shardcheck.campaign import run_engines
@@ -78,21 +79,28 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     resolved, client = protocol_of(protocol_spec), client_of(client_spec)
     protocol = resolved.obj
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
-    start = time.monotonic()
+    start = t0 = time.monotonic()
     deadline = start + budget
     stats = SearchStats()
-    last = [start]
+    bar = Progress(budget, enabled=progress)
 
     def should_stop() -> bool:
-        now = time.monotonic()
-        if progress and now - last[0] >= 5:
-            last[0] = now
-            _err(f"  ... {stats.cases} cases, {now - start:.0f}/{budget:g} s, largest {stats.largest}")
-        return now >= deadline
+        bar.update(stats)
+        return time.monotonic() >= deadline
 
-    with _runner(client, op_timeout) as run:
-        found = run_engines(protocol, client, run, start=start, budget=budget, should_stop=should_stop,
-                            stats=stats, seed=seed, op_timeout=op_timeout)
+    with _runner(client, op_timeout) as run, bar:
+        found = None
+        if until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
+            n, k = until_exhausted
+            stats.phase = "exhaust"
+            found = search(protocol, runner=run, stats=stats, random_cases=False, seed=seed,
+                           should_stop=lambda: bar.update(stats) or False,
+                           sizes=[s for s in enumeration_sizes() if s[0] <= n and s[1] <= k])
+            start = time.monotonic()
+            deadline = start + budget
+        if found is None:
+            found = run_engines(protocol, client, run, start=start, budget=budget, should_stop=should_stop,
+                                stats=stats, seed=seed, op_timeout=op_timeout)
         if isinstance(found, Found):
             grace = deadline + MINIMISE_GRACE
             original = found
@@ -103,8 +111,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     result: dict[str, Any] = {"protocol": resolved.name, "client": client.name, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
-                                        "seconds": round(time.monotonic() - start, 3), "budget": budget,
-                                        "seed": seed}}
+                                        "seconds": round(time.monotonic() - t0, 3), "budget": budget,
+                                        "seed": seed, "coverage": stats.coverage()}}
     if found is None:
         return result
     if isinstance(found, Found):
@@ -123,7 +131,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         result["stats"]["counterexample_ops"] = {"found": ops_before, "saved": len(trace.ops),
                                                  "one_minimal": minimal}
         violations = violations_of(trace)
-        result["stats"]["seconds"] = round(time.monotonic() - start, 3)
+        result["stats"]["seconds"] = round(time.monotonic() - t0, 3)
     try:
         path = trace.save_unique(out_dir, resolved.name if trace.kind == "protocol" else "store", trace.property or "")
     except OSError as exc:
@@ -153,7 +161,8 @@ def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
 
 def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
-                       progress=not args.json, op_timeout=args.op_timeout)
+                       progress=not args.json, op_timeout=args.op_timeout,
+                       until_exhausted=_size_arg(args.until_exhausted))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -161,10 +170,29 @@ def cmd_check(args: Any) -> int:
     return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD
 
 
+def _size_arg(text: str | None) -> tuple[int, int] | None:
+    """`N,K` of `--until-exhausted` (ranks, chunks)."""
+    if text is None:
+        return None
+    from engines.search import ENUM_CHUNKS, ENUM_RANKS
+    try:
+        n, k = (int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--until-exhausted {text!r}: expected RANKS,CHUNKS such as 4,10") from None
+    if n not in ENUM_RANKS or k not in ENUM_CHUNKS:
+        raise UsageError(f"--until-exhausted {text!r}: the enumeration covers {ENUM_RANKS.start}-{ENUM_RANKS.stop - 1} "
+                         f"ranks and {ENUM_CHUNKS.start}-{ENUM_CHUNKS.stop - 1} chunks")
+    return n, k
+
+
 def _print_check(r: dict) -> None:
     s = r["stats"]
     print(f"protocol {r['protocol']}  client {r['client']}  verdict {r['verdict'].upper()}  "
           f"({s['cases']} cases in {s['seconds']:.1f} s)")
+    if r["verdict"] == "held":
+        from engines.search import coverage_lines
+        for line in coverage_lines(s["coverage"]):
+            print(f"  {line}")
     for v in r["violations"]:
         print(f"  {v['property']}: {v['summary']}\n    counterexample: {v['counterexample']}")
 

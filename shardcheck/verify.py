@@ -51,7 +51,9 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         def go() -> tuple[str, str]:
             r = run_check(spec, client, budget=secs, out_dir=out_dir)
             props = sorted({v["property"] for v in r["violations"]})
-            return r["verdict"], f"{r['stats']['cases']} cases" + (f"; {', '.join(props)}" if props else "")
+            if props:
+                return r["verdict"], f"{r['stats']['cases']} cases; {', '.join(props)}"
+            return r["verdict"], _coverage(r["stats"]["coverage"], r["stats"]["cases"])
         return go
 
     for name in REFERENCE_PROTOCOLS:
@@ -88,10 +90,26 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         print(f"\n{'step':<{w}}  {'expected':<12} {'got':<12} {'s':>6}  detail")
         for r in rows:
             mark = "" if r["ok"] else "  <-- FAILED"
-            print(f"{r['step']:<{w}}  {r['expected']:<12} {r['got']:<12} {r['seconds']:>6}  {r['detail'][:90]}{mark}")
+            print(f"{r['step']:<{w}}  {r['expected']:<12} {r['got']:<12} {r['seconds']:>6}  {r['detail'][:130]}{mark}")
         print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
               f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
     return EXIT_HELD if ok else EXIT_VIOLATED
+
+
+def _coverage(c: dict, cases: int) -> str:
+    """What a `held` covered, in a table cell: the enumeration's box, the explorer's last size, Hypothesis, paths."""
+    parts = [f"{cases:,} cases"]
+    box = c.get("enumerate", {}).get("exhausted")
+    if box:
+        parts.append(f"exhausted {box['ranks']}x{box['chunks']}")
+    explored = c.get("explore", {}).get("exhausted") or []
+    if explored:
+        parts.append(f"explored up to {explored[-1]['ranks']}x{explored[-1]['chunks']}/{explored[-1]['faults']}f")
+    if "hypothesis" in c:
+        parts.append(f"{c['hypothesis']['rule_steps']:,} hyp. steps")
+    if "paths" in c:
+        parts.append("paths " + "/".join(c["paths"]))
+    return "; ".join(parts)
 
 
 def cmd_verify(args: Any) -> int:

@@ -186,3 +186,14 @@ def test_replay_under_a_fixed_protocol_never_errors_on_a_stale_schedule():
     assert r.returncode == 0 and {row["outcome"] for row in rows} == {"fixed"}
     stale = [row for row in rows if "no longer fits" in row["why"]]
     assert stale and all(row["protocol"] == "paper" for row in rows), rows
+
+
+def test_held_reports_its_coverage(tmp_path):
+    """A held check says what it covered, per engine, in JSON and in words; --until-exhausted reaches its size."""
+    r = sc("check", "--json", "--budget", "1", "--until-exhausted", "2,4", "--out", str(tmp_path))
+    cov = json.loads(r.stdout)["stats"]["coverage"]
+    assert r.returncode == 0 and cov["enumerate"]["exhausted"]["ranks"] >= 2
+    assert cov["enumerate"]["exhausted"]["chunks"] >= 4 and cov["enumerate"]["cases"] > 0
+    text = sc("check", "--budget", "3", "--out", str(tmp_path)).stdout
+    assert "verdict HELD" in text and "enumeration: exhausted 1-" in text and "explorer: " in text, text
+    assert sc("check", "--until-exhausted", "9,9", "--budget", "1").returncode == 2

@@ -1,0 +1,59 @@
+"""Progress of a long run on stderr: a rich progress bar on a terminal, a plain line every few seconds elsewhere.
+
+Each report shows the engine running now, cases per second, the coverage so far and the time left of the budget.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+__all__ = ["Progress"]
+
+#: Seconds between two plain lines (when stderr is not a terminal).
+PLAIN_EVERY = 5.0
+
+
+class Progress:
+    """`with Progress(budget, enabled=...) as p: ... p.update(stats)`; `stats` is an `engines.search.SearchStats`."""
+
+    def __init__(self, budget: float, *, enabled: bool = True) -> None:
+        self.budget, self.enabled = budget, enabled
+        self.start = self.last = time.monotonic()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> "Progress":
+        if self.enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+            self.bar = Bar(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.fields[rate]}"),
+                           TextColumn("{task.fields[covered]}"), TimeRemainingColumn(),
+                           console=Console(stderr=True), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("start", total=self.budget, rate="", covered="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, stats: Any) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        elapsed = now - self.start
+        rate = f"{stats.cases / elapsed:,.0f} cases/s" if elapsed > 0 else ""
+        box = stats.exhausted()
+        covered = f"exhausted {box['ranks']}x{box['chunks']}" if box else "exhausted -"
+        if stats.explored:
+            e = stats.explored[-1]
+            covered += f", explored {e['ranks']}x{e['chunks']}/{e['faults']}f"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(elapsed, self.budget), description=stats.phase or "start",
+                            rate=rate, covered=covered)
+        elif now - self.last >= PLAIN_EVERY:
+            self.last = now
+            left = max(0.0, self.budget - elapsed)
+            print(f"  ... {stats.phase or 'start'}: {stats.cases:,} cases ({rate}), {covered}; {left:.0f} s left",
+                  file=sys.stderr, flush=True)
