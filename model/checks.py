@@ -213,7 +213,7 @@ CATALOG: tuple[Property, ...] = (
     _store("store-hang", "every call and completion returns within the op timeout",
            "blocking_miss_factory", "lost_async_factory"),
     _store("store-roundtrip", "every answer equals the oracle's, on every read path",
-           "truncating_factory", "async_key_mismatch_factory", "shared_server_factory"),
+           "truncating_factory", "async_key_mismatch_factory", "shared_server_factory", "stale_cache_factory"),
     _store("store-error", "no call raises; the client stays usable", "unusable_after_miss_factory"),
 )
 BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}

@@ -80,6 +80,26 @@ class UnusableAfterMissStore(MemoryStore):
         return value
 
 
+class StaleCacheStore(MemoryStore):
+    """Reads go through a read cache that `delete` forgets to invalidate: a deleted key still reads back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        if key in self.cache:
+            return self.cache[key]
+        value = super().get(key)
+        if value is not None:
+            self.cache[key] = value
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self.cache.pop(key, None)
+
+
 def _per_rank(cls: type) -> Callable[..., list]:
     def factory(n_ranks: int, **options: Any) -> list:
         return [cls() for _ in range(n_ranks)]
@@ -99,6 +119,7 @@ lost_async_factory = _per_rank(LostAsyncStore)
 truncating_factory = _per_rank(TruncatingStore)
 async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
+stale_cache_factory = _per_rank(StaleCacheStore)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {

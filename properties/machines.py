@@ -462,6 +462,14 @@ class StoreMachine(RuleBasedStateMachine):
             if p.rank == rank and p.key == key:
                 p.allowed.append(None)
 
+    @rule(rank=s.store_rank, key=s.keys)
+    def delete_then_read(self, rank: int, key: str) -> None:
+        """A delete is seen at once by every read path, also right after the key was read (no stale read cache)."""
+        RULE_STEPS["store"] += 1
+        self.read_every_path(rank, key)
+        self.delete(rank, key)
+        self.read_every_path(rank, key)
+
     @rule(target=futures, rank=s.store_rank, key=s.keys)
     def get_async(self, rank: int, key: str) -> Pending:
         """Start an async GET; the call itself returns promptly with a future."""

@@ -29,6 +29,12 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
     store layer first."""
     phases = MODEL_PHASES if client.in_memory else REAL_PHASES
     phase_end = [start]
+    stats.phase = "scenarios"  # the store client's fixed scenarios first: a client that fails one fails at once
+    from engines.scenarios import run_scenarios
+    failed = run_scenarios(client, op_timeout=op_timeout)
+    stats.by_engine["scenarios"] = len(failed)
+    if failed:
+        return failed[0]
 
     def phase_over() -> bool:
         return should_stop() or time.monotonic() >= phase_end[0]

@@ -1,0 +1,87 @@
+"""The store client's fixed scenarios: what any KV store client owes its caller, as store-ops sequences.
+
+Every profile of `pytest properties/` (dev included) and `check`'s store layer run them before any random search, so
+a client that fails one fails at once: a miss answers `None` promptly on every read path, bytes of every length
+round-trip on every path, a delete invalidates every read path (no stale cache), an overwrite wins, each rank has its
+own store, and the client still answers after a burst of unawaited missed reads. Each runs on fresh bounded stores
+(`engines.storeops.bounded_factory`) and a failure is a `store-ops` trace that `replay` re-runs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engines.storeops import bounded_factory, run
+from model.trace import Trace
+from runtime.registry import Client
+
+__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS"]
+
+#: Value lengths of the round trip (cut to the client's `max_value_bytes`).
+LENGTHS = (0, 1, 7, 100, 1000, 4088)
+SCENARIOS = ("miss-prompt", "round-trip", "delete-invalidates", "overwrite", "rank-isolation", "usable-after-misses")
+
+
+def _value(tag: str, n: int) -> list[int]:
+    seed = (tag.encode() * (n // max(1, len(tag)) + 1))[:n]
+    return [(b + i) % 256 for i, b in enumerate(seed)]
+
+
+def _reads(rank: int, key: str) -> list[dict]:
+    """A key read through every read path the contract has (`get_batch` where the client offers it)."""
+    return [{"rank": rank, "op": "get", "key": key}, {"rank": rank, "op": "get_async", "key": key},
+            {"rank": rank, "op": "get_batch", "keys": [key]}, {"rank": rank, "op": "contains", "key": key}]
+
+
+def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True) -> list[dict]:
+    """The op sequence of scenario `name` over two ranks (`batch`: the client has a `get_batch` read path)."""
+    def cut(n: int) -> int:
+        return n if max_value is None else min(n, max_value)
+
+    if name == "miss-prompt":
+        ops = _reads(0, "sc:never-written")
+    elif name == "round-trip":
+        ops = []
+        for n in dict.fromkeys(cut(n) for n in LENGTHS):
+            ops += [{"rank": 0, "op": "put", "key": f"sc:len{n}", "value": _value("rt", n)}, *_reads(0, f"sc:len{n}")]
+    elif name == "delete-invalidates":
+        ops = [{"rank": 0, "op": "put", "key": "sc:del", "value": _value("del", cut(64))}, *_reads(0, "sc:del"),
+               {"rank": 0, "op": "delete", "key": "sc:del"}, *_reads(0, "sc:del")]
+    elif name == "overwrite":
+        ops = [{"rank": 0, "op": "put", "key": "sc:ow", "value": _value("first", cut(64))}, *_reads(0, "sc:ow"),
+               {"rank": 0, "op": "put", "key": "sc:ow", "value": _value("second", cut(80))}, *_reads(0, "sc:ow")]
+    elif name == "rank-isolation":
+        ops = [{"rank": 0, "op": "put", "key": "sc:iso", "value": _value("rank0", cut(48))},
+               {"rank": 1, "op": "put", "key": "sc:iso", "value": _value("rank1", cut(56))},
+               *_reads(0, "sc:iso"), *_reads(1, "sc:iso")]
+    elif name == "usable-after-misses":
+        ops = [{"rank": 0, "op": "get_async", "key": f"sc:miss{i}", "wait": False} for i in range(16)]
+        ops += [{"rank": 0, "op": "put", "key": "sc:after", "value": _value("after", cut(32))}, *_reads(0, "sc:after")]
+    else:
+        raise ValueError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
+    return [op for op in ops if batch or op["op"] != "get_batch"]
+
+
+def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
+    """Run every scenario on fresh bounded stores of `client`: the store-ops trace of each one that fails."""
+    probe = Trace(kind="store-ops", property=None, summary="", protocol={"name": "-", "ref": None}, client=client.name,
+                  config={"n_ranks": 2, "op_timeout": op_timeout})
+    stores = client.stores(2, op_timeout=op_timeout)
+    try:
+        max_value = min((getattr(s, "max_value_bytes", None) or 1 << 30) for s in stores)
+        batch = all(callable(getattr(s, "get_batch", None)) for s in stores)
+    finally:
+        for s in stores:
+            s.close()
+    found = []
+    for name in names:
+        ops = scenario_ops(name, max_value=max_value, batch=batch)
+        trace = Trace(kind="store-ops", property=None, summary="", protocol=probe.protocol, client=client.name,
+                      config=dict(probe.config), ops=ops, origin=f"scenario:{name}")
+        _, violations = run(trace, bounded_factory(trace, client))
+        if violations:
+            v: dict[str, Any] = violations[0]
+            trace.property, trace.summary = v["property"], f"scenario {name}: {v['summary']}"
+            trace.verdict = {"violations": violations}
+            trace.expect = {client.name: "reproduces"}
+            found.append(trace)
+    return found
