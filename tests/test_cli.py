@@ -197,3 +197,48 @@ def test_held_reports_its_coverage(tmp_path):
     text = sc("check", "--budget", "3", "--out", str(tmp_path)).stdout
     assert "verdict HELD" in text and "enumeration: exhausted 1-" in text and "explorer: " in text, text
     assert sc("check", "--until-exhausted", "9,9", "--budget", "1").returncode == 2
+
+
+def test_a_factory_of_incomplete_stores_is_one_line_and_exit_2(tmp_path):
+    """A store factory whose objects lack RankStore methods is refused in one line naming the missing methods."""
+    (tmp_path / "halfstore.py").write_text(textwrap.dedent('''
+        class Half:
+            def put(self, key, value): pass
+            def get(self, key): return None
+        def factory(n_ranks, **options):
+            return [Half() for _ in range(n_ranks)]
+    '''))
+    r = sc("check", "--client", "halfstore:factory", "--budget", "3", env_extra=[str(tmp_path)])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "halfstore:factory" in r.stderr and "contains" in r.stderr and "get_async" in r.stderr
+
+
+def test_an_exception_in_protocol_code_names_rank_method_and_line(tmp_path):
+    """A rank program that raises is a termination violation naming the rank, the method and file:line."""
+    (tmp_path / "raising.py").write_text(textwrap.dedent('''
+        from model.protocols import PaperProtocol
+
+        class RaisingLoad(PaperProtocol):
+            name = "raising-load"
+
+            def rank_load(self, rank, n_ranks, chunk_hashes, planned):
+                if rank == 1:
+                    raise ValueError("boom")
+                return (yield from super().rank_load(rank, n_ranks, chunk_hashes, planned))
+    '''))
+    r = sc("check", "--json", "--protocol", "raising:RaisingLoad", "--budget", "3", "--out", str(tmp_path / "o"),
+           env_extra=[str(tmp_path)])
+    (v,) = json.loads(r.stdout)["violations"]
+    assert v["property"] == "termination" and "rank 1's rank_load raised ValueError: boom" in v["summary"]
+    assert f"{tmp_path / 'raising.py'}:9" in v["summary"], v["summary"]
+
+
+def test_pytest_properties_imports_a_protocol_module_of_the_working_directory(tmp_path):
+    """`pytest <repo>/properties --protocol mymod:X` finds mymod in the directory it runs from, as the README says."""
+    import subprocess
+    import sys
+    (tmp_path / "mymod.py").write_text("from model.variants import MaxCombine as X\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "properties"),
+                        "--protocol", "mymod:X", "--found-dir", str(tmp_path / "found")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 1 and "SoundnessViolated" in r.stdout, r.stdout[-2000:] + r.stderr
