@@ -224,7 +224,8 @@ class PositionKeys(PaperProtocol):
 @attrs.define(frozen=True)
 class PositionKeyedLoad(PaperProtocol):
     """Stores every chunk under its prefix hash and under its position; looks up by hash (right) but loads by
-    position, so a prompt stored later under the same positions is what gets loaded (isolation-load)."""
+    position first (falling back to the hash), so a prompt stored later under the same positions is what gets
+    loaded (isolation-load)."""
 
     name: ClassVar[str] = "position-keyed-load"
 
@@ -237,6 +238,8 @@ class PositionKeyedLoad(PaperProtocol):
         fetched = {}
         for c in owned_chunks(self, rank, n_ranks, planned):
             value = yield Get(f"kv:pos{c}:pcp{n_ranks}:r{rank}")
+            if value is None:
+                value = yield Get(self.key(c, chunk_hashes[c], rank, n_ranks))
             if value is None:
                 return c, fetched
             fetched[c] = value

@@ -1,0 +1,248 @@
+"""The store-client layer as a Hypothesis state machine: `StoreMachine` drives one client's `RankStore`s (put, get,
+contains, delete, get_async, wait, get_batch) against an in-memory oracle, every call bounded in time."""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from typing import Any
+
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
+
+from model.contract import StoreCallTimeout
+from model.trace import Trace, encode
+from properties import config, strategies as s
+from runtime.bounded import call_bounded
+from properties.reporting import PATH_CALLS, RULE_STEPS, VIOLATED, event, final_run, note, write_found
+
+__all__ = ["StoreMachine", "Pending"]
+
+
+# == the store-client layer ==============================================================================
+class Pending:
+    """An outstanding `get_async`: its future and every value it may rightly resolve to."""
+
+    def __init__(self, rank: int, key: str, future: Any, allowed: list) -> None:
+        self.rank, self.key, self.future, self.allowed = rank, key, future, allowed
+
+    def __repr__(self) -> str:
+        return f"Pending(rank={self.rank}, key={self.key!r})"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        b = bytes(v)
+        return f"{len(b)} bytes {b[:8]!r}{'...' if len(b) > 8 else ''}"
+    return repr(v)
+
+
+_namespaces = itertools.count()
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """One client's stores (two ranks) against a dict oracle, every call bounded in time."""
+
+    futures = Bundle("futures")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = config.current()
+        self.stores = self.cfg.stores(s.STORE_RANKS)
+        self.timeout = self.cfg.op_timeout
+        self.read_paths = [tuple(getattr(st, "read_paths", ("get", "get_async"))) for st in self.stores]
+        self.oracle: list[dict[str, bytes]] = [{} for _ in self.stores]
+        self.pending: list[Pending] = []
+        self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
+        self.ops: list[dict] = []
+        self.failed = False
+
+    # -- calling the client -----------------------------------------------------------------------------
+    def _fail(self, prop: str, message: str) -> None:
+        self.failed = True
+        if prop != "store-roundtrip":
+            self.cfg.discard()  # a client that hung or raised may be unusable; a wrong answer leaves it usable
+        if final_run() and self.cfg.write_traces:
+            trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
+                          client=self.cfg.client_label(),
+                          config={"n_ranks": len(self.stores), "op_timeout": self.timeout},
+                          ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
+                          verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
+                          origin="pytest properties/ (StoreMachine)")
+            trace = self._minimised(trace)
+            note(f"counterexample trace: {write_found(trace, self.cfg.found_dir, self.cfg.client_label(), prop)}")
+        raise VIOLATED[prop](f"{prop}: {message}")
+
+    def _minimised(self, trace: Trace) -> Trace:
+        """The trace with as few ops as still fail on fresh stores (`engines.storeops.minimise_store_ops`),
+        within `minimise_seconds`: with a real client Hypothesis does not shrink, so this is what does."""
+        if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0 or self.cfg.in_memory():
+            return trace  # (Hypothesis has shrunk a model client's run)
+        from engines.storeops import minimise_store_ops
+
+        stop_at = time.monotonic() + self.cfg.minimise_seconds
+        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
+                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note)
+        return trace
+
+    def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
+        PATH_CALLS[op] += 1
+        fn = getattr(self.stores[rank], op)
+        try:
+            if self.cfg.in_memory():
+                # the reference in-memory store (exactly that class) is a dict and cannot block: no thread hop
+                return fn(*args)
+            return call_bounded(self.timeout, op, str(key), fn, *args)
+        except StoreCallTimeout as exc:
+            self._fail("store-hang", f"{self._where(rank, op, key)}: {exc}")
+        except Exception as exc:
+            self._fail("store-error", f"{self._where(rank, op, key)} raised {type(exc).__name__}: {exc}")
+
+    def _where(self, rank: int, op: str, key: Any) -> str:
+        where = f"rank {rank}: {op}({key!r})"
+        if len(self.ops) > 1:
+            where += f" after {self.ops[-2]['op']}({self.ops[-2].get('key', self.ops[-2].get('keys'))!r})"
+        return where
+
+    def _record(self, op: str, rank: int, **args: Any) -> None:
+        """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
+        self.ops.append({"op": op, "rank": rank, **args})
+
+    def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
+        if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
+            self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
+        value = None if got is None else bytes(got)
+        if value not in allowed:
+            shown = " or ".join(_short(a) for a in allowed)
+            self._fail("store-roundtrip", f"rank {rank}: {what} returned {_short(value)}, expected {shown}")
+
+    # -- rules -----------------------------------------------------------------------------------------
+    @rule(rank=s.store_rank, key=s.keys, value=s.values)
+    def put(self, rank: int, key: str, value: bytes) -> None:
+        """Write a value; the oracle records it."""
+        RULE_STEPS["store"] += 1
+        limit = getattr(self.stores[rank], "max_value_bytes", None)
+        value = value if limit is None else value[:limit]  # a client's documented size limit is not a bug
+        self._record("put", rank, key=key, value=value)
+        self._call(rank, "put", key, self.ns + key, value)
+        self.oracle[rank][key] = value
+        for p in self.pending:
+            if p.rank == rank and p.key == key:
+                p.allowed.append(value)
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def get(self, rank: int, key: str) -> None:
+        """A GET answers the oracle's value, or None (promptly) on a miss."""
+        RULE_STEPS["store"] += 1
+        self._record("get", rank, key=key)
+        event("get hit" if key in self.oracle[rank] else "get miss")
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)])
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def contains(self, rank: int, key: str) -> None:
+        """`contains` agrees with the oracle."""
+        RULE_STEPS["store"] += 1
+        self._record("contains", rank, key=key)
+        got = self._call(rank, "contains", key, self.ns + key)
+        if got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
+            self._fail("store-roundtrip", f"rank {rank}: contains({key!r}) returned {got!r}, "
+                                          f"expected {key in self.oracle[rank]}")
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def delete(self, rank: int, key: str) -> None:
+        """Delete a key (present or not)."""
+        RULE_STEPS["store"] += 1
+        self._record("delete", rank, key=key)
+        self._call(rank, "delete", key, self.ns + key)
+        self.oracle[rank].pop(key, None)
+        for p in self.pending:
+            if p.rank == rank and p.key == key:
+                p.allowed.append(None)
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def delete_then_read(self, rank: int, key: str) -> None:
+        """A delete is seen at once by every read path, also right after the key was read (no stale read cache)."""
+        RULE_STEPS["store"] += 1
+        self.read_every_path(rank, key)
+        self.delete(rank, key)
+        self.read_every_path(rank, key)
+
+    @rule(target=futures, rank=s.store_rank, key=s.keys)
+    def get_async(self, rank: int, key: str) -> Pending:
+        """Start an async GET; the call itself returns promptly with a future."""
+        RULE_STEPS["store"] += 1
+        self._record("get_async", rank, key=key)  # kept in the log only if the call itself fails
+        future = self._call(rank, "get_async", key, self.ns + key)
+        self.ops.pop()
+        if not isinstance(future, concurrent.futures.Future):
+            self._fail("store-error", f"rank {rank}: get_async({key!r}) returned {type(future).__name__}, "
+                                      "not a concurrent.futures.Future")
+        p = Pending(rank, key, future, [self.oracle[rank].get(key)])
+        self.pending.append(p)
+        return p
+
+    @rule(p=futures)
+    def wait(self, p: Pending) -> None:
+        """Every async GET completes within the bound, with the value the key had meanwhile."""
+        RULE_STEPS["store"] += 1
+        self._await(p)
+
+    def _await(self, p: Pending) -> None:
+        self._record("get_async", p.rank, key=p.key)
+        try:
+            got = p.future.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            self._fail("store-hang", f"rank {p.rank}: the future of get_async({p.key!r}) did not complete within "
+                                     f"{self.timeout:g} s")
+        except Exception as exc:
+            self._fail("store-error", f"rank {p.rank}: the future of get_async({p.key!r}) raised "
+                                      f"{type(exc).__name__}: {exc}")
+        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed)
+
+    @precondition(lambda self: all("get_batch" in paths for paths in self.read_paths))
+    @rule(rank=s.store_rank, keys=s.batch_keys)
+    def get_batch(self, rank: int, keys: list[str]) -> None:
+        """A batch GET answers, per key, what a single GET would."""
+        RULE_STEPS["store"] += 1
+        self._record("get_batch", rank, keys=keys)
+        got = self._call(rank, "get_batch", keys, [self.ns + k for k in keys])
+        got = list(got) if got is not None else None
+        if got is None or len(got) != len(keys):
+            self._fail("store-roundtrip", f"rank {rank}: get_batch({keys!r}) returned {got!r:.80}, "
+                                          f"not {len(keys)} results")
+        for k, g in zip(keys, got):
+            self._expect(rank, f"get_batch(...{k!r}...)", g, [self.oracle[rank].get(k)])
+
+    @rule(rank=s.store_rank, key=s.keys)
+    def read_every_path(self, rank: int, key: str) -> None:
+        """A key (written through `put`) reads the same through every read path the client has."""
+        RULE_STEPS["store"] += 1
+        expected = [self.oracle[rank].get(key)]
+        self._record("get", rank, key=key)
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
+        if "get_async" in self.read_paths[rank]:
+            self._record("get_async", rank, key=key)
+            future = self._call(rank, "get_async", key, self.ns + key)
+            self.ops.pop()
+            self._await(Pending(rank, key, future, expected))
+        if "get_batch" in self.read_paths[rank]:
+            self._record("get_batch", rank, keys=[key])
+            got = self._call(rank, "get_batch", [key], [self.ns + key])
+            self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Every outstanding async GET completes; the client still answers; the keys written are removed."""
+        if self.failed:
+            return
+        for p in self.pending:
+            self._await(p)
+        probe = "probe absent"  # a space: no drawn key has one
+        for r in range(len(self.stores)):
+            # a miss, then one more call: the client must still answer after its last op and after a miss
+            self._record("get", r, key=probe)
+            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None])
+            self._record("contains", r, key=probe)
+            if self._call(r, "contains", probe, self.ns + probe):
+                self._fail("store-roundtrip", f"rank {r}: contains({probe!r}) of a never-written key returned true")
+            for key in self.oracle[r]:
+                self._call(r, "delete", key, self.ns + key)
