@@ -19,7 +19,7 @@ $(STAMP): $(REQS)
 verify: venv
 	$(VENV)/bin/shardcheck verify
 
-# The ci Hypothesis profile is derandomized and keeps its example database (failures persist).
+# The ci Hypothesis profile is derandomized: the same examples on every run.
 test: venv
 	$(VENV)/bin/lint-imports
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest

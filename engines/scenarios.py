@@ -4,17 +4,20 @@ Every profile of `pytest properties/` (dev included) and `check`'s store layer r
 a client that fails one fails at once: a miss answers `None` promptly on every read path, bytes of every length
 round-trip on every path, a delete invalidates every read path (no stale cache), an overwrite wins, each rank has its
 own store, and the client still answers after a burst of unawaited missed reads. Each runs on fresh bounded stores
-(`engines.storeops.bounded_factory`) and a failure is a `store-ops` trace that `replay` re-runs.
+and a failure is a `store-ops` trace that `replay` re-runs on fresh stores.
 """
 from __future__ import annotations
 
-from typing import Any
+import itertools
 
-from engines.storeops import bounded_factory, run
-from model.trace import Trace
+from engines.storeops import run_ops
+from model.trace import Trace, encode
+from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
 __all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS"]
+
+_runs = itertools.count()
 
 #: Value lengths of the round trip (cut to the client's `max_value_bytes`).
 LENGTHS = (0, 1, 7, 100, 1000, 4088)
@@ -62,26 +65,32 @@ def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True)
 
 
 def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
-    """Run every scenario on fresh bounded stores of `client`: the store-ops trace of each one that fails."""
-    probe = Trace(kind="store-ops", property=None, summary="", protocol={"name": "-", "ref": None}, client=client.name,
-                  config={"n_ranks": 2, "op_timeout": op_timeout})
-    stores = client.stores(2, op_timeout=op_timeout)
+    """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
+    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores)."""
+    stores: list = []
+    found = []
     try:
-        max_value = min((getattr(s, "max_value_bytes", None) or 1 << 30) for s in stores)
-        batch = all(callable(getattr(s, "get_batch", None)) for s in stores)
+        for name in names:
+            if not stores or any(s.broken for s in stores):
+                for s in stores:
+                    s.close()
+                stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
+            max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
+            batch = all(callable(getattr(s.inner, "get_batch", None)) for s in stores)
+            ops = scenario_ops(name, max_value=max_value, batch=batch)
+            tag = f"{name}:{next(_runs)}:"
+            tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
+                      for op in ops]
+            _, violations = run_ops(stores, tagged, wait_bound=op_timeout)
+            if violations:
+                v = violations[0]
+                found.append(Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
+                                   protocol={"name": "-", "ref": None}, client=client.name,
+                                   config={"n_ranks": 2, "op_timeout": op_timeout}, ops=ops,
+                                   verdict={"violations": [{"property": v.property, "summary": v.summary,
+                                                            "detail": encode(v.detail)}]},
+                                   expect={client.name: "reproduces"}, origin=f"scenario:{name}"))
     finally:
         for s in stores:
             s.close()
-    found = []
-    for name in names:
-        ops = scenario_ops(name, max_value=max_value, batch=batch)
-        trace = Trace(kind="store-ops", property=None, summary="", protocol=probe.protocol, client=client.name,
-                      config=dict(probe.config), ops=ops, origin=f"scenario:{name}")
-        _, violations = run(trace, bounded_factory(trace, client))
-        if violations:
-            v: dict[str, Any] = violations[0]
-            trace.property, trace.summary = v["property"], f"scenario {name}: {v['summary']}"
-            trace.verdict = {"violations": violations}
-            trace.expect = {client.name: "reproduces"}
-            found.append(trace)
     return found

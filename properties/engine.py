@@ -10,13 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.trace import Trace
-from properties import config, profiles
+from properties import config
 from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
 
 __all__ = ["BATCH", "run_machine", "caught", "hypothesis_search"]
@@ -60,8 +61,9 @@ def _search(protocol: Any, client: Any, found_dir: Path, should_stop: Callable[[
                       minimise_seconds=0):
         while not should_stop():
             for machine in machines:
-                profiles.seed_test(f"shardcheck-check-{seed}-{batch}-{machine.__name__}")
-                if run_machine(machine, BATCH)[0]:
+                seeded = hypothesis.seed(f"shardcheck-check-{seed}-{batch}-{machine.__name__}")(
+                    type(machine.__name__, (machine,), {"__module__": machine.__module__}))
+                if run_machine(seeded, BATCH)[0]:
                     traces = [Trace.load(p) for p in sorted(found_dir.glob("*.json"))]
                     return traces, sum(RULE_STEPS.values()) - steps0
             batch += 1

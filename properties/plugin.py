@@ -19,7 +19,7 @@ from properties import config as run_config
 from properties import profiles
 from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header", "pytest_runtest_setup",
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header",
            "pytest_runtest_call", "pytest_sessionfinish"]
 
 
@@ -47,7 +47,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    profiles.register(config.rootpath)
+    try:
+        profiles.register(config.rootpath)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     from hypothesis import settings
 
     if not config.getoption("hypothesis_profile", None):
@@ -85,14 +88,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     cur = run_config.current()
     return (f"shardcheck: protocol {cur.protocol_ref()}, client {cur.client_label()}, "
             f"hypothesis profile {settings.get_current_profile_name()}")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    from hypothesis import settings
-
-    if settings.get_current_profile_name() == "ci":
-        profiles.seed_test(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -35,6 +35,8 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
     stats.by_engine["scenarios"] = len(failed)
     if failed:
         return failed[0]
+    budget -= time.monotonic() - start  # the phases share what is left of the budget
+    start = time.monotonic()
 
     def phase_over() -> bool:
         return should_stop() or time.monotonic() >= phase_end[0]

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
 
+    from shardcheck.campaign_cmd import add_arguments as campaign_arguments
+    campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "
+                                      "database on Valkey"))
+
     from shardcheck.regen import add_arguments as regen_arguments
     regen_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
     return p
@@ -62,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
 HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen"}
+            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:

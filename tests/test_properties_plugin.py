@@ -78,13 +78,14 @@ def test_client_names():
 
 
 def test_profiles():
-    """dev is the default; ci keeps a directory database; an unknown profile name is an error."""
+    """dev is the default and keeps a directory database; ci is derandomized; an unknown profile name is an error."""
     profiles.register(ROOT)  # as the plugin did: no change to the session's profiles
     assert profiles.chosen({}) == "dev" and profiles.chosen({"HYPOTHESIS_PROFILE": "ci"}) == "ci"
     with pytest.raises(ValueError, match="HYPOTHESIS_PROFILE='fast'"):
         profiles.chosen({"HYPOTHESIS_PROFILE": "fast"})
     ci = settings.get_profile("ci")
-    assert isinstance(ci.database, DirectoryBasedExampleDatabase) and not ci.derandomize
+    assert ci.database is None and ci.derandomize
+    assert isinstance(settings.get_profile("dev").database, DirectoryBasedExampleDatabase)
     assert settings.get_profile("nightly").max_examples > ci.max_examples > settings.get_profile("dev").max_examples
 
 
@@ -92,11 +93,11 @@ def test_profiles_ignore_hypothesis_ci_detection():
     """With `CI` set, Hypothesis loads its own derandomized, database-less `ci` profile; ours must not inherit it."""
     probe = ("from hypothesis import settings; from properties import profiles; profiles.register('.'); "
              "ci = settings.get_profile('ci'); dev = settings.get_profile('dev'); "
-             "print(type(ci.database).__name__, ci.derandomize, dev.derandomize, dev.print_blob)")
+             "print(type(dev.database).__name__, ci.derandomize, dev.derandomize, dev.print_blob)")
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["DirectoryBasedExampleDatabase", "False", "False", "False"]
+    assert run.stdout.split() == ["DirectoryBasedExampleDatabase", "True", "False", "False"]
 
 
 def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess:

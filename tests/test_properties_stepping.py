@@ -8,7 +8,7 @@ from model.harness import run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync
 from model.store import memory_factory
 from model.variants import GiveUpOnLocalMiss, RetryUntilPresent, UnboundedWaitAsync
-from properties import profiles, strategies as s
+from properties import strategies as s
 from properties.stepping import DONE, LOADING, LOOKED_UP, STORED, Episode
 
 actions = st.lists(st.one_of(
@@ -48,22 +48,3 @@ def test_episode_replays_under_run_case(protocol, n, k, salt, steps):
     assert mine.results == theirs.results
     assert (mine.planned, mine.lcp, mine.cached) == (theirs.planned, theirs.lcp, theirs.cached)
     assert (mine.load.schedule if mine.load else []) == (theirs.load.schedule if theirs.load else [])
-
-
-def test_ci_seed_is_fixed_per_test():
-    """The ci profile's per-test seed makes a non-derandomized test draw the same examples every run."""
-    def draws() -> list:
-        seen: list = []
-
-        @settings(database=None, max_examples=10, derandomize=False)
-        @given(st.integers())
-        def t(x):
-            seen.append(x)
-
-        t()
-        return seen
-
-    profiles.seed_test("tests/x.py::t")
-    first = draws()
-    profiles.seed_test("tests/x.py::t")
-    assert draws() == first

@@ -63,12 +63,16 @@ def test_pytest_properties_on_real_clients(tmp_path):
     patched = run(*common, "--client", "lmcache-patched")
     assert patched.returncode == 0, patched.stdout[-3000:]
     stock = run(*common, "--client", "lmcache", "--op-timeout", "0.5")
-    assert stock.returncode == 1 and "2 failed" in stock.stdout, stock.stdout[-3000:]
+    failed = {line.split("::")[-1].split(" ")[0] for line in stock.stdout.splitlines() if line.startswith("FAILED")}
+    assert stock.returncode == 1 and {"runTest", "test_store_client_scenario[miss-prompt]"} <= failed, stock.stdout[-3000:]
+    assert sum("TestProtocolLayer" in line or "TestStoreLayer" in line for line in stock.stdout.splitlines()
+               if line.startswith("FAILED")) == 2, stock.stdout[-3000:]
     traces = [Trace.load(p) for p in tmp_path.glob("*.json")]
     written = {t.property for t in traces}
     assert "store-hang" in written and written & {"completeness", "hang"}
     # Hypothesis does not shrink real-client runs; the plugin minimises them on fresh servers instead
-    assert all(len(t.ops) <= 2 for t in traces if t.kind == "store-ops"), [t.ops for t in traces]
+    # (the wedge needs 4 missed prefetches and a put: 5 ops, 1-minimal)
+    assert all(len(t.ops) <= 5 for t in traces if t.kind == "store-ops"), [t.ops for t in traces]
     assert all(t.config["n_ranks"] <= 2 for t in traces if t.kind == "protocol"), [t.config for t in traces]
 
 
