@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default 0)")
     c.add_argument("--out", default="counterexamples/found", help="where counterexamples are written")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--runner", choices=("sim", "processes"), default="sim", help="processes: one OS process per rank")
 
     pr = sub.add_parser("prove", help="run the Z3 proofs with a seed sweep")
     pr.add_argument("--json", action="store_true")
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--protocol", default=None)
     r.add_argument("--expect", action="store_true", help="exit 0 iff every outcome equals its expectation")
     r.add_argument("--json", action="store_true")
+    r.add_argument("--runner", choices=("sim", "processes"), default="sim", help="processes: one OS process per rank")
 
     b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
     b.add_argument("--json", action="store_true")

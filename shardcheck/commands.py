@@ -45,9 +45,17 @@ def _resolve(protocol_spec: str | None, client_spec: str | None) -> tuple[Any, s
 
 
 @contextlib.contextmanager
-def _runner(factory: Any, client: str) -> Iterator[Any]:
-    """`run(protocol, case)` over the client: fresh in-memory stores for `model`, a `ClientPool` otherwise."""
+def _runner(factory: Any, client: str, runner: str = "sim") -> Iterator[Any]:
+    """`run(protocol, case)` over the client: fresh in-memory stores for `model`, a `ClientPool` otherwise;
+    with `runner="processes"`, one OS process per rank (`adapters.processes`)."""
     from model.harness import run_case
+    if runner == "processes":
+        from adapters.processes import ProcessRunner, RunnerError
+        try:
+            yield ProcessRunner(client).run
+        except RunnerError as exc:
+            raise UsageError(f"--runner processes: {exc}") from None
+        return
     if client == "model":
         yield run_case
         return
@@ -88,7 +96,7 @@ STORE_MINIMISE_SHARE = 0.5
 
 
 def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: float, seed: int = 0,
-              out_dir: str = "counterexamples/found", progress: bool = False) -> dict:
+              out_dir: str = "counterexamples/found", progress: bool = False, runner: str = "sim") -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
     from engines.search import Found, SearchStats, minimise
@@ -111,7 +119,7 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
             _err(f"  ... {stats.cases} cases, {now - start:.0f}/{budget:g} s, largest {stats.largest}")
         return now >= deadline
 
-    with _runner(factory, client) as run:
+    with _runner(factory, client, runner) as run:
         found = run_engines(protocol, client, factory, run, start=start, budget=budget, should_stop=should_stop,
                             stats=stats, seed=seed)
         if isinstance(found, Found):
@@ -125,13 +133,14 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
                                         "seconds": round(time.monotonic() - start, 3), "budget": budget,
-                                        "seed": seed}}
+                                        "seed": seed, "runner": runner}}
     if found is None:
         return result
     if isinstance(found, Found):
         out = found.outcome
         trace = Trace.from_outcome(out, protocol_ref=ref, client=client, origin=f"check:{found.engine}",
                                    expect={client: "reproduces"})
+        trace.notes = f"runner: {runner}"
         violations = out.violations
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
@@ -172,7 +181,7 @@ def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
 
 def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
-                       progress=not args.json)
+                       progress=not args.json, runner=getattr(args, "runner", "sim"))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -248,7 +257,8 @@ def _replay_store_ops(trace: Any, factory: Any, client: str) -> tuple[str, str]:
     return "fixed", "no violation" if not violations else f"other violation: {violations[0]['summary']}"
 
 
-def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | None = None) -> tuple[str, list[dict]]:
+def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | None = None, *,
+               runner: str = "sim") -> tuple[str, list[dict]]:
     """`shardcheck replay` as a function: the client's name and one row per trace."""
     from model.trace import Trace, TraceError
     traces = []
@@ -259,7 +269,7 @@ def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | N
             raise UsageError(str(exc)) from None
     _, _, factory, client = _resolve(None, client_spec)
     rows = []
-    with _runner(factory, client) as run:
+    with _runner(factory, client, runner) as run:
         for p, t in traces:
             t0 = time.monotonic()
             outcome, why = replay_one(t, protocol_spec, run, factory, client)
@@ -270,7 +280,7 @@ def run_replay(paths: list[str], client_spec: str | None, protocol_spec: str | N
 
 
 def cmd_replay(args: Any) -> int:
-    client, rows = run_replay(args.paths, args.client, args.protocol)
+    client, rows = run_replay(args.paths, args.client, args.protocol, runner=getattr(args, "runner", "sim"))
     if args.json:
         print(json.dumps({"client": client, "results": rows}, indent=2))
     else:
