@@ -38,12 +38,16 @@ class RunnerError(RuntimeError):
     """The runner itself could not run a case (the rendezvous failed, a store could not be made)."""
 
 
-def _context() -> Any:
-    """A forkserver context that has imported torch once: each rank process then starts in milliseconds."""
+def _context(client: str) -> Any:
+    """A forkserver context that has imported torch (and the first real client's adapter) once: each rank
+    process then starts in milliseconds."""
     global _CTX
     if _CTX is None:
         _CTX = multiprocessing.get_context("forkserver")
-        _CTX.set_forkserver_preload(["adapters.processes", "adapters.rank_process", "model.protocols", "runtime.registry"])
+        preload = ["adapters.processes", "adapters.rank_process", "model.protocols", "runtime.registry"]
+        if client.startswith("lmcache"):
+            preload.append("adapters.patched" if client == "lmcache-patched" else "adapters.lmcache_stores")
+        _CTX.set_forkserver_preload(preload)
     return _CTX
 
 
@@ -56,6 +60,8 @@ class ProcessRunner:
         self.timeout, self.op_timeout = float(timeout), float(op_timeout)
         self.runs = 0
         self._dir: str | None = None
+        #: The OS pids of the last case's rank processes (all reaped when `run` returns).
+        self.last_pids: list[int] = []
 
     def run(self, protocol: Any, case: Case) -> Outcome:
         """Run `case` under `protocol`, every rank its own process, and check the outcome."""
@@ -90,7 +96,7 @@ class _Case:
         self.conns: list[Any] = []
 
     def run(self) -> Outcome:
-        ctx = _context()
+        ctx = _context(self.runner.client)
         r = self.runner
         try:
             for rank in range(self.n):
@@ -106,6 +112,7 @@ class _Case:
             return self._phases()
         finally:
             self._reap()
+            r.last_pids = [p.pid for p in self.procs if p.pid is not None]
 
     # -- talking to the ranks ----------------------------------------------------------------------
     def _collect(self, phase: str, seconds: float) -> tuple[dict[int, tuple], dict[int, str]]:

@@ -1,0 +1,146 @@
+"""The process runner: rank programs as OS processes with gloo collectives, judged like the simulator."""
+import os
+import time
+
+import attrs
+import pytest
+
+from adapters.processes import ProcessRunner
+from model.effects import Get
+from model.faults import Eviction, FaultPlan
+from model.harness import run_case
+from model.outcome import Case
+from model.protocols import REFERENCE_PROTOCOLS, PaperProtocol
+from model.trace import Trace
+from model.variants import EarlyExitOnMiss, SkipEmptyGather
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with ProcessRunner(timeout=2.0) as r:
+        yield r
+
+
+def _gone(pids):
+    """Whether every pid has exited and been reaped (polled briefly: the forkserver reaps asynchronously)."""
+    for _ in range(50):
+        if not any(os.path.exists(f"/proc/{p}") for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _cases(n):
+    k = 2 * n
+    yield Case(n, k)
+    yield Case(n, k, faults=FaultPlan(evict_before_lookup=[Eviction(k - 1)]))
+    yield Case(n, k, faults=FaultPlan(evict_after_lookup=[Eviction(1 % k)], lost=[(n - 1, 0)]))
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_PROTOCOLS))
+def test_reference_protocols_hold_at_one_to_four_ranks(runner, name):
+    """Every reference protocol holds at 1-4 ranks with faults, and each rank loads what the simulator loads."""
+    protocol = REFERENCE_PROTOCOLS[name]()
+    for n in (1, 2, 3, 4):
+        for case in _cases(n):
+            out = runner.run(protocol, case)
+            assert out.violations == [], (name, case, out.violations)
+            sim = run_case(protocol, case)
+            assert (out.planned, out.lcp) == (sim.planned, sim.lcp)
+            assert {r: sorted(v) for r, v in out.results.items()} == {r: sorted(v) for r, v in sim.results.items()}
+
+
+def test_early_exit_desync_is_named_in_gloo(runner):
+    """A rank that skips the agreement after a miss is a desync naming collective #0 and both ranks' kinds."""
+    out = runner.run(EarlyExitOnMiss(), Case(2, 4, faults=FaultPlan(evict_after_lookup=[Eviction(1)])))
+    assert out.violated() == ["desync"]
+    v = out.violations[0]
+    assert v.detail["collective"] == 0
+    assert v.detail["ranks"] == {"0": "AllReduceMin", "1": "AllGather"}
+    assert _gone(runner.last_pids)
+
+
+def test_skip_empty_gather_deadlock_names_waiting_and_finished_ranks(runner):
+    """A rank that skips the AllGather is a deadlock: the others wait in collective #1 for it."""
+    out = runner.run(SkipEmptyGather(), Case(3, 2))
+    assert out.violated() == ["deadlock"]
+    d = out.violations[0].detail
+    assert (d["collective"], d["stuck"], d["finished"]) == (1, [0, 1], [2])
+    assert _gone(runner.last_pids)
+
+
+@attrs.define(frozen=True)
+class DiesOnRank1(PaperProtocol):
+    """Rank 1's process exits in the middle of its load."""
+
+    name = "dies-on-rank1"
+
+    def rank_load(self, rank, n_ranks, chunk_hashes, planned):
+        if rank == 1:
+            os._exit(7)
+        return (yield from super().rank_load(rank, n_ranks, chunk_hashes, planned))
+
+
+@attrs.define(frozen=True)
+class StuckOnRank0(PaperProtocol):
+    """Rank 0 blocks in its own code before its first effect, for longer than any bound."""
+
+    name = "stuck-on-rank0"
+
+    def rank_load(self, rank, n_ranks, chunk_hashes, planned):
+        if rank == 0:
+            time.sleep(600)
+        return (yield from super().rank_load(rank, n_ranks, chunk_hashes, planned))
+
+
+@attrs.define(frozen=True)
+class RaisesOnRank1(PaperProtocol):
+    """Rank 1's load raises after its first GET (of its own chunk; needs n_chunks >= n_ranks)."""
+
+    name = "raises-on-rank1"
+
+    def rank_load(self, rank, n_ranks, chunk_hashes, planned):
+        yield Get(self.key(rank, chunk_hashes[rank], rank, n_ranks))
+        if rank == 1:
+            raise ValueError("boom")
+        return (yield from super().rank_load(rank, n_ranks, chunk_hashes, planned))
+
+
+def test_dead_rank_process_is_a_violation_and_nothing_is_left(runner):
+    """A rank process that dies is a termination violation naming it and its exit code; every process is reaped."""
+    out = runner.run(DiesOnRank1(), Case(3, 3))
+    assert out.violated() == ["termination"]
+    assert out.violations[0].detail["rank"] == 1 and out.violations[0].detail["exitcode"] == 7
+    assert _gone(runner.last_pids)
+
+
+def test_stuck_rank_is_a_termination_within_the_bound():
+    """A rank stuck in its own code is a termination violation naming it; the stuck process is killed."""
+    with ProcessRunner(timeout=0.5) as runner:
+        out = runner.run(StuckOnRank0(), Case(2, 2))
+    assert out.violated() == ["termination"]
+    assert out.violations[0].detail["rank"] == 0
+    assert "did not finish the load phase within 1 s" in out.violations[0].summary
+    assert _gone(runner.last_pids)
+
+
+def test_raising_rank_stops_every_rank(runner):
+    """A rank program that raises is a termination naming it; the other ranks learn it instead of waiting."""
+    out = runner.run(RaisesOnRank1(), Case(2, 2))
+    assert out.violated() == ["termination"]
+    assert "rank 1's rank_load raised ValueError: boom" in out.violations[0].summary
+
+
+def test_process_outcome_saves_as_a_trace_the_simulator_replays(runner, tmp_path):
+    """A process-runner outcome is a `protocol` trace; the simulator re-runs it to the same violation."""
+    out = runner.run(SkipEmptyGather(), Case(2, 1))
+    trace = Trace.from_outcome(out, protocol_ref="model.variants:SkipEmptyGather")
+    again = Trace.load(trace.save(tmp_path / "t.json"))
+    assert again.property == "deadlock"
+    assert "deadlock" in run_case(SkipEmptyGather(), again.case()).violated()
+
+
+def test_shardcheck_run_fixture_honours_runner_option(shardcheck_run):
+    """Whichever `--runner` runs it, the deadlock demo variant is caught and the reference holds."""
+    assert "deadlock" in shardcheck_run(SkipEmptyGather(), Case(3, 2)).violated()
+    assert shardcheck_run(PaperProtocol(), Case(3, 4)).violations == []
