@@ -54,12 +54,14 @@ def _parser() -> argparse.ArgumentParser:
 
     from shardcheck.regen import add_arguments
     add_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
+    from shardcheck import tier_cmd
+    tier_cmd.add_arguments(sub.add_parser("tier", help="measure a KV tier through LMCache; the paper's cost model"))
     return p
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
 HANDLERS = {"check": "commands", "prove": "commands", "replay": "commands", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen"}
+            "verify": "verify", "regen": "regen", "tier": "tier_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:
