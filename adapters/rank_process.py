@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -259,6 +260,7 @@ def _lookup(protocol: Any, rk: _Rank, hashes: list[str]) -> int:
 def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, client: str, options: dict, case: Any,
               hashes: list[str], kv: list[bytes], *, timeout: float, op_timeout: float, parent_pid: int) -> None:
     """The body of rank `rank`'s process; talks to the parent over `conn` (see `adapters.processes`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it kills and reaps us
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:

@@ -85,7 +85,9 @@ def _worker(conn: Any, parent_pid: int) -> None:
     Every client call runs as a coroutine on the client's own event loop (`Bounded.run`): LMCache 0.5.6's
     `*_sync` calls register their completion after submitting it, from another thread, and one was lost
     here (a fill that never returned) when the completion won that race."""
+    import signal
     import threading
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops and reaps us
 
     def watch() -> None:
         while True:

@@ -144,3 +144,36 @@ def test_shardcheck_run_fixture_honours_runner_option(shardcheck_run):
     """Whichever `--runner` runs it, the deadlock demo variant is caught and the reference holds."""
     assert "deadlock" in shardcheck_run(SkipEmptyGather(), Case(3, 2)).violated()
     assert shardcheck_run(PaperProtocol(), Case(3, 4)).violations == []
+
+
+def test_ctrl_c_leaves_no_rank_process_behind():
+    """Ctrl-C (SIGINT to the process group) during `check --runner processes`: exit 130, every process gone."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-m", "shardcheck", "check", "--runner", "processes", "--budget", "60"],
+                         cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in p.stderr:  # the first progress line: rank processes have been running for a while
+            if "cases" in line:
+                break
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        p.stderr.close()
+
+    def group():
+        out = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
+        return [g for g in out if g == str(p.pid)]
+
+    for _ in range(50):  # the forkserver notices its parent is gone within moments
+        if not group():
+            break
+        time.sleep(0.1)
+    assert group() == []
