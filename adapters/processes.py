@@ -5,6 +5,9 @@ as `model.harness.run_case` (store, evict, every rank looks up, the scheduler co
 `model.checks.check_outcome`, so its outcomes save as the same `protocol` traces. The rank programs run in
 `adapters.rank_process`; this parent plays the scheduler (`combine`) and the harness's oracle of what is cached.
 
+A case's `schedule` and `seed` are the simulator's: here the OS interleaves the ranks. An eviction during the
+load happens in the evicted rank's process before its own load step `step` (there is no global step order).
+
 Bounds: every phase has a deadline (`timeout`, the gloo collective timeout, plus a margin); a rank that has not
 reported by then is a `termination` violation, a rank process that dies is one too, and every process is
 killed and reaped when the case ends, whatever happens (also on KeyboardInterrupt).
@@ -27,8 +30,10 @@ from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_ru
 
 __all__ = ["ProcessRunner", "RunnerError", "DEFAULT_TIMEOUT"]
 
-#: Seconds one gloo collective (and each phase past process start) may take.
+#: Seconds one gloo collective (and each phase past process start) may take: the in-memory client, and a real
+#: one (whose ranks may spend several bounded store calls between two collectives).
 DEFAULT_TIMEOUT = 5.0
+REAL_CLIENT_TIMEOUT = 15.0
 #: Seconds the first phase may take on top of `timeout`: starting the processes and the rendezvous.
 START_GRACE = 20.0
 _CTX: Any = None
@@ -54,9 +59,11 @@ def _context(client: str) -> Any:
 class ProcessRunner:
     """`run(protocol, case)` with one OS process per rank; `client` is any `--client` name or `MOD:ATTR`."""
 
-    def __init__(self, client: str = "model", *, options: dict | None = None, timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, client: str = "model", *, options: dict | None = None, timeout: float | None = None,
                  op_timeout: float = 2.0) -> None:
         self.client, self.options = client, dict(options or {})
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT if client == "model" else REAL_CLIENT_TIMEOUT
         self.timeout, self.op_timeout = float(timeout), float(op_timeout)
         self.runs = 0
         self._dir: str | None = None
