@@ -8,6 +8,7 @@ process start (Python, torch, LMCache imports, the forkserver) is included.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,8 @@ if __name__ == "__main__":
 
 def _timed(argv: list[str], timeout: float) -> tuple[float, str]:
     start = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])}... exited {done.returncode}: {done.stderr.strip()[-300:]}")
     return time.monotonic() - start, done.stdout
