@@ -177,3 +177,31 @@ def test_ctrl_c_leaves_no_rank_process_behind():
             break
         time.sleep(0.1)
     assert group() == []
+
+
+def test_check_replay_show_with_runner_processes(tmp_path, capsys):
+    """`check --runner processes` saves the deadlock; `replay --runner processes` reproduces it; `show` draws it."""
+    import json
+    from shardcheck.cli import main
+    assert main(["check", "--protocol", "model.variants:SkipEmptyGather", "--runner", "processes", "--budget", "10",
+                 "--out", str(tmp_path), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["stats"]["runner"] == "processes" and result["violations"][0]["property"] == "deadlock"
+    path = result["violations"][0]["counterexample"]
+    assert Trace.load(path).notes == "runner: processes"
+    assert main(["replay", path, "--runner", "processes", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["results"][0]["outcome"] == "reproduces"
+    assert main(["show", path]) == 0
+    assert "deadlock" in capsys.readouterr().out
+
+
+@pytest.mark.real
+def test_real_client_stores_live_in_their_rank_processes():
+    """With LMCache over one Valkey per rank process, the desync demo variant is still caught, and the reference
+    protocol loads every chunk."""
+    with ProcessRunner("lmcache-patched") as runner:
+        bad = runner.run(EarlyExitOnMiss(), Case(2, 4, faults=FaultPlan(evict_after_lookup=[Eviction(1)])))
+        good = runner.run(PaperProtocol(), Case(2, 4))
+    assert bad.violated() == ["desync"]
+    assert good.violations == [] and {r: sorted(v) for r, v in good.results.items()} == {0: [0, 1, 2, 3],
+                                                                                         1: [0, 1, 2, 3]}
