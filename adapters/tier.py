@@ -243,9 +243,12 @@ def measure_tier(*, chunk_bytes: int, urls: Sequence[str] | None = None, seconds
     top = max(rank_counts)
     try:
         if endpoints is None:
-            from adapters.valkey_servers import start_servers
+            from adapters.valkey_servers import ServerStartError, start_servers
             step("starting Valkey servers")
-            owned = start_servers(1 + top)
+            try:
+                owned = start_servers(1 + top)
+            except (ServerStartError, OSError) as exc:
+                raise TierError(f"could not start the embedded Valkey servers: {exc}") from None
             endpoints = [("127.0.0.1", p, None) for p in owned.ports]
             shared, per_rank = endpoints[0], endpoints[1:]
             source = "embedded"
