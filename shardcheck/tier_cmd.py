@@ -76,10 +76,10 @@ def verdict(*, s: float, R: float, T0: float, bandwidths: dict[str, float], lam:
 
 
 def _scaling_note(cores: int, measured: dict) -> str:
-    per = measured["bandwidth"].get("per_rank", {})
+    per, shared = measured["bandwidth"].get("per_rank", {}), measured["bandwidth"]["shared"]
     top = max(per, key=int) if per else None
-    ratio = per[top] / measured["bandwidth"]["shared"]["1"] if top else None
-    told = f"per rank at N={top}: {ratio:.2f}x one rank on one server" if ratio else "no per-rank servers measured"
+    told = (f"one server per rank at N={top}: {per[top] / shared['1']:.2f}x one rank on one server, "
+            f"{per[top] / shared[top]:.2f}x {top} ranks on one shared server" if top else "no per-rank servers measured")
     if cores < 8:
         return (f"{told}, on {cores} core(s) that also run every server and rank process: N processes here cannot "
                 f"show an 8-way speed-up, so this neither confirms nor refutes the paper's 6.3x (10.76 vs 1.71 GB/s)")
