@@ -205,3 +205,13 @@ def test_real_client_stores_live_in_their_rank_processes():
     assert bad.violated() == ["desync"]
     assert good.violations == [] and {r: sorted(v) for r, v in good.results.items()} == {0: [0, 1, 2, 3],
                                                                                          1: [0, 1, 2, 3]}
+
+
+def test_curated_corpus_replays_to_its_expectations_on_processes():
+    """Every curated counterexample replays with --runner processes to the outcome it records for `model`."""
+    from pathlib import Path
+    from shardcheck.commands import run_replay
+    corpus = Path(__file__).resolve().parents[1] / "counterexamples"
+    _, rows = run_replay([str(corpus)], None, runner="processes")
+    assert len(rows) >= 14
+    assert [r["path"] for r in rows if not r["matches"]] == []
