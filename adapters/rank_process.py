@@ -97,7 +97,7 @@ class _Rank:
         kinds = {(s[0], s[1]) for s in sigs}
         if len(kinds) == 1:
             kind, root = next(iter(kinds))
-            if kind == "Broadcast" and not 0 <= root < self.n:
+            if kind == "Broadcast" and not (type(root) is int and 0 <= root < self.n):
                 return {"property": "desync", "summary": f"collective #{k}: Broadcast from root {root}, which is not "
                         f"a rank of {self.n}", "detail": {"collective": k}}
             return None

@@ -215,3 +215,21 @@ def test_curated_corpus_replays_to_its_expectations_on_processes():
     _, rows = run_replay([str(corpus)], None, runner="processes")
     assert len(rows) >= 14
     assert [r["path"] for r in rows if not r["matches"]] == []
+
+
+@attrs.define(frozen=True)
+class BroadcastFromNowhere(PaperProtocol):
+    """Every rank broadcasts from a root that is not a rank."""
+
+    name = "broadcast-from-nowhere"
+
+    def rank_load(self, rank, n_ranks, chunk_hashes, planned):
+        from model.effects import Broadcast
+        return dict((yield Broadcast({}, root=n_ranks)))
+
+
+def test_broadcast_from_a_root_outside_the_group_is_a_desync(runner):
+    """A Broadcast whose root is not a rank is a desync, as in the simulator, not an error of the runner."""
+    out = runner.run(BroadcastFromNowhere(), Case(2, 2))
+    assert out.violated() == ["desync"] and "Broadcast from root 2" in out.violations[0].summary
+    assert run_case(BroadcastFromNowhere(), Case(2, 2)).violated() == ["desync"]
