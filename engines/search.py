@@ -74,18 +74,18 @@ def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> I
                     yield Case(n, k, faults=attrs.evolve(plan, **{kind.field: (item,)}))
 
 
-def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32) -> Case:
+def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32, others: bool = True) -> Case:
     """A seeded random case beyond the enumerated sizes: random sizes, cached set, faults and schedule seed."""
     n, k = rng.randint(1, max_ranks), rng.randint(0, max_chunks)
     faults = FaultPlan(**{kind.field: kind.draw(rng, n, k) for kind in FAULT_KINDS})
     salt, seed = f"r{rng.getrandbits(32):08x}", rng.getrandbits(32)
-    others = []
-    while rng.random() < 0.3 and len(others) < 3:  # other prompts in the same tier
+    tier = []
+    while others and rng.random() < 0.3 and len(tier) < 3:  # other prompts in the same tier
         m = rng.randint(0, max_chunks)
-        others.append(OtherPrompt(salt=f"o{len(others)}", n_chunks=m, shared=rng.randint(0, min(m, k)),
+        tier.append(OtherPrompt(salt=f"o{len(tier)}", n_chunks=m, shared=rng.randint(0, min(m, k)),
                                   after=rng.random() < 0.5,
                                   evicted=tuple(c for c in range(m) if rng.random() < 0.1)))
-    return Case(n, k, salt=salt, faults=faults, seed=seed, others=tuple(others))
+    return Case(n, k, salt=salt, faults=faults, seed=seed, others=tuple(tier))
 
 
 @attrs.define
@@ -192,7 +192,7 @@ SWARM_EVERY = 16
 
 def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[], bool] = lambda: False,
            seed: int = 0, stats: SearchStats | None = None, levels: tuple[str, ...] = LEVELS,
-           random_cases: bool = True, swarm: bool = False,
+           random_cases: bool = True, swarm: bool = False, others: bool = True,
            sizes: list[tuple[int, int]] | None = None) -> Found | None:
     """Enumerate every level for each size (`sizes`, default every enumerated size), smallest first, then
     simulate random cases until `should_stop()`; return the first violation. `swarm`: during enumeration, every
@@ -209,7 +209,7 @@ def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[]
                 if out.violations:
                     return Found(case, out, f"enumerate:{level}")
                 if swarm and stats.by_engine["enumerate"] % SWARM_EVERY == 0:
-                    big = random_case(swarm_rng)
+                    big = random_case(swarm_rng, others=others)
                     stats.count("swarm", big)
                     out = runner(protocol, big)
                     if out.violations:
@@ -217,7 +217,7 @@ def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[]
         stats.sizes_done.append(list(size))
     rng = random.Random(seed)
     while random_cases and not should_stop():
-        case = random_case(rng)
+        case = random_case(rng, others=others)
         stats.count("random", case)
         out = runner(protocol, case)
         if out.violations:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from engines.search import Found, SearchStats, search
+from engines.search import LEVELS, Found, SearchStats, search
 
 __all__ = ["MODEL_PHASES", "REAL_PHASES", "EXPLORE_SIZES", "run_engines"]
 
@@ -23,10 +23,12 @@ EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3,
 
 
 def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budget: float,
-                should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float) -> Any:
+                should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float,
+                multi_prompt: bool = True) -> Any:
     """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None. `client` is a
     `runtime.registry.Client`: an in-memory one gets the explorer (it runs its own store model), a real one the
-    store layer first."""
+    store layer first. `multi_prompt=False`: no case with other prompts in the tier (a runner that cannot run them)."""
+    levels = LEVELS if multi_prompt else tuple(level for level in LEVELS if level != "prompts")
     phases = MODEL_PHASES if client.in_memory else REAL_PHASES
     phase_end = [start]
     stats.phase = "scenarios"  # the store client's fixed scenarios first: a client that fails one fails at once
@@ -48,16 +50,16 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
         stats.phase = phase
         if phase == "enumerate":
             found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False,
-                           swarm=True)
+                           swarm=True, levels=levels, others=multi_prompt)
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
         else:
-            found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout)
+            found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout, multi_prompt)
         if found is not None:
             return found
     stats.phase = "random"
     return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
-                  random_cases=True)
+                  random_cases=True, others=multi_prompt)
 
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:
@@ -83,7 +85,7 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
 
 
 def _hypothesis(protocol: Any, client: Any, run: Callable, stop: Callable[[], bool],
-                stats: SearchStats, seed: int, op_timeout: float) -> Any:
+                stats: SearchStats, seed: int, op_timeout: float, multi_prompt: bool = True) -> Any:
     """A protocol-layer failure is re-run as a `Case` (so it is minimised like the others); a store-layer
     failure is its store-ops `Trace`."""
     from properties.engine import hypothesis_search
@@ -100,6 +102,8 @@ def _hypothesis(protocol: Any, client: Any, run: Callable, stop: Callable[[], bo
             trace.client, trace.expect = client.name, {client.name: "reproduces"}
             return trace
         case = trace.case()
+        if case.others and not multi_prompt:
+            continue
         outcome = run(protocol, case)
         if outcome.violations:
             return Found(case, outcome, "hypothesis")

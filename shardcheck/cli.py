@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
+    c.add_argument("--runner", choices=("sim", "processes"), default="sim",
+                   help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
+                        "(torch.distributed, gloo) (default: sim)")
 
     pr = sub.add_parser("prove", help="run the Z3 proofs with a seed sweep")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
@@ -61,21 +64,24 @@ def _parser() -> argparse.ArgumentParser:
 
     from shardcheck.regen import add_arguments as regen_arguments
     regen_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
+
+    from shardcheck import tier_cmd
+    tier_cmd.add_arguments(sub.add_parser("tier", help="measure a KV tier through LMCache; the paper's cost model"))
     return p
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
 HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd"}
+            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd", "tier": "tier_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from shardcheck import supervise
-    if args.command == "check" and not supervise.in_child() and isinstance(args.budget, float) and args.budget > 0:
-        # a protocol stuck in C starves the watchdog: the parent ends it at a deadline (see shardcheck.supervise)
-        return supervise.supervise(sys.argv[1:] if argv is None else list(argv), supervise.deadline(args.budget),
-                                   args.command)
+    if argv is None and args.command == "check" and not supervise.in_child() and args.budget > 0:
+        # run as a program: a protocol stuck in C starves the watchdog, so a parent process ends it at a deadline
+        # (see shardcheck.supervise); an in-process call (main([...])) runs unsupervised
+        return supervise.supervise(sys.argv[1:], supervise.deadline(args.budget), args.command)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     from model.calls import Stalled
     from runtime.watchdog import watching

@@ -37,10 +37,19 @@ def client_of(spec: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _runner(client: Any, op_timeout: float) -> Iterator[Any]:
-    """`run(protocol, case)` over the client (`runtime.pool.case_runner`); a client that cannot be used is exit 2."""
+def _runner(client: Any, op_timeout: float, runner: str = "sim") -> Iterator[Any]:
+    """`run(protocol, case)` over the client (`runtime.pool.case_runner`); with `runner="processes"`, one OS process
+    per rank with real collectives (`adapters.processes`). A client that cannot be used is exit 2."""
     from runtime.pool import case_runner
     from runtime.registry import ResolveError
+    if runner == "processes":
+        from adapters.processes import ProcessRunner, RunnerError
+        try:
+            with ProcessRunner(client.name, op_timeout=op_timeout) as processes:
+                yield processes.run
+        except RunnerError as exc:
+            raise UsageError(f"--runner processes: {exc}") from None
+        return
     try:
         with case_runner(client, op_timeout=op_timeout) as run:
             yield run
@@ -61,7 +70,8 @@ STORE_MINIMISE_SHARE = 0.5
 
 def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False,
-              op_timeout: float | None = None, until_exhausted: tuple[int, int] | None = None) -> dict:
+              op_timeout: float | None = None, until_exhausted: tuple[int, int] | None = None,
+              runner: str = "sim") -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
     from engines.minimise import minimise
@@ -88,7 +98,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         bar.update(stats)
         return time.monotonic() >= deadline
 
-    with _runner(client, op_timeout) as run, bar:
+    with _runner(client, op_timeout, runner) as run, bar:
         found = None
         if until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
             n, k = until_exhausted
@@ -100,7 +110,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
             deadline = start + budget
         if found is None:
             found = run_engines(protocol, client, run, start=start, budget=budget, should_stop=should_stop,
-                                stats=stats, seed=seed, op_timeout=op_timeout)
+                                stats=stats, seed=seed, op_timeout=op_timeout,
+                                multi_prompt=runner == "sim")
         if isinstance(found, Found):
             grace = deadline + MINIMISE_GRACE
             original = found
@@ -112,13 +123,14 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,
                                         "sizes_done": len(stats.sizes_done), "largest": stats.largest,
                                         "seconds": round(time.monotonic() - t0, 3), "budget": budget,
-                                        "seed": seed, "coverage": stats.coverage()}}
+                                        "seed": seed, "runner": runner, "coverage": stats.coverage()}}
     if found is None:
         return result
     if isinstance(found, Found):
         out = found.outcome
         trace = Trace.from_outcome(out, protocol_ref=resolved.ref, client=client.name, origin=f"check:{found.engine}",
                                    expect={client.name: "reproduces"})
+        trace.notes = f"runner: {runner}"
         violations = out.violations
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
@@ -162,7 +174,7 @@ def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
 def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
                        progress=not args.json, op_timeout=args.op_timeout,
-                       until_exhausted=_size_arg(args.until_exhausted))
+                       until_exhausted=_size_arg(args.until_exhausted), runner=args.runner)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -78,7 +78,7 @@ def _store_ops_outcome(trace: Any, client: Any) -> tuple[str, str]:
 
 
 def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: str | None = None, *,
-               op_timeout: float | None = None) -> list[dict]:
+               op_timeout: float | None = None, runner: str = "sim") -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files as `error` rows)."""
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError
@@ -109,7 +109,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                     row["protocol"] = protocol_spec or protocol.ref
                     if client.name not in runners:
                         runners[client.name] = stack.enter_context(
-                            _runner(client, op_timeout or DEFAULT_OP_TIMEOUT))
+                            _runner(client, op_timeout or DEFAULT_OP_TIMEOUT, runner))
                     row["outcome"], row["why"] = _protocol_outcome(trace, protocol, runners[client.name])
             except UsageError as exc:
                 row["outcome"], row["why"] = "error", str(exc)
@@ -129,11 +129,14 @@ def add_arguments(r: Any) -> None:
                         "the timeout they record)")
     r.add_argument("--expect", action="store_true",
                    help="exit 0 iff every outcome equals the trace's expectation for the client that ran it")
+    r.add_argument("--runner", choices=("sim", "processes"), default="sim",
+                   help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
+                        "(default: sim)")
     r.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
 
 
 def cmd_replay(args: Any) -> int:
-    rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout)
+    rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout, runner=args.runner)
     if args.json:
         print(json.dumps({"results": rows}, indent=2))
     else:

@@ -1,5 +1,6 @@
-"""What the tests share: the repository root, the command line in a subprocess (`run_cli`), and the real Valkey
-server fixtures (`shardcheck_servers`, `shardcheck_server_factory`)."""
+"""What the tests share: the repository root, the command line in a subprocess (`run_cli`), the real Valkey
+server fixtures (`shardcheck_servers`, `shardcheck_server_factory`), and the `--runner sim|processes` option with
+its `shardcheck_run` fixture (`adapters.pytest_runner`)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_servers  # noqa: F401  (fixtures)
+from adapters.pytest_runner import pytest_addoption, shardcheck_run  # noqa: F401  (option and fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,323 @@
+"""One rank of a case in its own OS process, its collectives through `torch.distributed` (gloo).
+
+`rank_main` is the body of each rank process `adapters.processes` starts. It runs the contract's
+generators unchanged: `rank_store`, its own `rank_lookup`, then `rank_load` (the plan comes from the parent,
+which plays the scheduler). Store effects go to this process's own store; collectives go to gloo:
+`AllReduceMin` -> `all_reduce(MIN)`, `AllGather` -> `all_gather_object`, `Broadcast` -> `broadcast_object_list`.
+
+Before every collective, and once when its program ends, a rank exchanges the signature of what it is about
+to do (kind, root, logical clock) with one `all_gather_object`. Every rank then sees the same list, so a
+mismatch (desync), a rank that finished while others wait (deadlock), a hung rank or a raising one are named
+identically on every rank and all of them stop together, instead of hanging in gloo. A rank that never reaches
+the exchange (dead, or stuck in its own code) is caught by gloo's timeout here and by the parent's deadline.
+
+Faults are those of the simulator: evictions (of this rank's own keys) before and after the lookup and before
+a rank-local load step; lost and delayed `GetAsync` completions in logical time (the clock of `Wait`, synced
+to the maximum at every collective, as in `model.sim`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from model.effects import (AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT,
+                           Wait)
+from model.outcome import Event
+
+__all__ = ["rank_main", "MAX_LOOKUP_CALLS"]
+
+#: Contains calls of one rank's lookup recorded as events (as in `model.harness`).
+MAX_LOOKUP_CALLS = 1000
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this process when the parent is gone (it can no longer stop us)."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except PermissionError:
+            pass
+
+
+def _sig_text(sig: tuple) -> str:
+    kind, root = sig[0], sig[1]
+    return f"{kind}(root={root})" if root is not None else kind
+
+
+class _Rank:
+    """The interpreter of one rank's program: store effects, collectives, faults; events as in `model.sim`."""
+
+    def __init__(self, rank: int, n: int, store: Any, case: Any, written: dict[str, int | None]) -> None:
+        self.rank, self.n, self.store, self.case = rank, n, store, case
+        self.written, self.present = written, set()
+        self.clock, self.n_async, self.n_coll = 0.0, 0, 0
+        self.asyncs: dict[int, tuple[str, float, Any, float]] = {}
+        self.events: list[Event] = []
+        self.reads: list[tuple[int, str]] = []
+        self.sigs: list[tuple[str, int | None]] = []
+        self.step = 0
+
+    # -- faults ------------------------------------------------------------------------------------
+    def evict(self, e: Any) -> None:
+        """Delete this rank's keys of chunk `e.chunk` (when `e.rank` is this rank or None)."""
+        if e.rank is not None and e.rank != self.rank:
+            return
+        for k, c in self.written.items():
+            if c == e.chunk and k in self.present:
+                self.store.delete(k)
+                self.present.discard(k)
+
+    # -- the exchange of signatures -----------------------------------------------------------------
+    def exchange(self, payload: tuple) -> list[tuple]:
+        out: list[Any] = [None] * self.n
+        dist.all_gather_object(out, payload)
+        return out
+
+    def judge(self, sigs: list[tuple], phase: str) -> dict | None:
+        """A violation (the same on every rank) when the exchanged signatures do not all name one collective."""
+        k = self.n_coll
+        bad = {r: s for r, s in enumerate(sigs) if s[0] in ("hang", "raised", "bound")}
+        if bad:
+            r, s = min(bad.items())
+            if s[0] == "hang":
+                return {"property": "hang", "summary": f"rank {r}: {s[2]}", "detail": {"rank": r, "key": s[3]}}
+            what = s[2]
+            return {"property": "termination", "summary": what, "detail": {"rank": r}}
+        kinds = {(s[0], s[1]) for s in sigs}
+        if len(kinds) == 1:
+            kind, root = next(iter(kinds))
+            if kind == "Broadcast" and not (type(root) is int and 0 <= root < self.n):
+                return {"property": "desync", "summary": f"collective #{k}: Broadcast from root {root}, which is not "
+                        f"a rank of {self.n}", "detail": {"collective": k}}
+            return None
+        done = [r for r, s in enumerate(sigs) if s[0] == "done"]
+        entered = {r: s for r, s in enumerate(sigs) if s[0] != "done"}
+        if done:
+            parts = [f"rank {r} waits in collective #{k} ({_sig_text(s)}) for ranks {done}"
+                     for r, s in sorted(entered.items())]
+            parts.append(f"ranks {done} finished without entering it")
+            return {"property": "deadlock", "summary": f"{phase}: " + "; ".join(parts),
+                    "detail": {"collective": k, "stuck": sorted(entered), "finished": done,
+                               "waits_for": {str(r): done for r in entered}}}
+        first = sigs[0]
+        other = next(r for r, s in enumerate(sigs) if (s[0], s[1]) != (first[0], first[1]))
+        return {"property": "desync", "summary": f"collective #{k}: rank 0 entered {_sig_text(first)}, rank {other} "
+                f"entered {_sig_text(sigs[other])} (in gloo)",
+                "detail": {"collective": k, "ranks": {str(r): _sig_text(s) for r, s in enumerate(sigs)}}}
+
+    def collective(self, effect: Any, phase: str) -> tuple[Any, dict | None]:
+        kind = type(effect).__name__
+        root = effect.root if isinstance(effect, Broadcast) else None
+        is_int = isinstance(effect, AllReduceMin) and type(effect.value) is int and \
+            _INT64[0] <= effect.value <= _INT64[1]
+        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note="arrive"))
+        sigs = self.exchange((kind, root, self.clock, is_int))
+        bad = self.judge(sigs, phase)
+        if bad is not None:
+            return None, bad
+        self.sigs.append((kind, root))
+        self.clock = max(s[2] for s in sigs)
+        if isinstance(effect, AllReduceMin) and all(s[3] for s in sigs):
+            t = torch.tensor([effect.value], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            value = int(t.item())
+        elif isinstance(effect, AllReduceMin):  # not all int64: the simulator's min over the gathered values
+            vals: list[Any] = [None] * self.n
+            dist.all_gather_object(vals, effect.value)
+            value = min(vals)
+        elif isinstance(effect, AllGather):
+            value = [None] * self.n
+            dist.all_gather_object(value, effect.value)
+        else:
+            box = [effect.value if self.rank == root else None]
+            dist.broadcast_object_list(box, src=root)
+            value = box[0]
+        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value, note=f"collective #{self.n_coll}"))
+        self.n_coll += 1
+        return value, None
+
+    # -- store effects (as `model.sim.Simulator._store_op`) ----------------------------------------
+    def store_op(self, effect: Any) -> Any:
+        if isinstance(effect, Put):
+            self.store.put(effect.key, effect.value)
+            return None
+        if isinstance(effect, Get):
+            self.reads.append((self.rank, effect.key))
+            return self.store.get(effect.key)
+        if isinstance(effect, GetAsync):
+            i = self.n_async
+            self.n_async += 1
+            self.reads.append((self.rank, effect.key))
+            lost = (self.rank, i) in {tuple(x) for x in self.case.faults.lost}
+            delay = next((d for r, j, d in self.case.faults.delayed if (r, j) == (self.rank, i)), 0.0)
+            self.asyncs[i] = (effect.key, self.clock, None if lost else self.store.get_async(effect.key), delay)
+            return Handle(self.rank, i, effect.key)
+        if isinstance(effect, Wait):
+            h = effect.handle
+            if not isinstance(h, Handle) or h.rank != self.rank or h.seq not in self.asyncs:
+                raise TypeError(f"rank {self.rank} waited on {h!r}, which is not a handle of its own GetAsync")
+            key, issued, future, delay = self.asyncs[h.seq]
+            if future is None or (effect.timeout is not None and issued + delay > self.clock + effect.timeout):
+                if effect.timeout is None:
+                    return _HUNG
+                self.clock += effect.timeout
+                return TIMED_OUT
+            value = future.result(timeout=WAIT_BOUND)
+            self.clock = max(self.clock, issued + delay)
+            return value
+        raise TypeError(f"rank {self.rank} yielded {effect!r}, which is not an effect of model.effects")
+
+    # -- one program ---------------------------------------------------------------------------------
+    def run(self, program: Any, phase: str, method: str, evictions: dict[int, list] | None = None
+            ) -> tuple[Any, dict | None]:
+        """Drive `program` to its end; (its return value, the violation that stopped it or None)."""
+        from model.contract import StoreCallTimeout
+        value, first, bound = None, True, self.case.bound()
+        while True:
+            try:
+                effect = next(program) if first else program.send(value)
+            except StopIteration as stop:
+                return self.finish(phase, stop.value)
+            except Exception as exc:
+                return self.finish(phase, None, ("raised", None, f"rank {self.rank}'s {method} raised "
+                                                 f"{type(exc).__name__}: {exc}"))
+            first = False
+            if self.step >= bound:
+                return self.finish(phase, None, ("bound", None, f"rank {self.rank} still running after the step "
+                                                 f"bound of {bound}"))
+            for e in (evictions or {}).get(self.step, ()):
+                self.evict(e)
+                self.events.append(Event(self.step, e.rank, 0.0, phase, e, note="evict"))
+            if isinstance(effect, COLLECTIVES):
+                value, bad = self.collective(effect, phase)
+                if bad is not None:
+                    return None, bad
+            else:
+                try:
+                    value = self.store_op(effect)
+                except (StoreCallTimeout, TimeoutError) as exc:
+                    key = getattr(effect, "key", None) or getattr(getattr(effect, "handle", None), "key", "?")
+                    self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note=f"client hang: {exc}"))
+                    return self.finish(phase, None, ("hang", None, f"{exc}", key))
+                except TypeError as exc:
+                    return self.finish(phase, None, ("raised", None, str(exc)))
+                if value is _HUNG:
+                    self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note="waits forever"))
+                    key = effect.handle.key
+                    return self.finish(phase, None, ("hang", None, f"waits forever on the completion of "
+                                                     f"GetAsync({key!r}), which never comes", key))
+                self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value))
+            self.step += 1
+
+    def finish(self, phase: str, result: Any, why: tuple | None = None) -> tuple[Any, dict | None]:
+        """The closing exchange: every rank learns that this one is done (or hung, or raised)."""
+        sigs = self.exchange(why or ("done", None, self.clock))
+        if all(s[0] == "done" for s in sigs):
+            return result, None
+        return result, self.judge(sigs, phase)
+
+
+#: Seconds a `Wait` on an in-flight completion may take in real time (as `model.sim`'s wait bound).
+WAIT_BOUND = 10.0
+_HUNG = object()
+
+
+def _make_store(client: str, options: dict, op_timeout: float) -> Any:
+    from runtime.registry import resolve_client
+    resolved = resolve_client(client)
+    store = resolved.stores(1, **options)[0]
+    if resolved.in_memory:
+        return store
+    from runtime.bounded import BoundedStore
+    return BoundedStore(store, op_timeout)
+
+
+def _lookup(protocol: Any, rk: _Rank, hashes: list[str]) -> int:
+    calls = [0]
+
+    def contains(key: str) -> bool:
+        hit = rk.store.contains(key)
+        calls[0] += 1
+        if calls[0] <= MAX_LOOKUP_CALLS:
+            rk.events.append(Event(0, rk.rank, 0.0, "lookup", ("contains", key), hit))
+        return hit
+
+    report = protocol.rank_lookup(rk.rank, rk.n, hashes, contains)
+    rk.events.append(Event(0, rk.rank, 0.0, "lookup", "report", report))
+    return report
+
+
+def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, client: str, options: dict, case: Any,
+              hashes: list[str], kv: list[bytes], *, timeout: float, op_timeout: float, parent_pid: int) -> None:
+    """The body of rank `rank`'s process; talks to the parent over `conn` (see `adapters.processes`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it kills and reaps us
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        span = datetime.timedelta(seconds=timeout)
+        dist.init_process_group("gloo", store=dist.FileStore(rendezvous, n), rank=rank, world_size=n, timeout=span)
+    except Exception as exc:
+        conn.send(("error", f"rank {rank}: rendezvous in {rendezvous} failed: {type(exc).__name__}: {exc}"))
+        return
+    store = None
+    try:
+        store = _make_store(client, options, op_timeout)
+        _phases(conn, rank, n, protocol, store, case, hashes, kv)
+    except RuntimeError as exc:  # gloo: a peer that died or did not come within the timeout
+        conn.send(("gloo", f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))
+    except Exception as exc:
+        conn.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+    finally:
+        if store is not None:
+            store.close()
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        conn.close()
+
+
+def _phases(conn: Any, rank: int, n: int, protocol: Any, store: Any, case: Any, hashes: list[str],
+            kv: list[bytes]) -> None:
+    chunk_of = {v: c for c, v in enumerate(kv)}
+    rk = _Rank(rank, n, store, case, {})
+    _, bad = rk.run(protocol.rank_store(rank, n, hashes, kv), "store", "rank_store")
+    for ev in rk.events:
+        if ev.note == "" and isinstance(ev.effect, Put):
+            rk.written[ev.effect.key] = chunk_of.get(ev.effect.value)
+    rk.present = set(rk.written)
+    conn.send(("stored", rk.written, rk.events, bad))
+    if bad is not None or conn.recv()[0] != "lookup":
+        return
+    for e in case.faults.evict_before_lookup:
+        rk.evict(e)
+    rk.events, report = [], None
+    try:
+        report = _lookup(protocol, rk, hashes)
+    except Exception as exc:
+        conn.send(("looked", sorted(rk.present), None, rk.events, f"rank {rank}'s rank_lookup raised "
+                   f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("looked", sorted(rk.present), report, rk.events, None))
+    msg = conn.recv()
+    if msg[0] != "load":
+        return
+    for e in case.faults.evict_after_lookup:
+        rk.evict(e)
+    during: dict[int, list] = {}
+    for e in case.faults.evict_during_load:
+        during.setdefault(e.step, []).append(e)
+    rk.events, rk.step = [], 0
+    result, bad = rk.run(protocol.rank_load(rank, n, hashes, msg[1]), "load", "rank_load", during)
+    conn.send(("loaded", result, rk.events, rk.reads, rk.sigs, bad, rk.step))
