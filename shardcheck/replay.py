@@ -113,6 +113,8 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                     row["outcome"], row["why"] = _protocol_outcome(trace, protocol, runners[client.name])
             except UsageError as exc:
                 row["outcome"], row["why"] = "error", str(exc)
+            except RuntimeError as exc:  # the runner could not run this trace (e.g. the process runner refuses it)
+                row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
             row["matches"] = row["outcome"] == row["expected"]
             row["seconds"] = round(time.monotonic() - t0, 3)
     return rows
