@@ -3,7 +3,7 @@
 
 The search space is bounded (N <= NMAX ranks, K <= KMAX chunks, any cached subset): a bounded model
 is all a counterexample needs.  Every quantity is a quantifier-free term over N, K and one Boolean
-per chunk, so each search is stable.  ``evaluate`` recomputes a configuration in plain Python
+per chunk, so each search is stable.  ``evaluate`` runs the demo protocol class itself on a configuration
 (independently of Z3) and ``confirm`` checks that the Z3 model really violates.
 """
 from __future__ import annotations
@@ -29,38 +29,32 @@ VARIANTS: dict[str, tuple[str, str]] = {
 
 
 # ---------------------------------------------------------------------------------------------
-# plain-Python semantics (the double check)
+# the double check: the demo protocol itself, run by the harness (no second copy of its semantics)
 # ---------------------------------------------------------------------------------------------
 
-def _first(k: int, missing: Callable[[int], bool]) -> int:
-    return next((c for c in range(k) if missing(c)), k)
-
-
 def evaluate(variant: str, n: int, k: int, cached: set[int] | frozenset[int]) -> dict[str, Any]:
-    """Reports, planned and LCP of `variant` on (n ranks, k chunks, cached set), in plain Python."""
-    lcp = _first(k, lambda c: c not in cached)
-    ref = [_first(k, lambda c, i=i: c % n == i and c not in cached) for i in range(n)]
-    if variant == "own-count-report":
-        reports = [sum(1 for c in range(ref[i]) if c % n == i) for i in range(n)]
-        planned = min(reports)
-    elif variant == "empty-rank-reports-zero":
-        reports = [0 if not any(c % n == i for c in range(k)) else ref[i] for i in range(n)]
-        planned = min(reports)
-    elif variant == "max-combine":
-        reports, planned = ref, max(ref)
-    elif variant == "mismatched-ownership":
-        # store: chunk c on rank c mod N; lookup: rank i looks for c with (c+1) mod N == i in ITS store
-        stored = {(c % n, c) for c in cached}
-        reports = [_first(k, lambda c, i=i: (c + 1) % n == i and (i, c) not in stored) for i in range(n)]
-        planned = min(reports)
-    else:
-        raise ValueError(f"unknown variant {variant!r}")
+    """Reports, planned and LCP of `variant` on (n ranks, k chunks, cached set), computed by running the demo
+    protocol class of `model.variants` through the harness's store and lookup phases (every chunk outside the
+    cached set evicted before lookup): independent of the Z3 encoding, and the very code the other engines check."""
+    import model.variants
+    from model.faults import Eviction, FaultPlan
+    from model.harness import Case, lookup_phase, store_phase
+    from model.store import memory_factory
+
+    protocol = getattr(model.variants, VARIANTS[variant][0])()
+    case = Case(n, k, faults=FaultPlan(evict_before_lookup=[Eviction(c) for c in range(k) if c not in cached]))
+    stores = memory_factory(n)
+    out, shadow = store_phase(protocol, case, stores)
+    for e in case.faults.evict_before_lookup:
+        shadow.evict(e)
+    lookup_phase(protocol, out, stores, shadow)
+    planned, lcp = out.planned, out.lcp
     prop = "soundness" if planned > lcp else "completeness" if planned < lcp else None
-    return {"reports": reports, "planned": planned, "lcp": lcp, "property": prop}
+    return {"reports": list(out.reports), "planned": planned, "lcp": lcp, "property": prop}
 
 
 def confirm(witness: dict[str, Any] | None) -> bool:
-    """The Z3 model's configuration violates in plain Python, with the same numbers Z3 computed."""
+    """The Z3 model's configuration violates when the demo protocol runs, with the same numbers Z3 computed."""
     if not witness:
         return False
     ev = evaluate(witness["variant"], witness["n_ranks"], witness["n_chunks"], set(witness["cached"]))

@@ -46,16 +46,7 @@ def replay(witness: dict[str, Any]) -> Outcome:
 
 def summary_of(w: dict[str, Any]) -> str:
     cached = "{" + ", ".join(map(str, w["cached"])) + "}"
-    why = {
-        "own-count-report": "each rank reports how many of ITS OWN chunks are present in a row, a count in a "
-                            "different unit from the global chunk index the scheduler's minimum needs",
-        "empty-rank-reports-zero": "a rank that owns no chunk reports 0 instead of the chunk count, and the "
-                                   "minimum over ranks is dragged to 0",
-        "max-combine": "the scheduler takes the maximum over ranks, so a rank that found nothing missing among "
-                       "its own chunks outvotes the rank owning the first missing chunk",
-        "mismatched-ownership": "the store path puts chunk c on rank c mod N but the lookup asks rank (c+1) mod N, "
-                                "whose store never holds it, so a cached chunk looks missing",
-    }[w["variant"]]
+    why = " ".join((type(protocol_of(w["variant"])).__doc__ or "").split()).rstrip(".")
     rel = ">" if w["property"] == "soundness" else "<"
     return (f"Z3 counterexample for {w['variant']} ({w['property']}): with N={w['n_ranks']} ranks, "
             f"K={w['n_chunks']} chunks and cached set {cached} the longest cached prefix is {w['lcp']}, but "
