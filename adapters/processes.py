@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from adapters.children import reap
 from model.checks import check_outcome
 from model.harness import chunk_hashes, kv_bytes
 from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_run
@@ -236,13 +237,7 @@ class _Case:
         """Every rank process ends here: a short join, then kill; none is left behind."""
         for c in self.conns:
             c.close()
-        deadline = time.monotonic() + 2.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+        reap(self.procs, seconds=2.0)
 
 
 def _rank_entry(**kw: Any) -> None:

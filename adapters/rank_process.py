@@ -20,13 +20,12 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import threading
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from adapters.children import die_with_parent
 from model.effects import (AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT,
                            Wait)
 from model.outcome import Event
@@ -36,18 +35,6 @@ __all__ = ["rank_main", "MAX_LOOKUP_CALLS"]
 #: Contains calls of one rank's lookup recorded as events (as in `model.harness`).
 MAX_LOOKUP_CALLS = 1000
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """End this process when the parent is gone (it can no longer stop us)."""
-    while True:
-        time.sleep(0.5)
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
-            os._exit(3)
-        except PermissionError:
-            pass
 
 
 def _sig_text(sig: tuple) -> str:
@@ -262,7 +249,7 @@ def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, clie
               hashes: list[str], kv: list[bytes], *, timeout: float, op_timeout: float, parent_pid: int) -> None:
     """The body of rank `rank`'s process; talks to the parent over `conn` (see `adapters.processes`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it kills and reaps us
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    die_with_parent(parent_pid)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         span = datetime.timedelta(seconds=timeout)

@@ -26,6 +26,8 @@ import uuid
 from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
+from adapters.children import die_with_parent, reap
+
 __all__ = ["measure_tier", "TierError", "Unreachable", "RANK_COUNTS", "parse_url", "ping"]
 
 RANK_COUNTS = (1, 2, 4, 8)
@@ -86,18 +88,9 @@ def _worker(conn: Any, parent_pid: int) -> None:
     `*_sync` calls register their completion after submitting it, from another thread, and one was lost
     here (a fill that never returned) when the completion won that race."""
     import signal
-    import threading
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops and reaps us
 
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
+    die_with_parent(parent_pid)
     from adapters.lmcache_stores import Bounded, _quiet_lmcache_logs
     from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
     _quiet_lmcache_logs(force=True)
@@ -212,13 +205,7 @@ class _Workers:
                 c.send(("close",))
             except OSError:
                 pass
-        deadline = time.monotonic() + 3.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+        reap(self.procs, seconds=3.0)
         for c in self.conns:
             c.close()
 

@@ -61,19 +61,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         RULE_STEPS["protocol"] += 1
         self._open(n_ranks, n_chunks, salt)
 
-    @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts)
-    def store_prompt(self, n_ranks: int, n_chunks: int, salt: str) -> None:
-        """Finish (and check) the open episode, then every rank stores a new prompt."""
-        RULE_STEPS["protocol"] += 1
-        if self.ep is not None:
-            self.ep.finish()
-            self._check_if_done()
-        self._open(n_ranks, n_chunks, salt)
-
     @rule(n_ranks=s.n_ranks, n_chunks=s.n_chunks, salt=s.salts, others=s.other_prompts)
-    def store_prompts(self, n_ranks: int, n_chunks: int, salt: str, others: list) -> None:
-        """Finish (and check) the open episode, then a new prompt is stored in a tier that other prompts share
-        (stored before or after it, sharing a prefix or not, some of their chunks evicted)."""
+    def store_prompt(self, n_ranks: int, n_chunks: int, salt: str, others: list) -> None:
+        """Finish (and check) the open episode, then every rank stores a new prompt, in a tier that other prompts
+        may share (stored before or after it, sharing a prefix or not, some of their chunks evicted)."""
         RULE_STEPS["protocol"] += 1
         if self.ep is not None:
             self.ep.finish()

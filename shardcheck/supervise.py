@@ -53,8 +53,11 @@ def supervise(argv: list[str], seconds: float, command: str) -> int:
                 return child.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 break
-            except KeyboardInterrupt:  # the child got the same Ctrl-C from the terminal; give it time to end
-                child.send_signal(signal.SIGINT)
+            except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the child too: give it a moment, then pass it on
+                try:
+                    return child.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    child.send_signal(signal.SIGINT)
                 try:
                     return child.wait(timeout=STOP_SECONDS)
                 except subprocess.TimeoutExpired:
