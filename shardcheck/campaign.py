@@ -1,8 +1,9 @@
 """The engines of `shardcheck check`, run in turn inside the budget.
 
 model client: exhaustive enumeration, the exhaustive explorer, the Hypothesis state machines, then seeded
-random cases. Real clients: the Hypothesis machines (store layer, then protocol layer over real stores),
-enumeration, then random cases (the explorer runs its own store model, so it is model-only).
+random cases. Real clients: the concurrent layer (`engines.racy.search`: many ops at once on one store), the
+Hypothesis machines (store layer, then protocol layer over real stores), enumeration, then random cases (the
+explorer runs its own store model, so it is model-only).
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from engines.search import Found, SearchStats, search
 
 #: Cumulative ends of each phase, as shares of the budget; random cases take the rest.
 MODEL_PHASES = {"enumerate": 0.4, "explore": 0.65, "hypothesis": 0.85}
-REAL_PHASES = {"hypothesis": 0.3, "enumerate": 0.8}
+REAL_PHASES = {"concurrency": 0.3, "hypothesis": 0.5, "enumerate": 0.85}
+#: Concurrent layer: the bound of one run, and the per-call timeout given to the lmcache clients (seconds).
+CONCURRENT_BOUND = {"model": 1.0, "lmcache": 3.0}
+CONCURRENT_OP_TIMEOUT = 1.0
 #: Explorer configurations (ranks, chunks, faults after lookup), every cached set, smallest first.
 EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3, 2), (2, 3), (3, 3), (2, 4), (4, 3),
                                              (3, 4), (4, 4), (3, 5), (4, 5), (5, 5), (4, 6), (5, 6), (4, 7))) + \
@@ -37,12 +41,34 @@ def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, star
             found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False)
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
+        elif phase == "concurrency":
+            found = _concurrency(client, factory, phase_over, stats, seed, budget_end=start + budget)
         else:
             found = _hypothesis(protocol, client, factory, run, phase_over, stats, seed)
         if found is not None:
             return found
     return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
                   random_cases=True)
+
+
+def _concurrency(client: str, factory: Any, stop: Callable[[], bool], stats: SearchStats, seed: int, *,
+                 budget_end: float) -> Any:
+    """A `concurrent` trace from the concurrent layer on one fresh store of the client, or None. A finding is
+    minimised and measured within the rest of the budget."""
+    from engines.racy import search
+    real = client.startswith("lmcache")
+    options = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
+    bound = CONCURRENT_BOUND["lmcache" if real else "model"]
+    stores = factory(1, **options)
+    try:
+        trace = search(stores[0], client=client, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
+                       minimise_stop=lambda: time.monotonic() >= budget_end)
+    finally:
+        for s in stores:
+            s.close()
+    if trace is not None:
+        trace.config.update(options)
+    return trace
 
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:

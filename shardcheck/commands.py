@@ -135,6 +135,10 @@ def run_check(protocol_spec: str | None, client_spec: str | None, *, budget: flo
         violations = out.violations
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
+    elif found.kind == "concurrent":  # measured and minimised by the concurrent layer (engines.racy)
+        trace = found
+        violations = violations_of(trace)
+        result["stats"]["counterexample_rate"] = trace.config["rate"]
     else:
         trace = found
         ops_before = len(trace.ops)
@@ -220,6 +224,10 @@ def replay_one(trace: Any, protocol_spec: str | None, run: Any, factory: Any, cl
     from model.sim import ScheduleError
     if trace.kind == "store-ops":
         return _replay_store_ops(trace, factory, client)
+    if trace.kind == "concurrent":  # judged by its recorded rate (engines.racy)
+        from engines.racy import replay
+        options = {k: trace.config[k] for k in ("op_timeout",) if k in trace.config and client != "model"}
+        return replay(trace, factory, options=options)
     try:
         protocol, _ = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
     except UsageError as exc:
