@@ -297,6 +297,10 @@ class _Servers:
 
 class _StoreBase:
     read_paths: tuple[str, ...] = ("get", "get_async")
+    #: Every public read/lookup operation (CONTRACT.md's optional `paths`); the concurrent layer drives each.
+    paths: tuple[str, ...] = ("get", "get_async", "contains")
+    #: Calls may overlap from several threads (CONTRACT.md's optional `thread_safe`).
+    thread_safe = True
     client_name = "?"
     #: The largest value one store holds (one LMCache chunk less the frame header): an optional RankStore member.
     max_value_bytes = MAX_VALUE
@@ -398,7 +402,7 @@ class BackendStore(_StoreBase):
     scheme = "resp"
     client_name = "lmcache"
     read_paths = ("get", "get_async", "get_batch", "get_prefix")
-    # extra contains paths: contains_batch (sync prefix count), contains_async (async prefix count)
+    paths = ("get", "get_async", "get_batch", "get_prefix", "contains", "contains_batch", "contains_async")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
@@ -540,6 +544,7 @@ class NativeStore(_StoreBase):
 
     client_name = "lmcache-native"
     read_paths = ("get", "get_async", "get_batch", "get_sync")
+    paths = ("get", "get_async", "get_batch", "get_sync", "contains", "contains_batch")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8) -> None:

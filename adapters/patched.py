@@ -22,6 +22,22 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    GET (a key evicted between EXISTS and GET) and, when it is stuck, answers a miss and replaces
    the native client (closing the old one frees its parked worker).
 
+4. A sync prefix count never returns (finding `lost-completion`, found by the concurrent layer): about
+   2-6% of `RemoteBackend.batched_contains` calls (the scheduler's sync lookup) never return, even for a
+   present key on an idle client. `ConnectorClientBase.batch_exists_sync` (used by
+   `RESPConnector.batched_contains`) submits the request to the native client from the caller's thread and
+   only then registers its future in `_pending`; the completion is drained on the event loop thread
+   (`_on_ready`), which drops a completion whose future is not registered yet (`entry is None: continue`).
+   When the native worker answers before the caller registers, the completion is lost and
+   `fut.result()` (no timeout) waits forever. The async forms register on the loop thread itself, where no
+   drain can run in between, so they never lose it. Fix: the connector's sync `batched_contains` and
+   `exists_sync` run the async form on the loop and wait for it, bounded.
+
+5. Fix 2 under overlap (finding `store-error`, found by the concurrent layer in shardcheck's own patch): a
+   delete racing a read lands between fix 2's EXISTS and its GET, the GET sticks and fix 2 renews the native
+   client, closing the old one at once; a put another caller had in flight on it then raised
+   "socket writev failed". Fix: the old client is closed only after 4 x the GET bound.
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1 and with fix 3:
 
@@ -36,6 +52,7 @@ is the `lmcache-valkey` client with fix 1 and with fix 3:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any, List, Optional
 
 from adapters.lmcache_stores import (
@@ -74,10 +91,24 @@ def patched_resp_connector_class() -> type:
             old = self.client
             self.client = RESPClient(self.host, self.port, self.num_threads, self.loop, *self._auth)
             self.recycled += 1
-            try:
-                old.close()  # shuts its sockets: the parked native worker returns
-            except Exception:
-                pass
+            # fix 5: other callers' ops may still be in flight on the old client; closing it at once failed
+            # them ("socket writev failed" on a put): close it once they have had time to finish
+            self._retired = [*getattr(self, "_retired", []), old]
+            self.loop.call_later(4 * self.get_timeout, self._retire, old)
+
+        def _retire(self, old: Any) -> None:
+            retired = getattr(self, "_retired", [])
+            if old in retired:
+                retired.remove(old)
+                try:
+                    old.close()  # shuts its sockets: the parked native worker returns
+                except Exception:
+                    pass
+
+        async def close(self) -> None:
+            for old in list(getattr(self, "_retired", [])):
+                self._retire(old)
+            await super().close()
 
         async def _bounded(self, coro: Any) -> tuple[bool, Any]:
             try:
@@ -102,6 +133,22 @@ def patched_resp_connector_class() -> type:
                     for i, mo in zip(idx, objs):
                         out[i] = mo
             return out
+
+        def _on_loop(self, coro: Any) -> Any:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            try:
+                return fut.result(self.get_timeout)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                raise
+
+        def batched_contains(self, keys: List[Any]) -> int:
+            # fix 4: the stock sync form registers its future after submitting, racing the loop's drain
+            return self._on_loop(self._batched_async_contains(keys))
+
+        def exists_sync(self, key: Any) -> bool:
+            # fix 4, for the `use_exists_sync` configuration
+            return self._on_loop(self._exists(key))
 
         async def batched_get_non_blocking(self, lookup_id: str, keys: List[Any]) -> List[Any]:
             # the prefetch path hands back the leading run of hits (RemoteConnector's contract)
