@@ -2,8 +2,11 @@
 
 The search is Wing & Gong's, with Lowe's memo of (set of linearized ops, model state) pairs already tried,
 run on each partition of the history separately (P-compositionality: a history is linearizable iff the
-sub-history of every independent part is). Parts are the connected groups of keys: a multi-key read joins
-the keys it reads. Within a part, call and return events sit in one doubly linked list ordered by time (a call
+sub-history of every independent part is). The contract asks for a register per key, so by default a
+multi-key read is split into what it says about each key over its own interval (`get_batch`: each value;
+`get_prefix` / `contains_batch` / `contains_async`: the hits of the leading run, then a miss of the key after
+it) and every key is a part. With `snapshot=True` a multi-key read must instead see one instant of all its
+keys, and it joins them into one part. Within a part, call and return events sit in one doubly linked list ordered by time (a call
 before a return at equal times: they overlap); the search linearizes the first call it can, removes that
 op's two events, and backtracks when it reaches the return of an op it has not placed.
 
@@ -20,7 +23,7 @@ import attrs
 
 from model.history import History, KVModel, Op
 
-__all__ = ["Verdict", "check", "partitions"]
+__all__ = ["Verdict", "check", "partitions", "per_key"]
 
 
 @attrs.define
@@ -39,6 +42,35 @@ class Verdict:
     def to_json(self) -> dict:
         return {"linearizable": self.linearizable, "steps": self.steps, "keys": list(self.keys),
                 "prefix": list(self.prefix), "unplaceable": self.unplaceable, "parts": self.parts}
+
+
+def per_key(ops: Sequence[Op]) -> list[Op]:
+    """`ops` with every multi-key read split into single-key reads (same id, caller and interval)."""
+    out: list[Op] = []
+    for op in ops:
+        if len(op.keys) == 1 or op.path in ("put", "delete"):
+            out.append(op)
+            continue
+        if op.pending or op.error is not None:
+            continue  # an unanswered read constrains nothing
+        res = op.result
+        if op.path == "get_batch":
+            parts = [("get", k, v) for k, v in zip(op.keys, res if isinstance(res, list) else [])]
+            if not isinstance(res, list) or len(res) != len(op.keys):
+                parts = [("get", op.keys[0], ("$malformed", repr(res)))]
+        else:
+            hits = len(res) if isinstance(res, list) else res if isinstance(res, int) else -1
+            if not 0 <= hits <= len(op.keys):
+                parts = [("get", op.keys[0], ("$malformed", repr(res)))]
+            elif op.path == "get_prefix":
+                parts = [("get", k, v) for k, v in zip(op.keys, res)]
+            else:
+                parts = [("contains", k, True) for k in op.keys[:hits]]
+            if 0 <= hits < len(op.keys):
+                parts.append(("contains", op.keys[hits], False))
+        for path, key, result in parts:
+            out.append(attrs.evolve(op, path=path, keys=(key,), result=result))
+    return out
 
 
 def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
@@ -139,9 +171,11 @@ def _check_part(keys: tuple[str, ...], ops: list[Op], max_steps: int) -> Verdict
     return Verdict(True, steps, keys)
 
 
-def check(history: History | Sequence[Op], *, max_steps: int = 2_000_000) -> Verdict:
+def check(history: History | Sequence[Op], *, max_steps: int = 2_000_000, snapshot: bool = False) -> Verdict:
     """Decide whether `history` is linearizable; the first part that is not (or is undecided) is reported."""
     ops = history.ops if isinstance(history, History) else list(history)
+    if not snapshot:
+        ops = per_key(ops)
     parts = partitions(ops)
     steps = 0
     undecided = None

@@ -69,15 +69,26 @@ def test_keys_are_independent_parts():
     assert v.linearizable is False and v.keys == ("x",) and v.parts == 2
 
 
-def test_multi_key_reads_join_their_keys_and_need_one_snapshot():
-    """A batch read joins its keys into one part and must see one instant of all of them."""
+def test_multi_key_reads_are_judged_per_key():
+    """A batch or prefix read says something about each key; a wrong part of it is caught on that key."""
     h = [op(0, "a", "put", "x", 0, 1, value=V), op(1, "a", "put", "y", 2, 3, value=W),
          op(2, "b", "get_batch", ["x", "y"], 4, 5, [V, W]), op(3, "b", "contains_batch", ["x", "y"], 4, 5, 2),
          op(4, "b", "get_prefix", ["y", "z"], 4, 5, [W])]
     assert check(h).linearizable is True
-    assert len(partitions(h)) == 1
-    h[3].result = 1
+    h[3].result = 1  # y reported missing after its put completed
+    v = check(h)
+    assert v.linearizable is False and v.keys == ("y",) and v.unplaceable == 3
+    h[3].result = 7  # more hits than keys
     assert check(h).linearizable is False
+
+
+def test_snapshot_mode_needs_one_instant_of_all_keys():
+    """A batch that saw x before a swap and y after it is fine per key but not as one snapshot."""
+    h = [op(0, "a", "put", "x", 0, 1, value=V), op(1, "c", "delete", "x", 5, 6), op(2, "c", "put", "y", 7, 8, value=W),
+         op(3, "b", "get_batch", ["x", "y"], 4, 9, [V, W])]
+    assert check(h).linearizable is True
+    assert check(h, snapshot=True).linearizable is False
+    assert len(partitions(h)) == 1
 
 
 def test_model_answers_every_read_path():
