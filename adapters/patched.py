@@ -38,6 +38,11 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    client, closing the old one at once; a put another caller had in flight on it then raised
    "socket writev failed". Fix: the old client is closed only after 4 x the GET bound.
 
+6. Fix 2 answered a stuck GET as a miss (finding `linearizability`, found by the concurrent layer): a batch
+   read with one key evicted between EXISTS and GET answered every key as missing, present ones included
+   (`get_batch -> [None, None, None]` while a key was present throughout). Fix: after a stuck GET the keys are
+   read again one by one on the renewed client, each after a fresh EXISTS.
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1 and with fix 3:
 
@@ -118,10 +123,15 @@ def patched_resp_connector_class() -> type:
                 return False, None
 
         async def _get(self, key: Any) -> Optional[Any]:
-            if not await self.client.exists(key.to_string()):
-                return None
-            ok, mo = await self._bounded(super()._get(key))
-            return mo if ok else None
+            # fix 6: a GET that stuck (evicted after EXISTS, or slow under load) is asked again on the renewed
+            # client after a fresh EXISTS, rather than answered as a miss while the key is present
+            for _ in range(2):
+                if not await self.client.exists(key.to_string()):
+                    return None
+                ok, mo = await self._bounded(super()._get(key))
+                if ok:
+                    return mo
+            return None
 
         async def _batched_get(self, keys: List[Any]) -> List[Optional[Any]]:
             present = await self.client.batch_exists([k.to_string() for k in keys])
@@ -132,6 +142,9 @@ def patched_resp_connector_class() -> type:
                 if ok:
                     for i, mo in zip(idx, objs):
                         out[i] = mo
+                else:  # fix 6: one stuck key no longer turns the whole batch into misses
+                    for i in idx:
+                        out[i] = await self._get(keys[i])
             return out
 
         def _on_loop(self, coro: Any) -> Any:
