@@ -127,3 +127,21 @@ def test_history_json_round_trip():
     h = History([op(0, "a", "put", "k", 0, 1, value=V), op(1, "b", "get_batch", ["k", "j"], 2, 3, [V, None])])
     back = History.from_json(h.to_json())
     assert back == h
+
+
+def test_synthetic_bench_history_is_linearizable_until_one_read_lies():
+    """The bench's generated history (1,000 ops) is linearizable, and one altered read makes it not."""
+    from engines.concurrency_bench import synthetic_history
+    h = synthetic_history(3, n_ops=1000, n_keys=10, n_callers=8)
+    assert check(h).linearizable is True
+    liar = next(o for o in h.ops if o.path == "get" and o.result is not None)
+    liar.result = b"never written"
+    v = check(h)
+    assert v.linearizable is False and v.unplaceable == liar.id
+
+
+def test_bench_reports_both_concurrency_figures():
+    """`shardcheck bench` gets the checker's seconds and the driver's ops per second."""
+    from engines.concurrency_bench import bench
+    got = bench(0.2)
+    assert got["checker_linearizable"] is True and got["checker_10k_s"] > 0 and got["driver_ops_per_s"] > 0
