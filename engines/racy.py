@@ -63,17 +63,15 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
     changed = True
     while changed and not should_stop():  # fewest ops: single-op removals until none can go
         changed = False
-        for t in range(len(current.threads)):
-            for i in reversed(range(len(current.threads[t]))):
-                if should_stop():
-                    return current
-                if i >= len(current.threads[t]):
-                    continue
-                mine = current.threads[t][:i] + current.threads[t][i + 1:]
-                threads = [m if j != t else mine for j, m in enumerate(current.threads)]
-                candidate = attrs.evolve(current, threads=[m for m in threads if m])
-                if candidate.n_ops and fails(candidate):
-                    current, changed = candidate, True
+        flat = current.to_ops()
+        for j in reversed(range(len(flat))):
+            if should_stop():
+                return current
+            if len(flat) == 1:
+                break
+            candidate = Layout.from_ops(flat[:j] + flat[j + 1:], seed=current.seed)
+            if fails(candidate):
+                current, flat, changed = candidate, candidate.to_ops(), True
     pad = max((int(op.get("pad", 0)) for t in current.threads for op in t), default=0)
     while pad > 0 and not should_stop():  # shortest values
         pad //= 2
