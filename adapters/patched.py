@@ -43,8 +43,15 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    (`get_batch -> [None, None, None]` while a key was present throughout). Fix: after a stuck GET the keys are
    read again one by one on the renewed client, each after a fresh EXISTS.
 
+7. A put can be dropped while reported done (finding `linearizability`, found by the concurrent layer):
+   `RemoteBackend.submit_put_task` returns an already-completed future without writing when a put of the
+   same key is still in flight (`exists_in_put_tasks`). When the key is evicted after the first put lands
+   (a DEL racing the re-store of a chunk), the second put "completes" and the key stays absent: a read
+   after both puts completed misses (`get_prefix -> []`). Fix: a `RemoteBackend` subclass whose
+   `submit_put_task` first waits (bounded by half the op timeout) for the in-flight put of that key.
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
-is the `lmcache-valkey` client with fix 1 and with fix 3:
+is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
 
 3. Valkey connector cannot authenticate (finding `valkey-auth-swapped`): lmcache 0.5.6's
    ValkeyWorkerPool builds `glide_sync.ServerCredentials(username, password)` positionally, but
@@ -58,6 +65,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 from typing import Any, List, Optional
 
 from adapters.lmcache_stores import (
@@ -68,7 +77,8 @@ from adapters.lmcache_stores import (
 )
 
 __all__ = ["patched_factory", "PatchedBackendStore", "patched_resp_connector_class",
-           "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore"]
+           "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore",
+           "patched_remote_backend_class"]
 
 #: Fix 1: LMCache's switch for the MLA worker-id collapse.
 PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
@@ -180,6 +190,33 @@ def patched_resp_connector_class() -> type:
     return _connector_class
 
 
+_backend_class: Any = None
+
+
+def patched_remote_backend_class() -> type:
+    """`RemoteBackend` with fix 7 (built lazily, like the connector)."""
+    global _backend_class
+    if _backend_class is not None:
+        return _backend_class
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    class NoDroppedPutRemoteBackend(RemoteBackend):
+        """RemoteBackend whose put of a key with a put already in flight waits for it, bounded, and then
+        writes, instead of returning at once without writing."""
+
+        put_wait: float = 1.0
+
+        def submit_put_task(self, key: Any, memory_obj: Any, on_complete_callback: Any = None) -> Any:
+            if getattr(self.loop, "_thread_id", None) != threading.get_ident():  # never block the loop itself
+                deadline = time.monotonic() + self.put_wait
+                while self.exists_in_put_tasks(key) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+            return super().submit_put_task(key, memory_obj, on_complete_callback)
+
+    _backend_class = NoDroppedPutRemoteBackend
+    return _backend_class
+
+
 class PatchedBackendStore(BackendStore):
     """The `lmcache` store with both fixes: RemoteBackend over resp://, MLA collapse off, and
     the exists-guarded, bounded RESP connector in place of the stock one."""
@@ -200,6 +237,9 @@ class PatchedBackendStore(BackendStore):
         inner.__class__ = cls
         inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 2))
         inner._auth = ("", self.password or "")
+        # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
+        self.backend.__class__ = patched_remote_backend_class()
+        self.backend.put_wait = max(0.05, self.op_timeout / 2)
 
 
 def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
@@ -208,7 +248,7 @@ def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
 
 
 class PatchedValkeyStore(ValkeyBackendStore):
-    """The `lmcache-valkey` store with fix 1 (MLA collapse off) and fix 3 (credentials order)."""
+    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order) and fix 7 (no dropped put)."""
 
     client_name = "lmcache-valkey-patched"
 
@@ -221,8 +261,10 @@ class PatchedValkeyStore(ValkeyBackendStore):
             extra.update(valkey_username=servers.password, valkey_password="default")
         super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
                          num_workers=num_workers, extra_config={**extra, **(extra_config or {})})
+        self.backend.__class__ = patched_remote_backend_class()  # fix 7
+        self.backend.put_wait = max(0.05, self.op_timeout / 2)
 
 
 def patched_valkey_factory(n_ranks: int, **options: Any) -> list[PatchedValkeyStore]:
-    """The `lmcache-valkey` client with shardcheck's fixes 1 and 3."""
+    """The `lmcache-valkey` client with shardcheck's fixes 1, 3 and 7."""
     return _make(PatchedValkeyStore, n_ranks, **options)
