@@ -98,3 +98,28 @@ def test_hypothesis_concurrent_property_catches_racy_client(name):
         with pytest.raises(Exception) as info:
             test_concurrent_batches_hold()
     assert any(p in str(info.value) for p in ("lost-completion", "wrong-caller", "linearizability")), str(info.value)
+
+
+def test_check_reports_a_racy_client_with_its_rate_and_replay_judges_it(tmp_path):
+    """`check --client` on the stale cache reports linearizability with k of n runs; replay reproduces it there."""
+    from shardcheck.commands import run_check, run_replay
+    spec = "properties.bad_stores:stale_cache_factory"
+    result = run_check(None, spec, budget=10.0, out_dir=str(tmp_path))
+    assert result["verdict"] == "violated"
+    assert result["violations"][0]["property"] == "linearizability"
+    assert result["stats"]["counterexample_rate"]["k"] >= 1
+    _, rows = run_replay([result["violations"][0]["counterexample"]], spec)
+    assert rows[0]["outcome"] == "reproduces" and rows[0]["matches"]
+    _, rows = run_replay([result["violations"][0]["counterexample"]], "properties.bad_stores:jitter_factory")
+    assert rows[0]["outcome"] == "fixed"
+
+
+def test_client_declaring_not_thread_safe_is_reported_not_driven():
+    """A client with thread_safe = False is not driven concurrently, and the stats say so."""
+    from properties.bad_stores import CrossedRepliesStore
+
+    class Declared(CrossedRepliesStore):
+        thread_safe = False
+    stats: dict = {}
+    assert search(Declared(), client="x", seed=0, should_stop=lambda: False, bound=0.5, stats=stats) is None
+    assert "thread_safe = False" in stats["concurrency"]
