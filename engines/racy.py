@@ -43,14 +43,28 @@ def tries_to_clear(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
     return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
 
 
+def _on(store: Any, fresh: Callable[[], list] | None, layout: Layout, **kw: Any) -> Rate:
+    """`measure` on `store`, or on a fresh store of `fresh()` (closed afterwards): a store that earlier runs
+    wedged makes every later layout fail, and a replay starts from a fresh store."""
+    if fresh is None:
+        return measure(store, layout, **kw)
+    stores = fresh()
+    try:
+        return measure(stores[0], layout, **kw)
+    finally:
+        for s in stores:
+            s.close()
+
+
 def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
-             should_stop: Callable[[], bool]) -> Layout:
+             should_stop: Callable[[], bool], fresh: Callable[[], list] | None = None) -> Layout:
     """Fewest threads, then fewest ops, then the shortest values, keeping the `want` violation showing within
-    the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate)."""
+    the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate), each candidate on a fresh
+    store when `fresh` makes them."""
     runs = min(MAX_CANDIDATE_RUNS, tries_to_reproduce(rate.k, rate.n))
 
     def fails(candidate: Layout) -> bool:
-        return measure(store, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop).k > 0
+        return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop).k > 0
 
     current = layout
     for t in reversed(range(len(current.threads))):  # fewest threads
@@ -124,9 +138,11 @@ def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None =
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,
            stats: dict, runs_per_layout: int = 3, measure_runs: int = 20,
-           minimise_stop: Callable[[], bool] | None = None) -> Trace | None:
+           minimise_stop: Callable[[], bool] | None = None, fresh: Callable[[], list] | None = None) -> Trace | None:
     """Seeded layouts over the store's declared paths, growing in threads and ops, until a run shows a
-    violation or `should_stop()`; the finding is re-measured, minimised and returned as a trace."""
+    violation or `should_stop()`. With `fresh` (a maker of fresh stores), a finding must show again on a fresh
+    store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
+    measured on fresh stores, as a replay runs it; it is returned as a trace."""
     if not thread_safe(store):
         stats["concurrency"] = "skipped: the client declares thread_safe = False"
         return None
@@ -146,8 +162,13 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         want = rate.first.violations[0]["property"]
         stop = minimise_stop or should_stop
         t0 = time.monotonic()
-        small = minimise(store, layout, want, rate, bound=bound, should_stop=stop)
-        final = measure(store, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
+        if fresh is not None:
+            rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
+            if not rate.k:
+                stats["concurrency"]["not_on_a_fresh_store"] = stats["concurrency"].get("not_on_a_fresh_store", 0) + 1
+                continue
+        small = minimise(store, layout, want, rate, bound=bound, should_stop=stop, fresh=fresh)
+        final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
         if not final.k:  # the minimised layout lost its rate before we could measure it: keep the original
             small, final = layout, rate
         stats["concurrency"].update(found=want, minimise_seconds=round(time.monotonic() - t0, 3),

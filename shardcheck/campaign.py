@@ -62,7 +62,7 @@ def _concurrency(client: str, factory: Any, stop: Callable[[], bool], stats: Sea
     stores = factory(1, **options)
     try:
         trace = search(stores[0], client=client, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
-                       minimise_stop=lambda: time.monotonic() >= budget_end)
+                       minimise_stop=lambda: time.monotonic() >= budget_end, fresh=lambda: factory(1, **options))
     finally:
         for s in stores:
             s.close()
