@@ -278,9 +278,10 @@ class Rate:
 
 
 def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
-            should_stop: Callable[[], bool] = lambda: False) -> Rate:
+            should_stop: Callable[[], bool] = lambda: False, first_only: bool = False) -> Rate:
     """Run `layout` up to `runs` times on `store`; count the runs with a violation (of property `want`, when
-    given). Stops early when `should_stop()`; `n` counts the runs made."""
+    given). Stops early when `should_stop()`, or after the first failing run with `first_only`; `n` counts the
+    runs made."""
     t0 = time.monotonic()
     rate = Rate(0, 0)
     for _ in range(runs):
@@ -297,5 +298,7 @@ def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: 
             rate.properties[prop] = rate.properties.get(prop, 0) + 1
             if rate.first is None:
                 rate.first = Run(history, violations, verdict)
+            if first_only:
+                break
     rate.seconds = time.monotonic() - t0
     return rate

@@ -64,7 +64,8 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
     runs = min(MAX_CANDIDATE_RUNS, tries_to_reproduce(rate.k, rate.n))
 
     def fails(candidate: Layout) -> bool:
-        return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop).k > 0
+        return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop,
+                   first_only=True).k > 0
 
     current = layout
     for t in reversed(range(len(current.threads))):  # fewest threads
