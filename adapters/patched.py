@@ -153,8 +153,9 @@ def patched_resp_connector_class() -> type:
                     for i, mo in zip(idx, objs):
                         out[i] = mo
                 else:  # fix 6: one stuck key no longer turns the whole batch into misses
-                    for i in idx:
-                        out[i] = await self._get(keys[i])
+                    again = await asyncio.gather(*(self._get(keys[i]) for i in idx))  # at once: bounded
+                    for i, mo in zip(idx, again):
+                        out[i] = mo
             return out
 
         def _on_loop(self, coro: Any) -> Any:
@@ -235,7 +236,8 @@ class PatchedBackendStore(BackendStore):
         # Fix 2: the connector RemoteBackend built is re-classed to the guarded subclass (same
         # object, same native client and executor); only its read methods change.
         inner.__class__ = cls
-        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 2))
+        # a read may take one stuck GET and two more attempts (fix 6): all of it must fit in op_timeout
+        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 4))
         inner._auth = ("", self.password or "")
         # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
         self.backend.__class__ = patched_remote_backend_class()
