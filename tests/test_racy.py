@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engines.concurrency import make_layout, measure, store_paths
-from engines.racy import minimise, replay, search, to_trace, tries_to_clear, tries_to_reproduce
+from engines.racy import minimise, replay, search, tries_to_clear, tries_to_reproduce
 from model.trace import Trace, TraceError
 from properties import config
 from properties.bad_stores import RACY_STORES, jitter_factory, stale_cache_factory
