@@ -333,9 +333,21 @@ class _StoreBase:
         return self._servers.owned
 
     def delete(self, key: str) -> None:
-        """Evict: DEL LMCache's key string on an admin connection to this rank's server."""
+        """Evict: DEL LMCache's key string on an admin connection to this rank's server (a fresh connection the
+        server drops under a burst of them is retried twice: DEL is idempotent)."""
         ks = self.key_string(key)
-        self.bounded.call("delete", key, lambda: _resp_command(self.port, self.password, "DEL", ks))
+
+        def evict() -> bytes:
+            for attempt in range(3):
+                try:
+                    return _resp_command(self.port, self.password, "DEL", ks)
+                except (BrokenPipeError, ConnectionResetError):
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.01)
+            raise AssertionError("unreachable")
+
+        self.bounded.call("delete", key, evict)
 
     def server_keys(self) -> list[str]:
         """Every key on this rank's server (diagnostics: which key names a client wrote)."""
