@@ -17,6 +17,7 @@ import attrs
 from model import effects
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome
+from model.history import READ_PATHS, WRITE_PATHS
 from model.outcome import Violation
 
 SCHEMA = "shardcheck-trace"
@@ -230,6 +231,8 @@ def _validate_concurrent(data: dict, path: Any) -> None:
         if not isinstance(op, dict) or not isinstance(op.get("thread"), int) or not isinstance(op.get("path"), str) \
                 or not isinstance(op.get("keys"), list) or not op["keys"] or not all(isinstance(k, str) for k in op["keys"]):
             raise TraceError(path, f"ops[{i}]", "expected an object with 'thread' (int), 'path' (str), 'keys' (non-empty list of str)")
+        if op["path"] not in READ_PATHS + WRITE_PATHS:
+            raise TraceError(path, f"ops[{i}].path", f"unknown path {op['path']!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
     rate = data["config"].get("rate")
     if not isinstance(rate, dict) or not all(isinstance(rate.get(f), int) and not isinstance(rate.get(f), bool)
                                              for f in ("k", "n")) or not 0 < rate["k"] <= rate["n"]:

@@ -123,3 +123,12 @@ def test_client_declaring_not_thread_safe_is_reported_not_driven():
     stats: dict = {}
     assert search(Declared(), client="x", seed=0, should_stop=lambda: False, bound=0.5, stats=stats) is None
     assert "thread_safe = False" in stats["concurrency"]
+
+
+def test_concurrent_trace_with_an_unknown_path_is_rejected(tmp_path):
+    """A concurrent trace op naming a path nobody can drive is refused, naming the field."""
+    data = found_stale_trace().to_json()
+    data["ops"][0]["path"] = "scan"
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(TraceError, match=r"ops\[0\]\.path.*'scan'"):
+        Trace.load(tmp_path / "bad.json")
