@@ -126,6 +126,9 @@ def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None =
     bound = float(trace.config.get("bound", 2.0))
     stores = factory(1, **(options or {}))
     try:
+        missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
+        if missing:  # nothing to run: the race lives on a path this client does not offer
+            return "fixed", f"the client offers no {', '.join(missing)}: the layout cannot run on it"
         for i in range(clear):
             got = measure(stores[0], layout, runs=1, bound=bound, want=trace.property)
             if got.k:
