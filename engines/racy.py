@@ -152,7 +152,7 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         return None
     paths = store_paths(store)
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
-    i = layouts = total = 0
+    i = layouts = total = stale = 0
     while not should_stop():
         threads, ops, keys = sizes[min(i // 4, len(sizes) - 1)]
         layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths)
@@ -160,7 +160,7 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         layouts += 1
         rate = measure(store, layout, runs=runs_per_layout, bound=bound, should_stop=should_stop)
         total += rate.n
-        stats["concurrency"] = {"layouts": layouts, "runs": total, "paths": list(paths)}
+        stats["concurrency"] = {"layouts": layouts, "runs": total, "paths": list(paths), "not_on_a_fresh_store": stale}
         if not rate.k:
             continue
         want = rate.first.violations[0]["property"]
@@ -169,7 +169,8 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         if fresh is not None:
             rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
             if not rate.k:
-                stats["concurrency"]["not_on_a_fresh_store"] = stats["concurrency"].get("not_on_a_fresh_store", 0) + 1
+                stale += 1
+                stats["concurrency"]["not_on_a_fresh_store"] = stale
                 continue
         small = minimise(store, layout, want, rate, bound=bound, should_stop=stop, fresh=fresh)
         final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
