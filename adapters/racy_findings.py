@@ -41,6 +41,14 @@ RACY_FINDINGS: dict[str, tuple[str, str, Layout, str]] = {
         "The native RESP client's sync read (get_sync -> batch_get_sync) of a present key never returns in a "
         "few percent of calls: the same submit-then-register race as batch_exists_sync. No LMCache read path "
         "of the remote backend uses it; the client class exposes it."),
+    "put-dropped-while-in-flight": (
+        "lmcache", "linearizability",
+        Layout([[{"path": "put", "keys": ["k0"], "pad": 8}, {"path": "contains", "keys": ["k0"]}] for _ in range(6)]),
+        "Six callers each put one key and then ask whether it exists: a caller is told the key is absent after "
+        "its own put completed. RemoteBackend.submit_put_task returns an already-completed future without "
+        "writing when a put of the same key is in flight (exists_in_put_tasks), so a put can complete before "
+        "the key exists (or never exist, when an eviction lands between). Also on lmcache-valkey. Fixed in "
+        "lmcache-patched (fix 7)."),
 }
 
 
