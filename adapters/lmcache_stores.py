@@ -296,6 +296,10 @@ class _Servers:
 
 class _StoreBase:
     read_paths: tuple[str, ...] = ("get", "get_async")
+    #: Every public read/lookup operation (CONTRACT.md's optional `paths`); the concurrent layer drives each.
+    paths: tuple[str, ...] = ("get", "get_async", "contains")
+    #: Calls may overlap from several threads (CONTRACT.md's optional `thread_safe`).
+    thread_safe = True
     client_name = "?"
     #: The largest value one store holds (one LMCache chunk less the frame header): an optional RankStore member.
     max_value_bytes = MAX_VALUE
@@ -328,9 +332,21 @@ class _StoreBase:
         return self._servers.owned
 
     def delete(self, key: str) -> None:
-        """Evict: DEL LMCache's key string on an admin connection to this rank's server."""
+        """Evict: DEL LMCache's key string on an admin connection to this rank's server (a fresh connection the
+        server drops under a burst of them is retried twice: DEL is idempotent)."""
         ks = self.key_string(key)
-        self.bounded.call("delete", key, lambda: _resp_command(self.port, self.password, "DEL", ks))
+
+        def evict() -> bytes:
+            for attempt in range(3):
+                try:
+                    return _resp_command(self.port, self.password, "DEL", ks)
+                except (BrokenPipeError, ConnectionResetError):
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.01)
+            raise AssertionError("unreachable")
+
+        self.bounded.call("delete", key, evict)
 
     def server_keys(self) -> list[str]:
         """Every key on this rank's server (diagnostics: which key names a client wrote)."""
@@ -397,7 +413,7 @@ class BackendStore(_StoreBase):
     scheme = "resp"
     client_name = "lmcache"
     read_paths = ("get", "get_async", "get_batch", "get_prefix")
-    # extra contains paths: contains_batch (sync prefix count), contains_async (async prefix count)
+    paths = ("get", "get_async", "get_batch", "get_prefix", "contains", "contains_batch", "contains_async")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
@@ -539,6 +555,7 @@ class NativeStore(_StoreBase):
 
     client_name = "lmcache-native"
     read_paths = ("get", "get_async", "get_batch", "get_sync")
+    paths = ("get", "get_async", "get_batch", "get_sync", "contains", "contains_batch")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8) -> None:

@@ -22,8 +22,36 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    GET (a key evicted between EXISTS and GET) and, when it is stuck, answers a miss and replaces
    the native client (closing the old one frees its parked worker).
 
+4. A sync prefix count never returns (finding `lost-completion`, found by the concurrent layer): about
+   2-6% of `RemoteBackend.batched_contains` calls (the scheduler's sync lookup) never return, even for a
+   present key on an idle client. `ConnectorClientBase.batch_exists_sync` (used by
+   `RESPConnector.batched_contains`) submits the request to the native client from the caller's thread and
+   only then registers its future in `_pending`; the completion is drained on the event loop thread
+   (`_on_ready`), which drops a completion whose future is not registered yet (`entry is None: continue`).
+   When the native worker answers before the caller registers, the completion is lost and
+   `fut.result()` (no timeout) waits forever. The async forms register on the loop thread itself, where no
+   drain can run in between, so they never lose it. Fix: the connector's sync `batched_contains` and
+   `exists_sync` run the async form on the loop and wait for it, bounded.
+
+5. Fix 2 under overlap (finding `store-error`, found by the concurrent layer in shardcheck's own patch): a
+   delete racing a read lands between fix 2's EXISTS and its GET, the GET sticks and fix 2 renews the native
+   client, closing the old one at once; a put another caller had in flight on it then raised
+   "socket writev failed". Fix: the old client is closed only after 4 x the GET bound.
+
+6. Fix 2 answered a stuck GET as a miss (finding `linearizability`, found by the concurrent layer): a batch
+   read with one key evicted between EXISTS and GET answered every key as missing, present ones included
+   (`get_batch -> [None, None, None]` while a key was present throughout). Fix: after a stuck GET the keys are
+   read again one by one on the renewed client, each after a fresh EXISTS.
+
+7. A put can be dropped while reported done (finding `linearizability`, found by the concurrent layer):
+   `RemoteBackend.submit_put_task` returns an already-completed future without writing when a put of the
+   same key is still in flight (`exists_in_put_tasks`). When the key is evicted after the first put lands
+   (a DEL racing the re-store of a chunk), the second put "completes" and the key stays absent: a read
+   after both puts completed misses (`get_prefix -> []`). Fix: a `RemoteBackend` subclass whose
+   `submit_put_task` first waits (bounded by half the op timeout) for the in-flight put of that key.
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
-is the `lmcache-valkey` client with fix 1 and with fix 3:
+is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
 
 3. Valkey connector cannot authenticate (finding `valkey-auth-swapped`): lmcache 0.5.6's
    ValkeyWorkerPool builds `glide_sync.ServerCredentials(username, password)` positionally, but
@@ -36,6 +64,9 @@ is the `lmcache-valkey` client with fix 1 and with fix 3:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
+import time
 from typing import Any, List, Optional
 
 from adapters.lmcache_stores import (
@@ -46,7 +77,8 @@ from adapters.lmcache_stores import (
 )
 
 __all__ = ["patched_factory", "PatchedBackendStore", "patched_resp_connector_class",
-           "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore"]
+           "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore",
+           "patched_remote_backend_class"]
 
 #: Fix 1: LMCache's switch for the MLA worker-id collapse.
 PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
@@ -74,10 +106,24 @@ def patched_resp_connector_class() -> type:
             old = self.client
             self.client = RESPClient(self.host, self.port, self.num_threads, self.loop, *self._auth)
             self.recycled += 1
-            try:
-                old.close()  # shuts its sockets: the parked native worker returns
-            except Exception:
-                pass
+            # fix 5: other callers' ops may still be in flight on the old client; closing it at once failed
+            # them ("socket writev failed" on a put): close it once they have had time to finish
+            self._retired = [*getattr(self, "_retired", []), old]
+            self.loop.call_later(4 * self.get_timeout, self._retire, old)
+
+        def _retire(self, old: Any) -> None:
+            retired = getattr(self, "_retired", [])
+            if old in retired:
+                retired.remove(old)
+                try:
+                    old.close()  # shuts its sockets: the parked native worker returns
+                except Exception:
+                    pass
+
+        async def close(self) -> None:
+            for old in list(getattr(self, "_retired", [])):
+                self._retire(old)
+            await super().close()
 
         async def _bounded(self, coro: Any) -> tuple[bool, Any]:
             try:
@@ -87,10 +133,15 @@ def patched_resp_connector_class() -> type:
                 return False, None
 
         async def _get(self, key: Any) -> Optional[Any]:
-            if not await self.client.exists(key.to_string()):
-                return None
-            ok, mo = await self._bounded(super()._get(key))
-            return mo if ok else None
+            # fix 6: a GET that stuck (evicted after EXISTS, or slow under load) is asked again on the renewed
+            # client after a fresh EXISTS, rather than answered as a miss while the key is present
+            for _ in range(2):
+                if not await self.client.exists(key.to_string()):
+                    return None
+                ok, mo = await self._bounded(super()._get(key))
+                if ok:
+                    return mo
+            return None
 
         async def _batched_get(self, keys: List[Any]) -> List[Optional[Any]]:
             present = await self.client.batch_exists([k.to_string() for k in keys])
@@ -101,7 +152,27 @@ def patched_resp_connector_class() -> type:
                 if ok:
                     for i, mo in zip(idx, objs):
                         out[i] = mo
+                else:  # fix 6: one stuck key no longer turns the whole batch into misses
+                    again = await asyncio.gather(*(self._get(keys[i]) for i in idx))  # at once: bounded
+                    for i, mo in zip(idx, again):
+                        out[i] = mo
             return out
+
+        def _on_loop(self, coro: Any) -> Any:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            try:
+                return fut.result(self.get_timeout)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                raise
+
+        def batched_contains(self, keys: List[Any]) -> int:
+            # fix 4: the stock sync form registers its future after submitting, racing the loop's drain
+            return self._on_loop(self._batched_async_contains(keys))
+
+        def exists_sync(self, key: Any) -> bool:
+            # fix 4, for the `use_exists_sync` configuration
+            return self._on_loop(self._exists(key))
 
         async def batched_get_non_blocking(self, lookup_id: str, keys: List[Any]) -> List[Any]:
             # the prefetch path hands back the leading run of hits (RemoteConnector's contract)
@@ -118,6 +189,33 @@ def patched_resp_connector_class() -> type:
 
     _connector_class = ExistsGuardedRESPConnector
     return _connector_class
+
+
+_backend_class: Any = None
+
+
+def patched_remote_backend_class() -> type:
+    """`RemoteBackend` with fix 7 (built lazily, like the connector)."""
+    global _backend_class
+    if _backend_class is not None:
+        return _backend_class
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    class NoDroppedPutRemoteBackend(RemoteBackend):
+        """RemoteBackend whose put of a key with a put already in flight waits for it, bounded, and then
+        writes, instead of returning at once without writing."""
+
+        put_wait: float = 1.0
+
+        def submit_put_task(self, key: Any, memory_obj: Any, on_complete_callback: Any = None) -> Any:
+            if getattr(self.loop, "_thread_id", None) != threading.get_ident():  # never block the loop itself
+                deadline = time.monotonic() + self.put_wait
+                while self.exists_in_put_tasks(key) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+            return super().submit_put_task(key, memory_obj, on_complete_callback)
+
+    _backend_class = NoDroppedPutRemoteBackend
+    return _backend_class
 
 
 class PatchedBackendStore(BackendStore):
@@ -138,8 +236,12 @@ class PatchedBackendStore(BackendStore):
         # Fix 2: the connector RemoteBackend built is re-classed to the guarded subclass (same
         # object, same native client and executor); only its read methods change.
         inner.__class__ = cls
-        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 2))
+        # a read may take one stuck GET and two more attempts (fix 6): all of it must fit in op_timeout
+        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 4))
         inner._auth = ("", self.password or "")
+        # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
+        self.backend.__class__ = patched_remote_backend_class()
+        self.backend.put_wait = max(0.05, self.op_timeout / 2)
 
 
 def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
@@ -148,7 +250,7 @@ def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
 
 
 class PatchedValkeyStore(ValkeyBackendStore):
-    """The `lmcache-valkey` store with fix 1 (MLA collapse off) and fix 3 (credentials order)."""
+    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order) and fix 7 (no dropped put)."""
 
     client_name = "lmcache-valkey-patched"
 
@@ -161,8 +263,10 @@ class PatchedValkeyStore(ValkeyBackendStore):
             extra.update(valkey_username=servers.password, valkey_password="default")
         super().__init__(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
                          num_workers=num_workers, extra_config={**extra, **(extra_config or {})})
+        self.backend.__class__ = patched_remote_backend_class()  # fix 7
+        self.backend.put_wait = max(0.05, self.op_timeout / 2)
 
 
 def patched_valkey_factory(n_ranks: int, **options: Any) -> list[PatchedValkeyStore]:
-    """The `lmcache-valkey` client with shardcheck's fixes 1 and 3."""
+    """The `lmcache-valkey` client with shardcheck's fixes 1, 3 and 7."""
     return _make(PatchedValkeyStore, n_ranks, **options)

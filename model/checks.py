@@ -187,6 +187,11 @@ def _store(name: str, about: str, *demos: str) -> Property:
                     demos=tuple(f"properties.bad_stores:{d}" for d in demos))
 
 
+def _concurrent(name: str, about: str, *demos: str) -> Property:
+    return Property(name=name, layer="concurrency", about=about,
+                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+
+
 #: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),
 #: and a demo that violates it (ARCHITECTURE.md).
 CATALOG: tuple[Property, ...] = (
@@ -213,8 +218,13 @@ CATALOG: tuple[Property, ...] = (
     _store("store-hang", "every call and completion returns within the op timeout",
            "blocking_miss_factory", "lost_async_factory"),
     _store("store-roundtrip", "every answer equals the oracle's, on every read path",
-           "truncating_factory", "async_key_mismatch_factory", "shared_server_factory", "stale_cache_factory"),
+           "truncating_factory", "async_key_mismatch_factory", "shared_server_factory", "delete_keeps_cache_factory"),
     _store("store-error", "no call raises; the client stays usable", "unusable_after_miss_factory"),
+    _concurrent("lost-completion", "every op of overlapping callers completes within the bound", "lost_wakeup_factory"),
+    _concurrent("double-completion", "no completion is delivered twice", "double_completion_factory"),
+    _concurrent("wrong-caller", "no result reaches another caller", "crossed_replies_factory"),
+    _concurrent("linearizability", "every history is linearizable against a key-value register per key",
+                "stale_cache_factory"),
 )
 BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}
 

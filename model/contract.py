@@ -37,9 +37,11 @@ class ShardingProtocol(typing.Protocol):
 class RankStore(typing.Protocol):
     """One rank's remote store client.
 
-    Optional members shardcheck uses when present: `read_paths` (names of every read method, e.g.
-    `("get", "get_async", "get_batch")`), `get_batch(keys)`, and `max_value_bytes` (the largest value the
-    client stores; the properties keep values within it).
+    Optional members shardcheck uses when present: `paths` (CONTRACT.md: every public read/lookup operation,
+    sync, async and batch, e.g. `("get", "get_async", "get_batch", "contains_batch")`; the concurrent layer
+    drives each), `thread_safe` (False: reported, not driven concurrently; default True), `read_paths` (the
+    older name of the read methods the sequential store layer uses), `get_batch(keys)`, and `max_value_bytes`
+    (the largest value the client stores; the properties keep values within it).
     """
 
     def put(self, key: str, value: bytes) -> None: ...

@@ -1,7 +1,8 @@
 """`Trace`: one run as data, with a versioned JSON round-trip.
 
-Two kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict) and
-`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle).
+Three kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
+`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle) and
+`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate).
 A malformed file raises `TraceError` naming the file and the field.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from model import effects
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
+from model.history import READ_PATHS, WRITE_PATHS
 from model.outcome import Violation
 
 __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "TraceError", "encode", "decode",
@@ -27,7 +29,7 @@ __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "Tra
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
-KINDS = ("protocol", "store-ops")
+KINDS = ("protocol", "store-ops", "concurrent")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 64 * 1024 * 1024, 16
@@ -217,6 +219,8 @@ class Trace:
                 raise TraceError(path, f"expect.{client}", f"expected one of {OUTCOMES}, got {outcome!r}")
         if data["kind"] == "protocol":
             _validate_protocol(data, path)
+        elif data["kind"] == "concurrent":
+            _validate_concurrent(data, path)
         else:
             _need(data, "ops", list, path)
             if len(data["ops"]) > MAX_OPS:
@@ -261,6 +265,21 @@ def _need(data: dict, name: str, typ: type, path: Any) -> None:
         raise TraceError(path, name, "missing")
     if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
         raise TraceError(path, name, f"expected {typ.__name__}, got {type(data[name]).__name__}")
+
+
+def _validate_concurrent(data: dict, path: Any) -> None:
+    """A concurrent trace: `ops` are `{"thread", "path", "keys", "pad"?}`; `config.rate` is `{"k", "n", "seeds"}`."""
+    _need(data, "ops", list, path)
+    for i, op in enumerate(data["ops"]):
+        if not isinstance(op, dict) or not isinstance(op.get("thread"), int) or not isinstance(op.get("path"), str) \
+                or not isinstance(op.get("keys"), list) or not op["keys"] or not all(isinstance(k, str) for k in op["keys"]):
+            raise TraceError(path, f"ops[{i}]", "expected an object with 'thread' (int), 'path' (str), 'keys' (non-empty list of str)")
+        if op["path"] not in READ_PATHS + WRITE_PATHS:
+            raise TraceError(path, f"ops[{i}].path", f"unknown path {op['path']!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
+    rate = data["config"].get("rate")
+    if not isinstance(rate, dict) or not all(isinstance(rate.get(f), int) and not isinstance(rate.get(f), bool)
+                                             for f in ("k", "n")) or not 0 < rate["k"] <= rate["n"]:
+        raise TraceError(path, "config.rate", f"expected {{'k', 'n', 'seeds'}} with 0 < k <= n, got {rate!r}")
 
 
 def _validate_protocol(data: dict, path: Any) -> None:

@@ -3,11 +3,18 @@
 `BAD_STORES` maps a name to `(factory, property)`; each factory is a client factory
 `factory(n_ranks) -> list[RankStore]` usable as `--client properties.bad_stores:<name>_factory`.
 Every blocking one unblocks on `close()`, so an abandoned worker thread ends with the session.
+
+`RACY_STORES` (same shape) holds clients that are correct when called one op at a time and break only when
+calls overlap; each widens its race window with a short sleep so the concurrent layer catches it in every
+run of a few threads. `JitterStore` is correct and thread-safe, with random delays: it must always hold.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import random
 import threading
+import time
 from typing import Any, Callable
 
 from model.checks import CATALOG
@@ -80,7 +87,7 @@ class UnusableAfterMissStore(MemoryStore):
         return value
 
 
-class StaleCacheStore(MemoryStore):
+class DeleteKeepsCacheStore(MemoryStore):
     """Reads go through a read cache that `delete` forgets to invalidate: a deleted key still reads back."""
 
     def __init__(self) -> None:
@@ -98,6 +105,156 @@ class StaleCacheStore(MemoryStore):
     def put(self, key: str, value: bytes) -> None:
         super().put(key, value)
         self.cache.pop(key, None)
+
+
+# -- racy clients: correct sequentially, broken under overlap -----------------------------------------------
+#: How long a racy store holds its race window open (seconds).
+RACE_WINDOW = 0.002
+_RACY_PATHS = ("get", "get_async", "contains")
+
+
+class LostWakeupStore(MemoryStore):
+    """`get_async` is served by one worker thread that drains a queue. When the queue looks empty the worker
+    takes a moment before it marks itself idle: a request queued in that moment sees it busy, starts no
+    worker, and is never served (a lost wake-up). One call at a time never hits it: a caller's future is
+    resolved only after the worker is idle again."""
+
+    paths = _RACY_PATHS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: collections.deque = collections.deque()
+        self._busy = False
+        self._lock = threading.Lock()
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._check()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.append((key, fut))
+        with self._lock:
+            if self._busy:
+                return fut
+            self._busy = True
+        threading.Thread(target=self._drain, name="lost-wakeup-worker", daemon=True).start()
+        return fut
+
+    def _drain(self) -> None:
+        while True:
+            key, fut = self._queue.popleft()
+            value = self.data.get(key)
+            if not self._queue:
+                time.sleep(RACE_WINDOW)  # a request queued now is never seen
+                with self._lock:
+                    self._busy = False
+                fut.set_result(value)
+                return
+            fut.set_result(value)
+
+
+class CrossedRepliesStore(MemoryStore):
+    """One pipelined connection: a `get` queues its request's reply in order, waits for the network, and
+    takes the reply at the head of the queue. Overlapping calls whose latencies differ take each other's
+    replies; one call at a time always takes its own."""
+
+    paths = _RACY_PATHS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._replies: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        with self._lock:
+            self._replies.append(self.data.get(key))
+        time.sleep(RACE_WINDOW * (1 + sum(key.encode()) % 3))  # the latency depends on the key
+        with self._lock:
+            return self._replies.popleft()
+
+
+class StaleCacheStore(MemoryStore):
+    """A read-through cache whose fill races writes: a `get` that misses the cache reads the store, pauses,
+    then caches what it read, even if a put or delete replaced it in between (and invalidated the cache
+    before the fill). Later reads return the stale value; one call at a time never hits it."""
+
+    paths = _RACY_PATHS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[str, bytes | None] = {}
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        if key in self._cache:
+            return self._cache[key]
+        value = self.data.get(key)
+        time.sleep(RACE_WINDOW)
+        self._cache[key] = value
+        return value
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_result(self.get(key))
+        return fut
+
+    def contains(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self._cache.pop(key, None)
+
+    def delete(self, key: str) -> None:
+        super().delete(key)
+        self._cache.pop(key, None)
+
+
+class JitterStore(MemoryStore):
+    """A correct thread-safe client with random delays: every op takes a lock around the data and sleeps
+    before and after it; `get_async` runs on a small thread pool. It must never be flagged."""
+
+    paths = ("get", "get_async", "get_batch", "contains")
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="jitter-store")
+
+    def _jitter(self) -> None:
+        with self._lock:
+            delay = self._rng.random() * RACE_WINDOW
+        time.sleep(delay)
+
+    def _locked(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._jitter()
+        with self._lock:
+            out = fn(*args)
+        self._jitter()
+        return out
+
+    def put(self, key: str, value: bytes) -> None:
+        return self._locked(super().put, key, value)
+
+    def get(self, key: str) -> bytes | None:
+        return self._locked(super().get, key)
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        return self._locked(super().get_batch, keys)
+
+    def contains(self, key: str) -> bool:
+        return self._locked(super().contains, key)
+
+    def delete(self, key: str) -> None:
+        return self._locked(super().delete, key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._check()
+        return self._pool.submit(self.get, key)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
 
 def _per_rank(cls: type) -> Callable[..., list]:
@@ -119,9 +276,43 @@ lost_async_factory = _per_rank(LostAsyncStore)
 truncating_factory = _per_rank(TruncatingStore)
 async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
-stale_cache_factory = _per_rank(StaleCacheStore)
+delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
     ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
     for p in CATALOG if p.layer == "store" for ref in p.demos}
+
+
+lost_wakeup_factory = _per_rank(LostWakeupStore)
+crossed_replies_factory = _per_rank(CrossedRepliesStore)
+stale_cache_factory = _per_rank(StaleCacheStore)
+jitter_factory = _per_rank(JitterStore)
+
+class _Twice(concurrent.futures.Future):
+    """A future that calls each done-callback twice: every completion is delivered twice."""
+
+    def add_done_callback(self, fn: Callable) -> None:
+        super().add_done_callback(fn)
+        super().add_done_callback(fn)
+
+
+class DoubleCompletionStore(MemoryStore):
+    """`get_async` hands out a future that delivers its completion twice (a callback registered once runs twice)."""
+
+    paths = _RACY_PATHS
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._check()
+        fut = _Twice()
+        fut.set_result(self.data.get(key))
+        return fut
+
+
+double_completion_factory = _per_rank(DoubleCompletionStore)
+
+#: Every racy store (correct one call at a time, broken under overlap): its factory and the concurrent-layer
+#: property it violates (from `model.checks.CATALOG`; the double completion is no race, so not among them).
+RACY_STORES: dict[str, tuple[Callable[..., list], str]] = {
+    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
+    for p in CATALOG if p.layer == "concurrency" and p.name != "double-completion" for ref in p.demos}

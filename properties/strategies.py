@@ -58,3 +58,26 @@ batch_keys = st.lists(keys, min_size=0, max_size=4)
 #: keeps every needed op fails).
 needed_ops = st.integers(0, 40).flatmap(
     lambda n: st.tuples(st.just(n), st.sets(st.integers(0, max(n - 1, 0)), max_size=min(n, 5))))
+
+# -- concurrent layer (properties/test_concurrent_layer.py) ------------------------------------------------
+CONCURRENT_KEYS = ("k0", "k1", "k2")
+
+
+def concurrent_op(paths: tuple[str, ...]) -> st.SearchStrategy[dict]:
+    """One op of a caller thread: a put (with 0-32 filler bytes), a delete, or a read through one of `paths`
+    (multi-key paths read 2-3 distinct keys)."""
+    key = st.sampled_from(CONCURRENT_KEYS)
+    puts = st.builds(lambda k, pad: {"path": "put", "keys": [k], "pad": pad}, key, st.integers(0, 32))
+    deletes = st.builds(lambda k: {"path": "delete", "keys": [k]}, key)
+    single = [p for p in paths if p in ("get", "get_async", "get_sync", "contains")]
+    multi = [p for p in paths if p not in single]
+    reads = [st.builds(lambda p, k: {"path": p, "keys": [k]}, st.sampled_from(single), key)] if single else []
+    if multi:
+        reads.append(st.builds(lambda p, ks: {"path": p, "keys": ks}, st.sampled_from(multi),
+                               st.lists(key, min_size=2, max_size=3, unique=True)))
+    return st.one_of(puts, deletes, *reads)
+
+
+def concurrent_batches(paths: tuple[str, ...]) -> st.SearchStrategy[list[list[dict]]]:
+    """A batch of ops run at once: 1-4 caller threads of 1-6 ops each."""
+    return st.lists(st.lists(concurrent_op(paths), min_size=1, max_size=6), min_size=1, max_size=4)

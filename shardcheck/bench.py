@@ -8,7 +8,8 @@ from typing import Any, Callable
 __all__ = ["TARGETS", "run_bench", "format_bench"]
 
 TARGETS = {"explorer.states_per_s": 150_000, "hypothesis.protocol_steps_per_s": 5_000,
-           "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0}
+           "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0,
+           "concurrency.checker_10k_s": 1.0, "concurrency.driver_ops_per_s": 2_000}
 
 
 def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -26,9 +27,13 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     results = proofs.run_all(seeds=10)
     z3 = {"max_theorem_s": max(r["seconds"] for r in results), "theorems": len(results),
           "wall_s": round(time.monotonic() - t, 3)}
+    say("concurrency: the linearizability checker on a 10,000-op history, the driver on the in-memory client ...")
+    from engines.concurrency_bench import bench as concurrency_bench
+    concurrency = concurrency_bench(min(seconds, 2.0))
     say("real: a --runner processes case and a full `shardcheck tier`, each from a fresh interpreter ...")
     from shardcheck.bench_real import measure_real
-    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "real": measure_real()}
+    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency,
+            "real": measure_real()}
 
 
 def format_bench(r: dict[str, Any]) -> str:
@@ -36,12 +41,16 @@ def format_bench(r: dict[str, Any]) -> str:
             ("hypothesis.protocol_steps_per_s", r["hypothesis"]["protocol_steps_per_s"]),
             ("hypothesis.store_steps_per_s", r["hypothesis"]["store_steps_per_s"]),
             ("z3.max_theorem_s", r["z3"]["max_theorem_s"])]
+    if "concurrency" in r:
+        rows += [("concurrency.checker_10k_s", r["concurrency"]["checker_10k_s"]),
+                 ("concurrency.driver_ops_per_s", r["concurrency"]["driver_ops_per_s"])]
     rows += [(f"real.{k}", r["real"][k]) for k in ("processes_case_s", "tier_s")] if "real" in r else []
     out = [f"{'figure':<34} {'measured':>12} {'target':>10}  met"]
+    from shardcheck.bench_real import TARGETS as REAL
     for name, value in rows:
-        from shardcheck.bench_real import TARGETS as REAL
         target = {**TARGETS, **REAL}[name]
-        met = value <= target if name.startswith(("z3", "real")) else value >= target
+        met = value <= target if name.startswith(("z3", "real")) or name == "concurrency.checker_10k_s" \
+            else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s)")
     return "\n".join(out)

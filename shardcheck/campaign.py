@@ -1,8 +1,9 @@
 """The engines of `shardcheck check`, run in turn inside the budget.
 
 An in-memory client: exhaustive enumeration, the exhaustive explorer, the Hypothesis state machines, then seeded
-random cases. Real clients: the Hypothesis machines (store layer, then protocol layer over real stores),
-enumeration, then random cases (the explorer runs its own store model, so it is model-only).
+random cases. Real clients: the concurrent layer (`engines.racy.search`: many ops at once on one store), the
+Hypothesis machines (store layer, then protocol layer over real stores), enumeration, then random cases (the
+explorer runs its own store model, so it is model-only).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ __all__ = ["MODEL_PHASES", "REAL_PHASES", "EXPLORE_SIZES", "run_engines"]
 
 #: Cumulative ends of each phase, as shares of the budget; random cases take the rest.
 MODEL_PHASES = {"enumerate": 0.4, "explore": 0.65, "hypothesis": 0.85}
-REAL_PHASES = {"hypothesis": 0.3, "enumerate": 0.8}
+REAL_PHASES = {"concurrency": 0.3, "hypothesis": 0.5, "enumerate": 0.85}
+#: Concurrent layer: the bound of one run, and the per-call timeout given to the lmcache clients (seconds).
+CONCURRENT_BOUND = {"model": 1.0, "lmcache": 3.0}
+CONCURRENT_OP_TIMEOUT = 1.0
 #: Explorer configurations (ranks, chunks, faults after lookup), every cached set, smallest first.
 EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3, 2), (2, 3), (3, 3), (2, 4), (4, 3),
                                              (3, 4), (4, 4), (3, 5), (4, 5), (5, 5), (4, 6), (5, 6), (4, 7))) + \
@@ -53,6 +57,8 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
                            swarm=True, levels=levels, others=multi_prompt)
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
+        elif phase == "concurrency":
+            found = _concurrency(client, phase_over, stats, seed, budget_end=start + budget)
         else:
             found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout, multi_prompt)
         if found is not None:
@@ -60,6 +66,28 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
     stats.phase = "random"
     return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
                   random_cases=True, others=multi_prompt)
+
+
+def _concurrency(client: Any, stop: Callable[[], bool], stats: SearchStats, seed: int, *,
+                 budget_end: float) -> Any:
+    """A `concurrent` trace from the concurrent layer on one fresh store of the client, or None. A finding is
+    minimised and measured within the rest of the budget. A self-bounded (real) client gets its per-call timeout
+    and a longer run bound."""
+    from engines.racy import search
+    real = client.self_bounded
+    options = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
+    bound = CONCURRENT_BOUND["lmcache" if real else "model"]
+    stores = client.stores(1, **options)
+    try:
+        trace = search(stores[0], client=client.name, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
+                       minimise_stop=lambda: time.monotonic() >= budget_end,
+                       fresh=lambda: client.stores(1, **options))
+    finally:
+        for s in stores:
+            s.close()
+    if trace is not None:
+        trace.config.update(options)
+    return trace
 
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:

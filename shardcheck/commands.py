@@ -134,6 +134,10 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         violations = out.violations
         result["stats"]["counterexample_case"] = {"n_ranks": found.case.n_ranks, "n_chunks": found.case.n_chunks,
                                                   "faults": found.case.faults.size()}
+    elif found.kind == "concurrent":  # measured and minimised by the concurrent layer (engines.racy)
+        trace = found
+        violations = violations_of(trace)
+        result["stats"]["counterexample_rate"] = trace.config["rate"]
     else:
         trace = found
         ops_before = len(trace.ops)

@@ -104,6 +104,11 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                 client = client_of(row["client"])
                 if trace.kind == "store-ops":
                     row["outcome"], row["why"] = _store_ops_outcome(trace, client)
+                elif trace.kind == "concurrent":  # a racy finding, judged by its recorded rate (engines.racy)
+                    from engines.racy import replay
+                    options = {k: trace.config[k] for k in ("op_timeout",) if k in trace.config}
+                    row["outcome"], row["why"] = replay(trace, lambda n, **o: client.stores(n, **o),
+                                                        options=client.accepted(options))
                 else:
                     protocol = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
                     row["protocol"] = protocol_spec or protocol.ref

@@ -62,6 +62,13 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         ref = f"{variant.__module__}:{variant.__name__}"
         _step(rows, f"check demo {variant.__name__} -> {prop}", "violated", check(ref, secs=min(budget, 10)))
 
+    from properties.bad_stores import RACY_STORES  # the concurrent layer: racy clients caught, a correct one holds
+    for racy, (_, prop) in RACY_STORES.items():
+        spec = f"properties.bad_stores:{racy.replace('-', '_')}_factory"
+        _step(rows, f"check racy client {racy} -> {prop}", "violated", check(None, spec, secs=min(budget, 60)))
+    _step(rows, "check correct jittery client", "held", check(None, "properties.bad_stores:jitter_factory",
+                                                               secs=min(budget, 10)))
+
     def manifest() -> tuple[str, str]:
         import io
         from engines import manifest as explore_manifest

@@ -219,7 +219,9 @@ def test_patched_valkey_client_passes_every_check(use_mla: bool):
 from adapters.replay import FINDINGS, replay, trace_of  # noqa: E402
 from model.trace import Trace  # noqa: E402
 
-SAVED = sorted((ROOT / "counterexamples").glob("lmcache-*.json"))
+#: The deterministic store-ops findings (`adapters.replay.FINDINGS`); the racy ones are `adapters.racy_findings`.
+SAVED = sorted(p for p in (ROOT / "counterexamples").glob("lmcache-*.json") if Trace.load(p).kind == "store-ops")
+RACY_SAVED = sorted(p for p in (ROOT / "counterexamples").glob("lmcache-*.json") if Trace.load(p).kind == "concurrent")
 
 
 def test_every_finding_is_saved_without_drift():
@@ -231,6 +233,18 @@ def test_every_finding_is_saved_without_drift():
         assert [{k: o[k] for k in ("rank", "op", "key", "value", "wait") if k in o} for o in t.ops] == fresh.ops
         assert t.expect["lmcache-patched"] == "fixed" and t.expect["model"] == "fixed"
         assert t.expect.get(t.client) == "reproduces" and t.verdict["violations"]
+
+
+def test_every_racy_finding_is_saved_without_drift():
+    """Each racy finding is saved with its layout, a measured rate, and lmcache-patched expected fixed."""
+    from adapters.racy_findings import RACY_FINDINGS
+    assert {p.stem.removeprefix("lmcache-") for p in RACY_SAVED} == set(RACY_FINDINGS)
+    for p in RACY_SAVED:
+        t = Trace.load(p)
+        client, prop, layout, _ = RACY_FINDINGS[p.stem.removeprefix("lmcache-")]
+        assert (t.client, t.property, t.ops) == (client, prop, layout.to_ops())
+        assert 0 < t.config["rate"]["k"] <= t.config["rate"]["n"]
+        assert t.expect[client] == "reproduces" and t.expect["lmcache-patched"] == "fixed"
 
 
 @pytest.mark.parametrize("path", SAVED, ids=lambda p: p.stem)

@@ -1,0 +1,304 @@
+"""The concurrent driver: many store-client calls at once, recorded as a history and judged.
+
+A `Layout` says which caller thread issues which ops, in order (seeded by `make_layout`, so a run is
+reproducible in its op layout). `run_layout` starts every caller at one barrier; a caller issues its sync ops
+one after the other and fires its `get_async` ops without waiting, so sync lookups from foreign threads run
+while async reads are in flight on the client's own loop, and puts and deletes race the reads. Every wait is
+bounded by `bound` seconds for the whole run; an op still pending then (or a call the client bounded itself,
+`StoreCallTimeout`) never completed. `judge` then checks, in this order:
+
+- `lost-completion`: an op never completed (named);
+- `double-completion`: an op's completion was delivered more than once;
+- `wrong-caller`: a read answered with a value written for another key (every put writes a value tagged with
+  its key, caller and position, so a reply paired with the wrong request shows);
+- `store-error`: a call raised;
+- `linearizability`: the history is not linearizable against the key-value register (`engines.linearizability`).
+
+`measure` repeats a layout and counts the runs that show a violation: races are judged by their rate.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import random
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from engines.linearizability import check
+from model.contract import StoreCallTimeout
+from model.history import MULTI_KEY_READS, History, Op
+
+__all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
+           "CONCURRENT_PROPERTIES", "store_paths", "thread_safe"]
+
+CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "store-error", "linearizability")
+_nonce = itertools.count()
+
+
+def store_paths(store: Any) -> tuple[str, ...]:
+    """The read/lookup paths a store declares (`paths`, else the older `read_paths`, else get/get_async),
+    with `contains` (a contract method) always included."""
+    declared = getattr(store, "paths", None) or getattr(store, "read_paths", None) or ("get", "get_async")
+    out = tuple(declared)
+    return out if "contains" in out else out + ("contains",)
+
+
+def thread_safe(store: Any) -> bool:
+    """Whether the client may be driven concurrently (CONTRACT.md: optional `thread_safe`, default True)."""
+    return bool(getattr(store, "thread_safe", True))
+
+
+@attrs.define
+class Layout:
+    """Per caller thread, its ops in order: `{"path", "keys", "pad"?}` (`pad`: extra value bytes of a put)."""
+
+    threads: list[list[dict]]
+    seed: int = 0
+
+    @property
+    def n_ops(self) -> int:
+        return sum(len(t) for t in self.threads)
+
+    def to_ops(self) -> list[dict]:
+        return [{"thread": t, **op} for t, ops in enumerate(self.threads) for op in ops]
+
+    @classmethod
+    def from_ops(cls, ops: Sequence[dict], *, seed: int = 0) -> "Layout":
+        n = 1 + max((int(o["thread"]) for o in ops), default=-1)
+        threads: list[list[dict]] = [[] for _ in range(n)]
+        for o in ops:
+            threads[int(o["thread"])].append({k: v for k, v in o.items() if k != "thread"})
+        return cls([t for t in threads if t], seed)
+
+
+def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, paths: Sequence[str] = ("get", "get_async"),
+                writes: float = 0.4, pad: int = 8) -> Layout:
+    """A seeded layout: `threads` callers of `ops` ops each over `keys` keys; a share `writes` of puts and
+    deletes, the rest reads spread over `paths` (multi-key paths read 2-3 keys)."""
+    rng = random.Random(seed)
+    names = [f"k{i}" for i in range(keys)]
+    reads = [p for p in paths if p != "put" and p != "delete"] or ["get"]
+    out = []
+    for _ in range(threads):
+        mine = []
+        for _ in range(ops):
+            if rng.random() < writes:
+                path = "put" if rng.random() < 0.75 else "delete"
+                mine.append({"path": path, "keys": [rng.choice(names)], **({"pad": pad} if path == "put" else {})})
+            else:
+                path = rng.choice(reads)
+                width = rng.randint(2, min(3, keys)) if path in MULTI_KEY_READS and keys > 1 else 1
+                mine.append({"path": path, "keys": rng.sample(names, width)})
+        out.append(mine)
+    return Layout(out, seed)
+
+
+def tag_value(key: str, caller: str, index: int, pad: int) -> bytes:
+    """The value a put writes: it names its key, caller and position, then `pad` filler bytes."""
+    return f"{key}|{caller}.{index}|".encode() + b"v" * pad
+
+
+def _key_of(value: Any) -> str | None:
+    if isinstance(value, (bytes, bytearray)):
+        head, sep, _ = bytes(value).partition(b"|")
+        return head.decode(errors="replace") if sep else None
+    return None
+
+
+@attrs.define
+class Run:
+    """One run: its history and its violations (dicts with `property`, `summary`, `op`)."""
+
+    history: History
+    violations: list[dict]
+    verdict: dict = attrs.field(factory=dict)
+    prefix: str = ""
+
+
+def _call(store: Any, op: Op) -> Any:
+    path = op.path
+    if path == "put":
+        return store.put(op.key, op.value)
+    if path in ("delete", "contains", "get", "get_sync"):
+        return getattr(store, path)(op.key)
+    if path in MULTI_KEY_READS:
+        res = getattr(store, path)(list(op.keys))
+        return list(res) if isinstance(res, (list, tuple)) else res
+    raise ValueError(f"unknown path {path!r}")
+
+
+def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
+               clock: Callable[[], float] = time.monotonic) -> History:
+    """Run `layout` on `store` (every caller at once); at most `bound` seconds for the whole run. Keys are
+    prefixed with `prefix` (default: a fresh one per run, so runs on one store never see each other's keys)."""
+    prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
+    lock = threading.Lock()
+    ops: list[Op] = []
+    plans: list[list[Op]] = []
+    for t, mine in enumerate(layout.threads):
+        caller = f"t{t}"
+        plan = []
+        for i, spec in enumerate(mine):
+            keys = tuple(prefix + k for k in spec["keys"])
+            value = tag_value(keys[0], caller, i, int(spec.get("pad", 0))) if spec["path"] == "put" else None
+            plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value))
+        ops.extend(plan)
+        plans.append(plan)
+    started: list[Op] = []
+    barrier = threading.Barrier(len(plans) + 1)
+    deadline = [0.0]
+
+    def complete(op: Op, result: Any = None, error: BaseException | None = None) -> None:
+        now = clock()
+        with lock:
+            op.completions += 1
+            if op.completions > 1:
+                return
+            if isinstance(error, StoreCallTimeout):
+                op.error = f"timeout: {error}"
+                return  # the client gave up: the op never completed
+            op.completed = now
+            if error is not None:
+                op.error = f"{type(error).__name__}: {error}"
+            else:
+                op.result = bytes(result) if isinstance(result, (bytearray, memoryview)) else result
+
+    def caller(plan: list[Op]) -> None:
+        try:
+            barrier.wait(bound)
+        except threading.BrokenBarrierError:
+            return
+        for op in plan:
+            if clock() > deadline[0]:
+                return
+            with lock:
+                op.invoked = clock()
+                started.append(op)
+            if op.path == "get_async":
+                try:
+                    fut = store.get_async(op.key)
+                except BaseException as exc:
+                    complete(op, error=exc)
+                    continue
+                fut.add_done_callback(lambda f, op=op: complete(op, *_outcome(f)))
+                continue
+            try:
+                result = _call(store, op)
+            except BaseException as exc:
+                complete(op, error=exc)
+                continue
+            complete(op, None if op.path in ("put", "delete") else result)
+
+    workers = [threading.Thread(target=caller, args=(p,), name=f"shardcheck-caller-t{i}", daemon=True)
+               for i, p in enumerate(plans)]
+    for w in workers:
+        w.start()
+    deadline[0] = clock() + bound
+    try:
+        barrier.wait(bound)
+    except threading.BrokenBarrierError:
+        pass
+    for w in workers:
+        w.join(max(0.0, deadline[0] - clock()))
+    while clock() < deadline[0]:
+        with lock:
+            if all(op.completions for op in started):
+                break
+        time.sleep(0.001)
+    with lock:  # ops never invoked (a caller stuck before them) are not part of the history
+        ids = {op.id for op in started}
+        return History([attrs.evolve(op) for op in ops if op.id in ids])
+
+
+def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
+    if fut.cancelled():
+        return None, cf.CancelledError("the future was cancelled")
+    exc = fut.exception()
+    return (None, exc) if exc is not None else (fut.result(), None)
+
+
+def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], dict]:
+    """The violations of a history (see the module docstring) and the linearizability verdict as data."""
+    out: list[dict] = []
+    for op in history.ops:
+        if op.pending:
+            why = op.error or "no completion within the run's bound"
+            out.append({"property": "lost-completion", "op": op.id, "summary": f"{op.label()} never completed ({why})"})
+    for op in history.ops:
+        if op.completions > 1:
+            out.append({"property": "double-completion", "op": op.id,
+                        "summary": f"{op.label()} was completed {op.completions} times"})
+    for op in history.ops:
+        if op.pending or op.error or op.path not in ("get", "get_async", "get_sync", "get_batch", "get_prefix"):
+            continue
+        values = op.result if isinstance(op.result, list) else [op.result]
+        for key, value in zip(op.keys, values):
+            owner = _key_of(value)
+            if value is not None and owner != key:
+                out.append({"property": "wrong-caller", "op": op.id,
+                            "summary": f"{op.label()} was answered with a value written for {owner!r}"})
+                break
+    for op in history.ops:
+        if op.error and not op.pending:
+            out.append({"property": "store-error", "op": op.id, "summary": f"{op.label()} raised {op.error}"})
+    verdict = check(history, max_steps=max_steps).to_json()
+    if verdict["linearizable"] is False:
+        bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
+        out.append({"property": "linearizability", "op": bad.id,
+                    "summary": f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
+                               f"op(s) in order, {bad.label()} -> {_short(bad.result)} cannot be placed"})
+    return out, verdict
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        b = bytes(v)
+        return repr(b if len(b) <= 24 else b[:24] + b"...")
+    if isinstance(v, list):
+        return "[" + ", ".join(_short(x) for x in v) + "]"
+    return repr(v)
+
+
+@attrs.define
+class Rate:
+    """How often a layout showed a violation: `k` of `n` runs; `first` is the first failing run."""
+
+    k: int
+    n: int
+    first: Run | None = None
+    properties: dict[str, int] = attrs.field(factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.k / self.n if self.n else 0.0
+
+
+def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
+            should_stop: Callable[[], bool] = lambda: False, first_only: bool = False) -> Rate:
+    """Run `layout` up to `runs` times on `store`; count the runs with a violation (of property `want`, when
+    given). Stops early when `should_stop()`, or after the first failing run with `first_only`; `n` counts the
+    runs made."""
+    t0 = time.monotonic()
+    rate = Rate(0, 0)
+    for _ in range(runs):
+        if should_stop():
+            break
+        history = run_layout(store, layout, bound=bound)
+        violations, verdict = judge(history)
+        if want is not None:
+            violations = [v for v in violations if v["property"] == want]
+        rate.n += 1
+        if violations:
+            rate.k += 1
+            prop = violations[0]["property"]
+            rate.properties[prop] = rate.properties.get(prop, 0) + 1
+            if rate.first is None:
+                rate.first = Run(history, violations, verdict)
+            if first_only:
+                break
+    rate.seconds = time.monotonic() - t0
+    return rate

@@ -1,0 +1,156 @@
+"""Concurrent histories of store-client operations, and the sequential key-value register they are judged by.
+
+An `Op` is one call as a caller saw it: who called (`caller`), which read/write path, its key(s) and value,
+when it was invoked and when it completed (`None`: it never completed), and its result or error. A `History`
+is the ops of one run. `KVModel` is the sequential specification: a register per key holding bytes or
+nothing, with every read path of the contract (and the batch and prefix forms adapters offer) as a function
+of the register state. `lanes` is a plain data form of a history for pictures.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import attrs
+
+__all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
+           "lanes"]
+
+#: Paths that change the register.
+WRITE_PATHS = ("put", "delete")
+#: Reads of one key: their result is the value (or `None`), `contains` a bool.
+SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
+#: Reads of several keys (field `keys`): `get_batch` a value per key; `get_prefix` the values of the leading
+#: run of hits; `contains_batch` / `contains_async` the length of that run.
+MULTI_KEY_READS = ("get_batch", "get_prefix", "contains_batch", "contains_async")
+READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
+
+
+@attrs.define
+class Op:
+    """One call: `completed is None` means it never completed; `error` names an exception it raised."""
+
+    id: int
+    caller: str
+    path: str
+    keys: tuple[str, ...]
+    value: bytes | None = None
+    invoked: float = 0.0
+    completed: float | None = None
+    result: Any = None
+    error: str | None = None
+    completions: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.keys[0]
+
+    @property
+    def pending(self) -> bool:
+        return self.completed is None
+
+    def label(self) -> str:
+        args = self.keys[0] if len(self.keys) == 1 else "[" + ",".join(self.keys) + "]"
+        if self.value is not None:
+            args += f", {len(self.value)} bytes"
+        return f"op {self.id} {self.caller}: {self.path}({args})"
+
+    def to_json(self) -> dict:
+        res = self.result
+        if isinstance(res, (bytes, bytearray)):
+            res = {"$hex": bytes(res).hex()}
+        elif isinstance(res, list):
+            res = [{"$hex": bytes(r).hex()} if isinstance(r, (bytes, bytearray)) else r for r in res]
+        return {"id": self.id, "caller": self.caller, "path": self.path, "keys": list(self.keys),
+                "value": None if self.value is None else bytes(self.value).hex(), "invoked": self.invoked,
+                "completed": self.completed, "result": res, "error": self.error, "completions": self.completions}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Op":
+        def unhex(r: Any) -> Any:
+            if isinstance(r, dict) and "$hex" in r:
+                return bytes.fromhex(r["$hex"])
+            if isinstance(r, list):
+                return [unhex(x) for x in r]
+            return r
+        return cls(id=int(d["id"]), caller=str(d["caller"]), path=str(d["path"]), keys=tuple(d["keys"]),
+                   value=None if d.get("value") is None else bytes.fromhex(d["value"]),
+                   invoked=float(d["invoked"]), completed=None if d.get("completed") is None else float(d["completed"]),
+                   result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)))
+
+
+@attrs.define
+class History:
+    """The ops of one run, in id order."""
+
+    ops: list[Op] = attrs.field(factory=list)
+
+    def pending(self) -> list[Op]:
+        return [op for op in self.ops if op.pending]
+
+    def to_json(self) -> list[dict]:
+        return [op.to_json() for op in self.ops]
+
+    @classmethod
+    def from_json(cls, data: Iterable[dict]) -> "History":
+        return cls([Op.from_json(d) for d in data])
+
+
+class KVModel:
+    """The sequential key-value register, over a fixed tuple of keys: a state is a tuple of values (bytes or None)."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.keys = tuple(keys)
+        self.index = {k: i for i, k in enumerate(self.keys)}
+
+    def init(self) -> tuple:
+        return (None,) * len(self.keys)
+
+    def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
+        """Whether `op` (with its recorded result) is legal in `state`, and the state after it."""
+        path = op.path
+        if path == "put" or path == "delete":
+            i = self.index[op.key]
+            new = list(state)
+            new[i] = bytes(op.value) if path == "put" else None
+            return True, tuple(new)
+        if op.pending or op.error is not None:
+            return True, state  # a read that never answered (or failed) constrains nothing
+        return self.answer(state, op.path, op.keys) == op.result, state
+
+    def answer(self, state: tuple, path: str, keys: Sequence[str]) -> Any:
+        """What a correct client answers to the read `path` of `keys` in `state`."""
+        vals = [state[self.index[k]] for k in keys]
+        if path in ("get", "get_async", "get_sync"):
+            return vals[0]
+        if path == "contains":
+            return vals[0] is not None
+        if path == "get_batch":
+            return vals
+        run = []
+        for v in vals:
+            if v is None:
+                break
+            run.append(v)
+        if path == "get_prefix":
+            return run
+        if path in ("contains_batch", "contains_async"):
+            return len(run)
+        raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
+
+
+def lanes(history: History, *, verdict: dict | None = None) -> dict:
+    """A plain data form of `history` for a picture: one lane per caller with its op intervals (pending ones
+    flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
+    cannot be placed (from `verdict`, as `engines.linearizability.check` reports it)."""
+    by_caller: dict[str, list[dict]] = {}
+    t0 = min((op.invoked for op in history.ops), default=0.0)
+    for op in sorted(history.ops, key=lambda o: o.invoked):
+        by_caller.setdefault(op.caller, []).append({
+            "op": op.id, "label": op.label(), "start": op.invoked - t0,
+            "end": None if op.pending else op.completed - t0, "pending": op.pending, "error": op.error})
+    out: dict = {"lanes": [{"caller": c, "ops": ops} for c, ops in sorted(by_caller.items())],
+                 "pending": [op.id for op in history.ops if op.pending]}
+    if verdict and verdict.get("linearizable") is False:
+        out["linearizable_prefix"] = list(verdict.get("prefix", []))
+        out["unplaceable"] = verdict.get("unplaceable")
+    return out

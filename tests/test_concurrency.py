@@ -1,0 +1,123 @@
+"""The concurrent driver and its judge: racy clients are caught, correct ones never flagged."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engines.concurrency import Layout, judge, make_layout, measure, run_layout, store_paths, thread_safe
+from engines.storeops import run_ops
+from model.store import MemoryStore
+from properties.bad_stores import RACY_STORES, DoubleCompletionStore, JitterStore
+
+#: Runs per layout: each racy store shows its bug in most runs, so missing it in all of these is ~impossible.
+RUNS = 10
+
+
+def racy_layout(store, seed=0):
+    return make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store))
+
+
+@pytest.mark.parametrize("name", list(RACY_STORES))
+def test_racy_store_is_caught_with_its_property(name):
+    """Each racy client shows its own property in the runs of one fixed layout."""
+    factory, prop = RACY_STORES[name]
+    store = factory(1)[0]
+    try:
+        rate = measure(store, racy_layout(store), runs=RUNS, bound=0.5)
+    finally:
+        store.close()
+    assert rate.k >= 1, f"{name}: no violation in {rate.n} runs"
+    assert prop in rate.properties, rate.properties
+
+
+@pytest.mark.parametrize("name", list(RACY_STORES))
+def test_racy_store_is_correct_one_op_at_a_time(name):
+    """Called one op at a time (every async read awaited), each racy client agrees with the oracle."""
+    factory, _ = RACY_STORES[name]
+    store = factory(1)[0]
+    ops = []
+    for i in range(30):
+        key = f"k{i % 3}"
+        ops += [{"rank": 0, "op": "put", "key": key, "value": bytes([i])}, {"rank": 0, "op": "get", "key": key},
+                {"rank": 0, "op": "get_async", "key": key}, {"rank": 0, "op": "contains", "key": key}]
+        if i % 4 == 3:
+            ops += [{"rank": 0, "op": "delete", "key": key}, {"rank": 0, "op": "get", "key": key},
+                    {"rank": 0, "op": "get_async", "key": key}]
+    try:
+        _, violations = run_ops([store], ops, wait_bound=1.0)
+    finally:
+        store.close()
+    assert violations == []
+
+
+@pytest.mark.parametrize("store_cls", [MemoryStore, JitterStore])
+def test_correct_clients_are_never_flagged(store_cls):
+    """The in-memory model and the correct jittery client hold over several layouts and runs."""
+    store = store_cls()
+    try:
+        for seed in range(3):
+            rate = measure(store, make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store)),
+                           runs=3, bound=2.0)
+            assert rate.k == 0, rate.first.violations if rate.first else None
+    finally:
+        store.close()
+
+
+def test_layout_is_seeded_and_round_trips():
+    """The same seed gives the same layout, another seed another; the flat op form rebuilds it."""
+    a, b = make_layout(7, paths=("get", "get_batch")), make_layout(7, paths=("get", "get_batch"))
+    assert a == b and a != make_layout(8, paths=("get", "get_batch"))
+    assert Layout.from_ops(a.to_ops(), seed=7) == a
+    assert any(len(op["keys"]) > 1 for t in a.threads for op in t if op["path"] == "get_batch")
+
+
+class StuckStore(MemoryStore):
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def contains(self, key):
+        self.release.wait(30)
+        return False
+
+
+class RaisingStore(MemoryStore):
+    def get(self, key):
+        raise ConnectionError("reset by peer")
+
+
+def one(path, keys=("k0",)):
+    return Layout([[{"path": "put", "keys": ["k0"], "pad": 1}, {"path": path, "keys": list(keys)}]])
+
+
+def test_double_completion_is_reported():
+    """A completion delivered twice to one op is a double-completion violation."""
+    violations, _ = judge(run_layout(DoubleCompletionStore(), one("get_async"), bound=1.0))
+    assert [v["property"] for v in violations] == ["double-completion"]
+
+
+def test_stuck_sync_call_is_a_lost_completion_naming_the_op():
+    """A sync call that never returns is reported within the bound as a lost completion naming it."""
+    store = StuckStore()
+    try:
+        violations, _ = judge(run_layout(store, one("contains"), bound=0.3, prefix=""))
+    finally:
+        store.release.set()
+    assert violations[0]["property"] == "lost-completion" and "contains(k0)" in violations[0]["summary"]
+
+
+def test_raising_call_is_a_store_error():
+    """A call that raises is a store-error naming the op and the exception."""
+    violations, _ = judge(run_layout(RaisingStore(), one("get"), bound=1.0))
+    assert violations[0]["property"] == "store-error" and "ConnectionError" in violations[0]["summary"]
+
+
+def test_declared_paths_and_thread_safety_are_read_with_defaults():
+    """`paths` (else `read_paths`) is what the driver exercises, plus contains; `thread_safe` defaults True."""
+    class Declared(MemoryStore):
+        paths = ("get", "get_batch")
+        thread_safe = False
+    assert store_paths(Declared()) == ("get", "get_batch", "contains")
+    assert store_paths(MemoryStore()) == ("get", "get_async", "get_batch", "contains")
+    assert thread_safe(MemoryStore()) and not thread_safe(Declared())
