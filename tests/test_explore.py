@@ -34,6 +34,7 @@ def _config(cls) -> tuple[int, int]:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
 def test_manifest_entry(entry):
+    """Each manifest entry still gives its recorded verdict, state count (and property, depth)."""
     got = observed(run_entry(entry))
     assert got == entry["expect"], (
         f"manifest entry {entry['name']} drifted: expected {entry['expect']}, got {got}. If the change is "
@@ -41,6 +42,7 @@ def test_manifest_entry(entry):
 
 
 def test_manifest_covers_the_reference_protocols_and_every_variant():
+    """The manifest names every reference protocol (both modes, held) and every demo variant (violated)."""
     names = [e["name"] for e in ENTRIES]
     assert len(names) == len(set(names)) and all(e["name"] == entry_name(e) for e in ENTRIES)
     for ref in REFERENCE:
@@ -56,6 +58,7 @@ def test_manifest_covers_the_reference_protocols_and_every_variant():
 
 @pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
 def test_every_demo_variant_is_found_and_its_trace_replays(cls, tmp_path):
+    """Each demo variant's property is found, and its saved trace loads back to the same case and replays it."""
     prop = DEMO_VARIANTS[cls]
     res = explore(cls(), *_config(cls), properties=[prop])
     assert res.verdict == "violated" and res.violation.property == prop
@@ -70,6 +73,7 @@ def test_every_demo_variant_is_found_and_its_trace_replays(cls, tmp_path):
 
 @pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
 def test_first_violation_replays_in_both_modes(cls):
+    """With and without reduction, the first violation found replays in run_case within the reported depth."""
     verdicts = set()
     for reduction in (True, False):
         res = explore(cls(), *_config(cls), reduction=reduction)
@@ -100,6 +104,7 @@ def test_reduction_agrees_with_the_full_search(cls):
 
 @pytest.mark.parametrize("cls", REFERENCE_CLASSES, ids=lambda c: c.__name__)
 def test_reference_protocols_hold_and_the_reduction_shrinks(cls):
+    """The reference protocols hold at 3x4 and the reduction explores strictly fewer states."""
     a = explore(cls(), 3, 4, reduction=True)
     b = explore(cls(), 3, 4, reduction=False)
     assert a.verdict == b.verdict == "held"
@@ -128,6 +133,7 @@ class _TimeoutIsFatal(PaperProtocolAsync):
 
 
 def test_lost_and_delayed_completions_are_explored():
+    """A flaw reachable only through a lost or delayed completion is found, and not without faults."""
     res = explore(_TimeoutIsFatal(), 2, 2, properties=["termination"])
     assert res.verdict == "violated"
     plan = res.counterexample.faults
@@ -137,6 +143,7 @@ def test_lost_and_delayed_completions_are_explored():
 
 
 def test_budgets_progress_and_bad_input():
+    """should_stop gives 'incomplete', progress reports counters, a cached set shrinks the search, bad input raises."""
     seen = []
     res = explore(PaperProtocolAsync(), 3, 5, max_faults=2, reduction=False, should_stop=lambda: bool(seen),
                   progress=seen.append)
@@ -150,6 +157,7 @@ def test_budgets_progress_and_bad_input():
 
 
 def test_bench_reports_a_rate():
+    """bench() returns positive states, seconds and rate."""
     got = bench(0.3)
     assert got["states"] > 0 and got["seconds"] > 0 and got["states_per_s"] > 0
 
@@ -176,3 +184,42 @@ def test_simulator_runs_are_among_the_explored_outcomes(cls):
                 continue  # not a terminal state: the run stopped on a transition
             cached, planned, results, props = outcome_summary(out)
             assert any(set(props) <= set(p) for p in explored.get((cached, planned, results), ())), (plan, props)
+
+
+class _CombineRaises(PaperProtocol):
+    """Test-only flaw: the scheduler's rule raises when some rank reports no hit."""
+
+    name = "combine-raises"
+
+    def combine(self, reports, n_chunks):
+        if min(reports) == 0:
+            raise ValueError("no hit")
+        return super().combine(reports, n_chunks)
+
+
+def test_a_raising_combine_is_a_termination_violation_as_in_run_case():
+    """explore() reports `termination` for a raising `combine` (it used to crash), and run_case agrees."""
+    res = explore(_CombineRaises(), 2, 3)
+    assert res.verdict == "violated" and res.violation.property == "termination"
+    assert "combine" in res.violation.summary
+    assert "termination" in run_case(_CombineRaises(), res.counterexample).violated()
+    assert res.counterexample.faults.evict_before_lookup  # a cached set where some rank has no hit
+
+
+def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
+    """A violating terminal state is checked over an Outcome with the store/lookup/load events and its real faults."""
+    from engines.explore.bfs import Search
+    search = Search(PaperProtocolAsync(), 2, 2, None, 1, True, "s0", None, frozenset())
+    search.run(None, None)
+    phases, plans = set(), set()
+    for packed in search.seen:
+        st = search.unpack(packed)
+        if any(search.L_run[x] for x in st[:2]):
+            continue
+        out = search.terminal_outcome(st)
+        phases |= {e.phase for e in out.events}
+        plans.add((bool(out.case.faults.lost), bool(out.case.faults.delayed), bool(out.case.faults.evict_during_load)))
+        assert out.case.faults.after_lookup() == (st[2] % 2 == 1)
+        assert len(out.load.schedule) == out.load.steps
+    assert phases == {"store", "lookup", "load"}
+    assert {(True, False, False), (False, True, False), (False, False, True), (False, False, False)} <= plans

@@ -1,0 +1,42 @@
+"""What an exploration returns (`ExploreResult`) and the error it raises (`ExploreError`)."""
+from __future__ import annotations
+
+import attrs
+
+from model.outcome import Case, Outcome, Violation
+
+__all__ = ["ExploreError", "ExploreResult"]
+
+
+class ExploreError(Exception):
+    """The explorer cannot handle the input, or its counterexample does not replay in `run_case`."""
+
+
+@attrs.define
+class ExploreResult:
+    """What one exploration found.
+
+    `verdict`: "held" (every reachable state checked, no violation), "violated" (`counterexample` and
+    `violation` set; BFS order makes it a shortest one in the explored graph) or "incomplete" (stopped by
+    `should_stop`). `states`: distinct global states; `transitions`: successors generated; `depth`: the
+    BFS depth reached (= moves, in the reduced model).
+    """
+
+    verdict: str
+    states: int
+    transitions: int
+    depth: int
+    seconds: float
+    counterexample: Case | None = None
+    violation: Violation | None = None
+    outcome: Outcome | None = attrs.field(default=None, repr=False)
+    configs: int = 0
+    trie_nodes: int = 0
+
+    def trace(self, protocol_ref: str | None = None, origin: str = "explore"):
+        """The counterexample as a `model.trace.Trace` (None when nothing was violated)."""
+        if self.outcome is None:
+            return None
+        from model.trace import Trace
+        return Trace.from_outcome(self.outcome, protocol_ref=protocol_ref, origin=origin)
+
