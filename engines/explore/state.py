@@ -206,6 +206,8 @@ class Explorer:
                                               self.evictable[r]) for r in range(n))
             self.configs.append(Config(tuple(Eviction(c, r) for r, c in sorted(evicted)), look.cached, look.lcp,
                                        look.reports, look.planned, interned, tuple(look.violations)))
+            if any("stalled" in v.detail for v in look.violations):
+                break  # a lookup that does not return: reported on this configuration; later ones would stall too
 
     def lookup(self, evicted: tuple[Eviction, ...]) -> tuple[Outcome, list[MemoryStore]]:
         """The harness's lookup phase after the store phase and `evicted`: its outcome (with the events of
