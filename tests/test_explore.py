@@ -223,3 +223,30 @@ def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
         assert len(out.load.schedule) == out.load.steps
     assert phases == {"store", "lookup", "load"}
     assert {(True, False, False), (False, True, False), (False, False, True), (False, False, False)} <= plans
+
+
+def test_every_lazy_entry_keeps_the_verdict_of_its_eager_twin():
+    """The lazy initial state gives every manifest configuration the eager verdict (and property) from no more states."""
+    eager = {e["name"]: e for e in ENTRIES if not e.get("lazy")}
+    lazy = [e for e in ENTRIES if e.get("lazy")]
+    assert {e["name"].replace("-lazy", "") for e in lazy} == {n for n, e in eager.items() if e["cached"] == "all"}
+    for e in lazy:
+        twin = eager[e["name"].replace("-lazy", "")]["expect"]
+        assert (e["expect"]["verdict"], e["expect"].get("property")) == (twin["verdict"], twin.get("property"))
+        assert e["expect"]["states"] <= twin["states"]
+    assert sum(e["expect"]["states"] for e in lazy) < sum(eager[e["name"].replace("-lazy", "")]["expect"]["states"]
+                                                          for e in lazy)
+
+
+@pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
+def test_lazy_counterexamples_name_a_concrete_cached_set(cls):
+    """A lazy counterexample lists every unit evicted before lookup, and run_case on it reports the property."""
+    prop = DEMO_VARIANTS[cls]
+    res = explore(cls(), *_config(cls), lazy=True, properties=[prop])
+    assert res.verdict == "violated" and res.violation.property == prop
+    case = res.counterexample
+    assert all(e.rank is not None and e.step is None for e in case.faults.evict_before_lookup)
+    out = run_case(cls(), case)
+    assert prop in out.violated() and out.cached == res.outcome.cached
+    if prop == "soundness":  # the completion with every unobserved unit absent: the smallest LCP
+        assert out.planned > out.lcp

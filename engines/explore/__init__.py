@@ -3,6 +3,8 @@ fault choice, for small configurations (N ranks, K chunks, every cached set or a
 
 Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modules, bottom up:
 - `tries`: rank-program tries (a deterministic program's state is the results it received);
+- `stores`: interned store contents and the initial configurations;
+- `lazy`: the lazy initial state (presence decided when first observed), with its soundness argument;
 - `state`: the model explored, interned local states and stores, packing, rank-local transitions, the
   harness's store and lookup phases, and lazy eviction placement with its soundness argument;
 - `terminal`: the real `Outcome` of a terminal state and its checks;

@@ -16,7 +16,7 @@ __all__ = ["explore", "bench", "terminal_signatures", "terminal_outcomes", "outc
 def explore(protocol: Any, n_ranks: int, n_chunks: int, *, cached: Iterable[int] | str | None = None,
             max_faults: int = 1, reduction: bool = True, should_stop: Callable[[], bool] | None = None,
             progress: Callable[[dict], None] | None = None, salt: str = "s0",
-            step_bound: int | None = None, properties: Iterable[str] | None = None) -> ExploreResult:
+            step_bound: int | None = None, properties: Iterable[str] | None = None, lazy: bool = False) -> ExploreResult:
     """Breadth-first search of every interleaving and fault choice of `protocol`'s load (see the module doc).
 
     `cached`: None or "all" = every cached set (every subset of the store phase's (rank, chunk) units
@@ -25,12 +25,14 @@ def explore(protocol: Any, n_ranks: int, n_chunks: int, *, cached: Iterable[int]
     `should_stop()`: polled periodically; True stops with verdict "incomplete". `progress(stats)`:
     called periodically with a dict of counters. `properties`: only violations of these count (the
     search goes on past others, as TLC checks only the invariants it is given); None = every property.
+    `lazy`: with every cached set, decide each unit's presence when first observed (`engines.explore.lazy`):
+    the same verdicts from fewer states; counterexamples still name a concrete cached set.
     """
     if isinstance(cached, str) and cached != "all":
         raise ExploreError(f"cached must be 'all', None or chunk indices, got {cached!r}")
     search = Search(protocol, n_ranks, n_chunks, None if cached in (None, "all") else frozenset(cached),
                      max_faults, reduction, salt, step_bound,
-                     None if properties is None else frozenset(properties))
+                     None if properties is None else frozenset(properties), lazy)
     return search.run(should_stop, progress)
 
 

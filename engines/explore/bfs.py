@@ -118,9 +118,12 @@ class Search(Reconstruct, Terminal, Explorer):
                 continue
             self.seen[st] = None
             frontier.append(st)
-            if planned != cfg.lcp:  # only then can the lookup properties fail: check the real outcome
-                lookup = self._lookup_outcome(ci, cfg)
-                for v in soundness(lookup) + completeness(lookup):
+            if planned > cfg.lcp_min:  # some completion of the undecided units breaks soundness: every one absent
+                absent = self.concrete_evicted(lids, undecided_present=False)
+                for v in soundness(self.lookup_outcome(absent)):
+                    self._found(None, None, v.property, ci, absent)
+            if planned < cfg.lcp:  # or completeness: every undecided unit present
+                for v in completeness(self.lookup_outcome(cfg.evicted)):
                     self._found(None, None, v.property, ci)
             self._check_new(st, 0)
         return frontier
@@ -139,10 +142,11 @@ class Search(Reconstruct, Terminal, Explorer):
             self.dead.add(packed)  # the simulator stops here: never expanded
             self._found(packed, None, "termination")
 
-    def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
+    def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None,
+               evicted: tuple | None = None) -> None:
         """Report a violation, unless only other properties are searched for."""
         if self.properties is None or prop in self.properties:
-            raise Found(parent, label, prop, cfg)
+            raise Found(parent, label, prop, cfg, evicted)
 
     def _bfs(self, should_stop, progress, t0) -> str:
         n, maxf, maxf1, reduction, bound = self.n, self.maxf, self.maxf + 1, self.reduction, self.bound

@@ -17,7 +17,7 @@ from model.faults import Eviction, FaultPlan
 from model.outcome import Case
 
 from engines.explore.result import ExploreError
-from engines.explore.state import DELAY_SECONDS, FMASK, Bad
+from engines.explore.state import DELAY_SECONDS, Bad
 
 __all__ = ["Found", "Reconstruct"]
 
@@ -26,8 +26,9 @@ class Found(Exception):
     """A violation of `prop`: on the transition `label` out of packed state `parent`, in state `parent` when
     `label` is None, or in initial configuration `cfg` when `parent` is None."""
 
-    def __init__(self, parent: int | None, label: Any, prop: str, cfg: int | None = None) -> None:
-        self.parent, self.label, self.prop, self.cfg = parent, label, prop, cfg
+    def __init__(self, parent: int | None, label: Any, prop: str, cfg: int | None = None,
+                 evicted: tuple | None = None) -> None:
+        self.parent, self.label, self.prop, self.cfg, self.evicted = parent, label, prop, cfg, evicted
 
 
 class Reconstruct:
@@ -65,11 +66,11 @@ class Reconstruct:
     # -- the counterexample as a Case ----------------------------------------------------------------------------
     def case_of(self, found: Found) -> Case:
         """The `Case` that reaches `found`'s violation (sets `depth` to its number of moves)."""
-        maxf1 = self.maxf + 1
         if found.parent is None:
             if not self.configs:  # the store phase failed: no configuration was built
                 return self.case0
-            return attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=self.configs[found.cfg or 0].evicted))
+            evicted = self.configs[found.cfg or 0].evicted if found.evicted is None else found.evicted
+            return attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=evicted))
         path = [found.parent]
         while self.seen[path[-1]] is not None:
             path.append(self.seen[path[-1]])
@@ -85,7 +86,9 @@ class Reconstruct:
         if found.label is not None:
             steps.append((path[-1], found.label))
         self.depth = len(steps)
-        cfg = self.configs[(path[0] & FMASK) // maxf1]
+        decided_absent = [(r, part[1]) for r, label in ([found.label] if found.label is not None else [])
+                          for part in label if type(part) is tuple and part[0] == "decide" and not part[2]]
+        before = self.concrete_evicted(self.unpack(path[-1])[:self.n], decided_absent)
         schedule: list[int] = []
         evictions, lost, delayed = [], [], []
         for st, (r, label) in steps:
@@ -101,6 +104,6 @@ class Reconstruct:
             if "delayed" in label:
                 delayed.append((r, i, DELAY_SECONDS))
             schedule.append(r)
-        plan = FaultPlan(evict_before_lookup=cfg.evicted, evict_during_load=evictions, lost=lost, delayed=delayed)
+        plan = FaultPlan(evict_before_lookup=before, evict_during_load=evictions, lost=lost, delayed=delayed)
         return attrs.evolve(self.case0, faults=plan, schedule=tuple(schedule))
 

@@ -25,7 +25,8 @@ collective and sends every rank its result. Fault choices:
 - a delayed completion (`delayed=(rank, i, DELAY_SECONDS)`), beyond any wait timeout < DELAY_SECONDS.
 Evictions before lookup are not faults: they are the initial configurations ("every cached set" is
 every subset of the (rank, chunk) units the store phase wrote; a given cached set keeps exactly the
-units of its chunks). At most `max_faults` faults happen after the lookup per run. An eviction takes
+units of its chunks; with `lazy=True`, each unit's presence is decided when first observed instead:
+see `engines.explore.lazy`). At most `max_faults` faults happen after the lookup per run. An eviction takes
 one chunk from ONE rank's store: a whole-chunk eviction from k stores counts as k faults (the reference
 protocols store each chunk on one rank, where the two coincide).
 
@@ -49,14 +50,16 @@ import attrs
 
 from model.effects import AllGather, AllReduceMin, Handle, TIMED_OUT, Wait, collective_signature
 from model.faults import Eviction, FaultPlan
-from model.harness import Shadow, chunk_hashes, kv_bytes, lookup_phase, store_phase
+from model.harness import Shadow, chunk_hashes, kv_bytes, leading_run, lookup_phase, store_phase
 from model.outcome import Case, Outcome, Violation
 from model.store import MemoryStore, memory_factory
 
+from engines.explore.lazy import lookup_leaves
 from engines.explore.result import ExploreError
+from engines.explore.stores import Config, Store, Stores
 from engines.explore.tries import BAD, COLL, DONE, GET, GETASYNC, PUT, RAISED, WAIT, Node, Tries
 
-__all__ = ["DELAY_SECONDS", "Explorer", "Bad", "Config", "Store", "Stores", "sig_text"]
+__all__ = ["DELAY_SECONDS", "Explorer", "Bad", "Config", "sig_text"]
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -70,65 +73,6 @@ FB = LB = 24
 FMASK = LMASK = (1 << LB) - 1
 
 
-# -- a store's contents -------------------------------------------------------------------------------
-class Store:
-    """One rank's store: its data, and which store-phase keys the harness can still evict."""
-
-    __slots__ = ("data", "present", "evicted", "put_memo", "chunks")
-
-    def __init__(self, data: dict, present: frozenset, chunks: dict) -> None:
-        self.data, self.present, self.chunks = data, present, chunks
-        self.evicted: dict = {}
-        self.put_memo: dict = {}
-
-
-class Stores:
-    def __init__(self) -> None:
-        self.table: dict = {}
-
-    def make(self, data: dict, present: frozenset, written: dict) -> Store:
-        key = (frozenset(data.items()), present)
-        got = self.table.get(key)
-        if got is None:
-            chunks: dict = {}
-            for k in present:
-                chunks.setdefault(written[k], []).append(k)
-            got = self.table[key] = Store(data, present, chunks)
-        return got
-
-    def evict(self, s: Store, chunk: int, written: dict) -> Store | None:
-        """`s` after the harness evicts `chunk` (None when no evictable key of it is present)."""
-        got = s.evicted.get(chunk)
-        if got is None and chunk in s.chunks:
-            keys = s.chunks[chunk]
-            data = {k: v for k, v in s.data.items() if k not in keys}
-            got = s.evicted[chunk] = self.make(data, s.present.difference(keys), written)
-        return got
-
-    def put(self, s: Store, key: str, value: Any, written: dict) -> Store:
-        got = s.put_memo.get((key, value))
-        if got is None:
-            data = dict(s.data)
-            data[key] = bytes(value)
-            got = s.put_memo[(key, value)] = self.make(data, s.present, written)
-        return got
-
-
-@attrs.frozen
-class Config:
-    """One initial configuration: the units evicted before lookup, what the lookup saw, and the lookup
-    phase's violations (then there is no load)."""
-
-    evicted: tuple[Eviction, ...]
-    cached: frozenset
-    lcp: int
-    reports: list | None
-    planned: Any
-    stores: tuple
-    violations: tuple = ()
-
-
-
 class Bad:
     """A transition that ends the run with a violation."""
 
@@ -140,8 +84,9 @@ class Bad:
 
 class Explorer:
     def __init__(self, protocol: Any, n: int, k: int, cached: Any, max_faults: int, reduction: bool,
-                 salt: str, step_bound: int | None, properties: frozenset | None = None) -> None:
+                 salt: str, step_bound: int | None, properties: frozenset | None = None, lazy: bool = False) -> None:
         self.properties = properties
+        self.lazy = lazy and cached in (None, "all")
         if n < 1 or k < 0 or max_faults < 0:
             raise ExploreError(f"need n_ranks >= 1, n_chunks >= 0, max_faults >= 0 (got {n}, {k}, {max_faults})")
         self.protocol, self.n, self.k, self.maxf, self.reduction = protocol, n, k, max_faults, reduction
@@ -196,8 +141,13 @@ class Explorer:
                 raise ExploreError(f"cached chunks {sorted(bad)} are not chunks of 0..{k - 1}")
             choices = [frozenset(u for u in units if u[1] not in keep)]
         self.after_store = [dict(mem[r].data) for r in range(n)]
+        self.unit_data = [{c: {key: self.after_store[r][key] for key, cc in self.evictable[r].items() if cc == c}
+                           for c in set(self.evictable[r].values())} for r in range(n)]
         self.configs: list[Config] = []
         if self.store_violations:
+            return
+        if self.lazy:
+            self._lazy_configs()
             return
         for evicted in choices:
             look, stores = self.lookup(tuple(Eviction(c, r) for r, c in sorted(evicted)))
@@ -205,9 +155,34 @@ class Explorer:
                                               frozenset(key for key in self.evictable[r] if key in stores[r].data),
                                               self.evictable[r]) for r in range(n))
             self.configs.append(Config(tuple(Eviction(c, r) for r, c in sorted(evicted)), look.cached, look.lcp,
-                                       look.reports, look.planned, interned, tuple(look.violations)))
+                                       look.reports, look.planned, interned, tuple(look.violations), look.lcp))
             if any("stalled" in v.detail for v in look.violations):
                 break  # a lookup that does not return: reported on this configuration; later ones would stall too
+
+    def _lazy_configs(self) -> None:
+        """One configuration per leaf of the lookup's decision tree (`engines.explore.lazy`)."""
+        k = self.k
+        for bits, look in lookup_leaves(self.protocol, self.store_outcome, self.after_store, self.evictable):
+            stores, absent, low, high = [], [], set(), set()
+            for r, units in enumerate(self.unit_data):
+                data = dict(self.after_store[r])
+                init, undecided = set(), set()
+                for c, keys in units.items():
+                    bit = bits.get((r, c))
+                    if bit:
+                        init.add(c)
+                        low.add(c)
+                    else:
+                        for key in keys:
+                            del data[key]
+                        (absent.append((r, c)) if bit is False else undecided.add(c))
+                    if bit is not False:
+                        high.add(c)
+                present = frozenset(key for key in self.evictable[r] if key in data)
+                stores.append(self.stores.make(data, present, self.evictable[r], frozenset(init), frozenset(undecided)))
+            self.configs.append(Config(tuple(Eviction(c, r) for r, c in sorted(absent)), frozenset(high),
+                                       leading_run(high, k), look.reports, look.planned, tuple(stores),
+                                       tuple(look.violations), leading_run(low, k)))
 
     def lookup(self, evicted: tuple[Eviction, ...]) -> tuple[Outcome, list[MemoryStore]]:
         """The harness's lookup phase after the store phase and `evicted`: its outcome (with the events of
@@ -298,15 +273,27 @@ class Explorer:
             out.append((0,) + self._wait(lid, node, store, asyncs, eff) + (("move",),))
         elif kind in (PUT, GET, GETASYNC):
             try:
-                out.extend(self._store_op(node, store, asyncs, eff, kind, ("move",), 0))
-                if self.reduction and self.maxf:
-                    chunk = self.evictable[r].get(eff.key)
-                    if chunk is not None and eff.key in store.present:
-                        ev = self.stores.evict(store, chunk, self.evictable[r])
-                        out.extend(self._store_op(node, ev, asyncs, eff, kind, ("evict", chunk), 1))
+                chunk = self.evictable[r].get(eff.key)
+                if chunk is not None and chunk in store.undecided:  # the first observation of a lazy unit
+                    for bit in (True, False):
+                        decided = self.stores.decide(store, chunk, bit, self.unit_data[r][chunk], self.evictable[r])
+                        out.extend((cost, nl, label + (("decide", chunk, bit),))
+                                   for cost, nl, label in self._store_branches(node, decided, asyncs, eff, kind))
+                else:
+                    out.extend(self._store_branches(node, store, asyncs, eff, kind))
             except TypeError as exc:  # an unhashable key or a non-bytes value: the store call fails
                 out = [(0, Bad("termination", f"rank {r}: {eff!r} failed: {exc}"), ("move",))]
         self.L_br[lid] = out
+        return out
+
+    def _store_branches(self, node: Node, store: Store, asyncs: tuple, eff: Any, kind: int) -> list:
+        """The move, and (lazy eviction placement) evict-then-move when the key is an evictable present one."""
+        out = self._store_op(node, store, asyncs, eff, kind, ("move",), 0)
+        if self.reduction and self.maxf:
+            chunk = self.evictable[node.rank].get(eff.key)
+            if chunk is not None and eff.key in store.present:
+                ev = self.stores.evict(store, chunk, self.evictable[node.rank])
+                out.extend(self._store_op(node, ev, asyncs, eff, kind, ("evict", chunk), 1))
         return out
 
     def _to(self, node: Node, result: Any, store: Store, asyncs: tuple) -> Any:

@@ -45,8 +45,7 @@ class Terminal:
         """The `Outcome` of a terminal state (unpacked), with its fault plan and events."""
         n = self.n
         lids = st[:n]
-        ci = st[n] // (self.maxf + 1)
-        cfg = self.configs[ci]
+        cfg = self.configs[st[n] // (self.maxf + 1)]
         nodes = [self.L_node[x] for x in lids]
         flags = [self.L_flag[x] for x in lids]
         violations: list[Violation] = []
@@ -63,30 +62,43 @@ class Terminal:
         results = {r: nodes[r].ret for r in range(n) if nodes[r].kind == DONE}
         events, schedule, reads, sigs = _load_events(nodes, flags)
         load = SimResult(results, events, schedule, violations, sum(self.L_moves[x] for x in lids), reads, sigs)
-        look = self._lookup_outcome(ci, cfg)
-        return attrs.evolve(look, case=attrs.evolve(look.case, faults=self._plan(cfg, lids)), load=load,
+        plan = self._plan(cfg, lids)
+        look = self.lookup_outcome(plan.evict_before_lookup)
+        return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
 
     def _plan(self, cfg: Config, lids: Sequence[int]) -> FaultPlan:
-        """The faults of a state: what a rank-local state records of evictions and completions."""
+        """The faults of a state: what its rank-local states record of evictions and completions."""
         evicted, lost, delayed = [], [], []
         for r, x in enumerate(lids):
-            gone = cfg.stores[r].present - self.L_store[x].present
-            evicted.extend(Eviction(c, r) for c in sorted({self.evictable[r][key] for key in gone}))
+            store = self.L_store[x]
+            evicted.extend(Eviction(c, r) for c in sorted(store.init.difference(store.chunks)))
             for i, (_, status) in enumerate(self.L_async[x]):
                 if status == LOST:
                     lost.append((r, i))
                 elif status == DELAYED:
                     delayed.append((r, i, DELAY_SECONDS))
-        return FaultPlan(evict_before_lookup=cfg.evicted, evict_during_load=evicted, lost=lost, delayed=delayed)
+        return FaultPlan(evict_before_lookup=self.concrete_evicted(lids), evict_during_load=evicted, lost=lost,
+                         delayed=delayed)
 
-    def _lookup_outcome(self, ci: int, cfg: Config) -> Outcome:
-        """Configuration `ci`'s lookup outcome (the harness's lookup phase, re-run when not kept)."""
+    def concrete_evicted(self, lids: Sequence[int], also: Sequence[tuple[int, int]] = (),
+                         undecided_present: bool = True) -> tuple[Eviction, ...]:
+        """The units evicted before lookup in a concrete cached set of the rank-local states `lids`: the units
+        known absent, and `also`; an undecided unit is present (absent when not `undecided_present`)."""
+        units = set(also)
+        for r, x in enumerate(lids):
+            store = self.L_store[x]
+            units.update((r, c) for c in self.unit_data[r]
+                         if c not in store.init and (not undecided_present or c not in store.undecided))
+        return tuple(Eviction(c, r) for r, c in sorted(units))
+
+    def lookup_outcome(self, evicted: tuple[Eviction, ...]) -> Outcome:
+        """The harness's lookup outcome after `evicted` (kept for the last few, else re-run)."""
         kept = self.__dict__.setdefault("_lookups", OrderedDict())
-        got = kept.get(ci)
+        got = kept.get(evicted)
         if got is None:
-            got, _ = self.lookup(cfg.evicted)
-            kept[ci] = got
+            got, _ = self.lookup(evicted)
+            kept[evicted] = got
             if len(kept) > _LOOKUPS_KEPT:
                 kept.popitem(last=False)
         return got
