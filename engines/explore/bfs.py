@@ -119,7 +119,7 @@ class Search(Reconstruct, Terminal, Explorer):
             self.seen[st] = None
             frontier.append(st)
             if planned > cfg.lcp_min:  # some completion of the undecided units breaks soundness: every one absent
-                absent = self.concrete_evicted(lids, undecided_present=False)
+                absent = self.concrete_evicted(lids, undecided_present=False) if self.lazy else cfg.evicted
                 for v in soundness(self.lookup_outcome(absent)):
                     self._found(None, None, v.property, ci, absent)
             if planned < cfg.lcp:  # or completeness: every undecided unit present

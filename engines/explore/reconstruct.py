@@ -88,7 +88,9 @@ class Reconstruct:
         self.depth = len(steps)
         decided_absent = [(r, part[1]) for r, label in ([found.label] if found.label is not None else [])
                           for part in label if type(part) is tuple and part[0] == "decide" and not part[2]]
-        before = self.concrete_evicted(self.unpack(path[-1])[:self.n], decided_absent)
+        last = self.unpack(path[-1])
+        before = (self.concrete_evicted(last[:self.n], decided_absent) if self.lazy
+                  else self.configs[last[self.n] // (self.maxf + 1)].evicted)
         schedule: list[int] = []
         evictions, lost, delayed = [], [], []
         for st, (r, label) in steps:

@@ -1,8 +1,9 @@
 """Interned store contents of one rank, and the initial configurations they start from.
 
 A `Store` is one rank's store as the explorer sees it: `data` (key -> bytes), `present` (the store-phase
-keys the harness can still evict), `init` (the chunks whose unit (this rank, chunk) was present at lookup:
-evicted later or not) and `undecided` (the chunks whose unit's presence at lookup nobody has observed yet;
+keys the harness can still evict), `init` (with the lazy initial state: the chunks whose unit (this rank,
+chunk) was present at lookup, evicted later or not; empty otherwise, where the configuration says it, so
+that configurations share rank-local states) and `undecided` (the chunks whose unit's presence at lookup nobody has observed yet;
 see `engines.explore.lazy`; empty unless the initial state is lazy). Stores are interned: equal contents
 are one object, so a rank-local state can be keyed by identity.
 """
@@ -35,11 +36,9 @@ class Stores:
     def __init__(self) -> None:
         self.table: dict = {}
 
-    def make(self, data: dict, present: frozenset, written: dict, init: frozenset | None = None,
+    def make(self, data: dict, present: frozenset, written: dict, init: frozenset = frozenset(),
              undecided: frozenset = frozenset()) -> Store:
-        """The interned store with these contents (`init` defaults to the chunks of `present`)."""
-        if init is None:
-            init = frozenset(written[k] for k in present)
+        """The interned store with these contents."""
         key = (frozenset(data.items()), present, init, undecided)
         got = self.table.get(key)
         if got is None:

@@ -72,19 +72,22 @@ class Terminal:
         evicted, lost, delayed = [], [], []
         for r, x in enumerate(lids):
             store = self.L_store[x]
-            evicted.extend(Eviction(c, r) for c in sorted(store.init.difference(store.chunks)))
+            init = store.init if self.lazy else cfg.stores[r].chunks.keys()
+            evicted.extend(Eviction(c, r) for c in sorted(set(init).difference(store.chunks)))
             for i, (_, status) in enumerate(self.L_async[x]):
                 if status == LOST:
                     lost.append((r, i))
                 elif status == DELAYED:
                     delayed.append((r, i, DELAY_SECONDS))
-        return FaultPlan(evict_before_lookup=self.concrete_evicted(lids), evict_during_load=evicted, lost=lost,
+        before = self.concrete_evicted(lids) if self.lazy else cfg.evicted
+        return FaultPlan(evict_before_lookup=before, evict_during_load=evicted, lost=lost,
                          delayed=delayed)
 
     def concrete_evicted(self, lids: Sequence[int], also: Sequence[tuple[int, int]] = (),
                          undecided_present: bool = True) -> tuple[Eviction, ...]:
         """The units evicted before lookup in a concrete cached set of the rank-local states `lids`: the units
-        known absent, and `also`; an undecided unit is present (absent when not `undecided_present`)."""
+        known absent, and `also`; an undecided unit is present (absent when not `undecided_present`). Lazy
+        initial state only (otherwise the configuration names them)."""
         units = set(also)
         for r, x in enumerate(lids):
             store = self.L_store[x]
