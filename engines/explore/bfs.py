@@ -67,9 +67,13 @@ class Search(Reconstruct, Terminal, Explorer):
         self.dead: set[int] = set()
         self.terminals: set | None = getattr(self, "terminals", None)
         self.outcomes: set | None = getattr(self, "outcomes", None)
+        self.phase, self.init_added, self.level_start, self.level_hist, self.nxt = 0, [], [], [], []
         try:
             verdict = self._bfs(should_stop, progress, t0)
         except Found as found:
+            self.found_key = self._key(found)
+            if self.shard is not None and self.phase:  # the new states of the level cut short, per configuration
+                self.level_hist.append(self._histogram(self.nxt))
             case = self.case_of(found)
             outcome = run_case(self.protocol, case)
             match = [v for v in outcome.violations if v.property == found.prop]
@@ -82,6 +86,21 @@ class Search(Reconstruct, Terminal, Explorer):
                                  self.tries.count)
         return ExploreResult(verdict, len(self.seen), self.transitions, self.depth, time.perf_counter() - t0,
                              configs=len(self.configs), trie_nodes=self.tries.count)
+
+    def _key(self, found: Found) -> tuple[int, int, int]:
+        """Where in the breadth-first order a violation was found: (phase: 0 set-up / 1 search, the level being
+        expanded, the configuration of the state it was found from). The search meets violations in this order
+        (each level is ordered by configuration), so the least key over shards is the one-process find."""
+        cfg = found.cfg if found.parent is None else (found.parent & _FMASK) // (self.maxf + 1)
+        return (self.phase, self.depth if self.phase else 0, -1 if cfg is None else cfg)
+
+    def _histogram(self, states: list[int]) -> list[tuple[int, int]]:
+        """[(configuration, how many of `states` start from it)], in configuration order."""
+        maxf1, counts = self.maxf + 1, {}
+        for st in states:
+            c = (st & _FMASK) // maxf1
+            counts[c] = counts.get(c, 0) + 1
+        return sorted(counts.items())
 
     def _stats(self, t0: float) -> dict:
         dt = time.perf_counter() - t0
@@ -97,6 +116,8 @@ class Search(Reconstruct, Terminal, Explorer):
             return []
         frontier = []
         for ci, cfg in enumerate(self.configs):
+            if cfg is None:  # another shard's
+                continue
             for v in cfg.violations:  # the lookup phase's (a raising or stalling lookup or combine, a bad plan)
                 self._found(None, None, v.property, ci)
             if cfg.violations:
@@ -118,6 +139,7 @@ class Search(Reconstruct, Terminal, Explorer):
                 continue
             self.seen[st] = None
             frontier.append(st)
+            self.init_added.append(ci)
             if planned > cfg.lcp_min:  # some completion of the undecided units breaks soundness: every one absent
                 absent = self.concrete_evicted(lids, undecided_present=False) if self.lazy else cfg.evicted
                 for v in soundness(self.lookup_outcome(absent)):
@@ -157,9 +179,14 @@ class Search(Reconstruct, Terminal, Explorer):
         LMASK, FMASK, FB = _LMASK, _FMASK, _FB
         budgets = [maxf - f % maxf1 for f in range(maxf1)]
         frontier = self._initial()
+        self.phase = 1
+        record = self.shard is not None
         while frontier:
             nxt: list[int] = []
             append = nxt.append
+            if record:
+                self.level_start.append(len(seen))
+                self.nxt = nxt
             d1 = self.depth + 1
             near = d1 >= bound  # only then can a state reach the step bound (steps <= depth)
             trans = 0
@@ -251,6 +278,8 @@ class Search(Reconstruct, Terminal, Explorer):
                                 if near:
                                     check_new(ns, d1)
             self.transitions += trans
+            if record:
+                self.level_hist.append(self._histogram(nxt))
             frontier = nxt
             if frontier:
                 self.depth = d1

@@ -19,7 +19,8 @@ class ExploreResult:
     `verdict`: "held" (every reachable state checked, no violation), "violated" (`counterexample` and
     `violation` set; BFS order makes it a shortest one in the explored graph) or "incomplete" (stopped by
     `should_stop`). `states`: distinct global states; `transitions`: successors generated; `depth`: the
-    BFS depth reached (= moves, in the reduced model).
+    BFS depth reached (= moves, in the reduced model). `workers`, `peak_rss_mb` (the largest of any one
+    process) and `failed_shards` (shards that kept failing: then the verdict is "incomplete") describe a sharded run.
     """
 
     verdict: str
@@ -32,6 +33,9 @@ class ExploreResult:
     outcome: Outcome | None = attrs.field(default=None, repr=False)
     configs: int = 0
     trie_nodes: int = 0
+    workers: int = 1
+    peak_rss_mb: float | None = None
+    failed_shards: list = attrs.field(factory=list)
 
     def trace(self, protocol_ref: str | None = None, origin: str = "explore"):
         """The counterexample as a `model.trace.Trace` (None when nothing was violated)."""

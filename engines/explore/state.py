@@ -84,9 +84,11 @@ class Bad:
 
 class Explorer:
     def __init__(self, protocol: Any, n: int, k: int, cached: Any, max_faults: int, reduction: bool,
-                 salt: str, step_bound: int | None, properties: frozenset | None = None, lazy: bool = False) -> None:
+                 salt: str, step_bound: int | None, properties: frozenset | None = None, lazy: bool = False,
+                 shard: tuple[int, int] | None = None) -> None:
         self.properties = properties
         self.lazy = lazy and cached in (None, "all")
+        self.shard = shard  # (index, count): explore only the configurations of that shard (engines.explore.shards)
         if n < 1 or k < 0 or max_faults < 0:
             raise ExploreError(f"need n_ranks >= 1, n_chunks >= 0, max_faults >= 0 (got {n}, {k}, {max_faults})")
         self.protocol, self.n, self.k, self.maxf, self.reduction = protocol, n, k, max_faults, reduction
@@ -120,7 +122,6 @@ class Explorer:
         self.store_violations: list[Violation] = []
         self._store_phase(cached)
 
-    # -- set-up: the store phase (as `run_case` runs it) and the initial configurations ---------------
     # -- set-up: the harness's store phase, then per initial configuration its lookup phase ----------
     def _store_phase(self, cached: Any) -> None:
         n, k = self.n, self.k
@@ -149,7 +150,10 @@ class Explorer:
         if self.lazy:
             self._lazy_configs()
             return
-        for evicted in choices:
+        for ci, evicted in enumerate(choices):
+            if not self.mine(ci):
+                self.configs.append(None)  # another shard's: its lookup runs there
+                continue
             look, stores = self.lookup(tuple(Eviction(c, r) for r, c in sorted(evicted)))
             interned = tuple(self.stores.make(dict(stores[r].data),
                                               frozenset(key for key in self.evictable[r] if key in stores[r].data),
@@ -159,10 +163,18 @@ class Explorer:
             if any("stalled" in v.detail for v in look.violations):
                 break  # a lookup that does not return: reported on this configuration; later ones would stall too
 
+    def mine(self, ci: int) -> bool:
+        """Whether configuration `ci` is explored here (every one, unless this search is one shard)."""
+        return self.shard is None or ci % self.shard[1] == self.shard[0]
+
     def _lazy_configs(self) -> None:
         """One configuration per leaf of the lookup's decision tree (`engines.explore.lazy`)."""
         k = self.k
-        for bits, look in lookup_leaves(self.protocol, self.store_outcome, self.after_store, self.evictable):
+        for ci, (bits, look) in enumerate(lookup_leaves(self.protocol, self.store_outcome, self.after_store,
+                                                        self.evictable)):
+            if not self.mine(ci):
+                self.configs.append(None)
+                continue
             stores, absent, low, high = [], [], set(), set()
             for r, units in enumerate(self.unit_data):
                 data = dict(self.after_store[r])
