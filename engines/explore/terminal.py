@@ -20,12 +20,12 @@ from model.faults import Eviction, FaultPlan
 from model.outcome import Event, Outcome, SimResult, Violation
 
 from engines.explore.state import ARRIVED, DELAYED, DELAY_SECONDS, HUNG, LOST, Config
-from engines.explore.tries import DONE, freeze, thaw
+from engines.explore.tries import DONE, freeze
 
 __all__ = ["Terminal"]
 
 #: Lookup outcomes (with their events) kept for terminal checks; older ones are re-run on demand.
-_LOOKUPS_KEPT = 64
+_LOOKUPS_KEPT = 1024
 
 
 class Terminal:
@@ -35,10 +35,23 @@ class Terminal:
         """Every violation of a state (unpacked) where no rank can move."""
         n = self.n
         cfg, faults = divmod(st[n], self.maxf + 1)
-        key = (cfg, faults > 0) + st[:n]
+        key = (cfg, faults > 0) + tuple(self.terminal_part(x) for x in st[:n])
         got = self.term_memo.get(key)
         if got is None:
             got = self.term_memo[key] = check_outcome(self.terminal_outcome(st))
+        return got
+
+    def terminal_part(self, lid: int) -> tuple:
+        """What the terminal outcome reads of one rank-local state: its trie node, its flag, and its faults
+        (which units are present, known or undecided; each completion's status). Store values and completed
+        values are not read: the results and reads are the node's."""
+        memo = self.__dict__.setdefault("_parts", {})
+        got = memo.get(lid)
+        if got is None:
+            store = self.L_store[lid]
+            faults = (store.init, frozenset(store.chunks), store.undecided, tuple(s for _, s in self.L_async[lid]))
+            got = memo[lid] = (self.L_node[lid], self.L_flag[lid], self.__dict__.setdefault("_fault_ids", {})
+                               .setdefault(faults, len(self._fault_ids)))
         return got
 
     def terminal_outcome(self, st: tuple) -> Outcome:
@@ -130,14 +143,7 @@ def _load_events(nodes: list, flags: list[int]) -> tuple[list[Event], list[int],
     """The load's events in one canonical schedule (the lowest rank that can move, moves), with the schedule,
     the reads and each rank's collective signatures."""
     n = len(nodes)
-    paths = []
-    for nd in nodes:
-        chain, x = [], nd
-        while x.parent is not None:
-            chain.append((x.parent.effect, thaw(x.edge)))
-            x = x.parent
-        chain.reverse()
-        paths.append(chain)
+    paths = [nd.steps() for nd in nodes]
     events: list[Event] = []
     schedule: list[int] = []
     reads: list = []

@@ -73,7 +73,7 @@ class Node:
     """A rank-local program state, named by the results the rank received so far."""
 
     __slots__ = ("rank", "planned", "parent", "edge", "depth", "kind", "effect", "children", "gen",
-                 "reads", "n_async", "error", "ret")
+                 "reads", "n_async", "error", "ret", "_steps")
 
     def __init__(self, rank: int, planned: Any, parent: "Node | None", edge: Any, depth: int,
                  reads: tuple, n_async: int) -> None:
@@ -85,6 +85,14 @@ class Node:
         self.effect = None
         self.error: str | None = None
         self.ret = None
+
+    def steps(self) -> tuple:
+        """((effect, result), ...) the rank program went through to reach this node (memoised)."""
+        got = getattr(self, "_steps", None)
+        if got is None:
+            got = () if self.parent is None else self.parent.steps() + ((self.parent.effect, thaw(self.edge)),)
+            self._steps = got
+        return got
 
     def history(self) -> list:
         out, node = [], self
