@@ -52,12 +52,14 @@ def _parser() -> argparse.ArgumentParser:
 
     from shardcheck.regen import add_arguments
     add_arguments(sub.add_parser("regen", help="regenerate the manifest and the curated counterexamples"))
+    from shardcheck import explore_cmd
+    explore_cmd.add_arguments(sub.add_parser("explore", help="exhaustive exploration (local workers or Ray)"))
     return p
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
 HANDLERS = {"check": "commands", "prove": "commands", "replay": "commands", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen"}
+            "verify": "verify", "regen": "regen", "explore": "explore_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:

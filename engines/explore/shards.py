@@ -15,7 +15,6 @@ states discovered before the level and a histogram of the new ones by configurat
 """
 from __future__ import annotations
 
-import importlib
 import resource
 import time
 from typing import Any, Callable
@@ -24,6 +23,7 @@ import attrs
 
 from model.harness import run_case
 from model.outcome import Case, Violation
+from runtime import registry
 
 from engines.explore.bfs import Search
 from engines.explore.result import ExploreError, ExploreResult
@@ -33,8 +33,8 @@ __all__ = ["ShardSpec", "ShardResult", "resolve_protocol", "run_shard", "merge",
 
 @attrs.frozen(kw_only=True)
 class ShardSpec:
-    """One exploration, as the shards of every worker run it: the protocol by `MOD:ATTR` and the options of
-    `engines.explore.explore`."""
+    """One exploration, as the shards of every worker run it: the protocol by short name or `MOD:ATTR` (each
+    worker resolves it) and the options of `engines.explore.explore`."""
 
     protocol: str
     n_ranks: int
@@ -81,15 +81,11 @@ class ShardResult:
 
 
 def resolve_protocol(ref: str) -> Any:
-    """`MOD:ATTR` -> a protocol instance (a class is instantiated with no arguments); ExploreError if it is not one."""
-    mod, sep, attr = ref.partition(":")
-    if not sep or not mod or not attr:
-        raise ExploreError(f"protocol {ref!r} is not MOD:ATTR")
+    """A short name or `MOD:ATTR` -> a protocol instance (`runtime.registry`); ExploreError naming what is wrong."""
     try:
-        obj = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ExploreError(f"protocol {ref!r} cannot be loaded: {exc}") from None
-    return obj() if isinstance(obj, type) else obj
+        return registry.resolve_protocol(ref)
+    except registry.ResolveError as exc:
+        raise ExploreError(str(exc)) from None
 
 
 def run_shard(spec: ShardSpec, index: int, count: int, *, should_stop: Callable[[], bool] | None = None,
