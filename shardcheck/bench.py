@@ -24,7 +24,9 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     results = proofs.run_all(seeds=10)
     z3 = {"max_theorem_s": max(r["seconds"] for r in results), "theorems": len(results),
           "wall_s": round(time.monotonic() - t, 3)}
-    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3}
+    say("scale: the explorer at N=8, K=16, 1 fault on 1 and 2 worker processes ...")
+    from engines.explore.scale import scale_bench
+    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "scale": scale_bench()}
 
 
 def format_bench(r: dict[str, Any]) -> str:
@@ -38,4 +40,8 @@ def format_bench(r: dict[str, Any]) -> str:
         met = value <= target if name.startswith("z3") else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s)")
+    for name, row in r.get("scale", {}).items():
+        if isinstance(row, dict):
+            out.append(f"scale.{name}: {row['verdict']}, {row['states']:,} states in {row['seconds']:.2f} s on "
+                       f"{row['workers']} worker(s), peak {row['peak_rss_mb']:.0f} MB per worker")
     return "\n".join(out)
