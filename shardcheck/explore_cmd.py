@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--faults", type=int, default=1, help="faults after the lookup per run (default 1)")
     p.add_argument("--cached", default="all", help="'all' (every cached set, default) or the chunks cached: i,j,..")
     p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: this process)")
+    p.add_argument("--shards", type=int, default=None,
+                   help="shards to split the work into (default: one per worker); more shards, less memory each")
     p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
                    help="run the shards as Ray tasks: 'auto' starts a local cluster, else the cluster's address")
     p.add_argument("--eager", action="store_true",
@@ -57,6 +59,8 @@ def _spec(args: Any):
                                ("--workers", args.workers, 1)):
         if value < least:
             raise UsageError(f"{name} {value}: must be >= {least}")
+    if args.shards is not None and args.shards < 1:
+        raise UsageError(f"--shards {args.shards}: must be >= 1")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout}: must be > 0")
     cached = parse_cached(args.cached, args.chunks)
@@ -110,12 +114,12 @@ def _run(spec: Any, args: Any, progress: Callable[[dict], None]):
     from runtime.watchdog import STALL_SECONDS
     if args.ray is not None:
         from engines.explore.on_ray import explore_ray
-        return explore_ray(spec, args.ray, workers=args.workers if args.workers > 1 else None,
+        return explore_ray(spec, args.ray, workers=args.workers if args.workers > 1 else None, shards=args.shards,
                            timeout=args.timeout, stall_seconds=STALL_SECONDS, progress=progress)
-    if args.workers > 1:
+    if args.workers > 1 or args.shards:
         from engines.explore.workers import explore_workers
-        return explore_workers(spec, args.workers, timeout=args.timeout, stall_seconds=STALL_SECONDS,
-                               progress=progress)
+        return explore_workers(spec, args.workers, shards=args.shards, timeout=args.timeout,
+                               stall_seconds=STALL_SECONDS, progress=progress)
     from engines.explore import explore
     from engines.explore.shards import resolve_protocol
     deadline = None if args.timeout is None else time.perf_counter() + args.timeout

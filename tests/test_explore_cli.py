@@ -47,6 +47,7 @@ def test_violated_exits_1_and_writes_a_trace(capsys, tmp_path):
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--cached", "0,9"], "--cached '0,9'"),
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--cached", "x"], "--cached 'x'"),
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--workers", "0"], "--workers 0"),
+    (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--shards", "0"], "--shards 0"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_it(argv, named, capsys):
     """Each unusable input exits 2 with one stderr line that names it."""
@@ -55,14 +56,16 @@ def test_bad_input_exits_2_with_one_line_naming_it(argv, named, capsys):
 
 
 def test_two_workers_equal_one_process(capsys):
-    """--workers 2 gives the one-process states and verdict, eager and lazy, held and violated."""
+    """--workers 2 (and 5 shards on 2 workers) give the one-process states and verdict, eager and lazy, held and violated."""
     for extra in (["--protocol", "paper-async", "--ranks", "3", "--chunks", "5"],
                   ["--protocol", "paper-async", "--ranks", "3", "--chunks", "5", "--eager"],
                   ["--protocol", "model.variants:GiveUpOnLocalMiss", "--ranks", "2", "--chunks", "3"]):
         one = json.loads(run([*extra, "--json"], capsys)[1])
         two = json.loads(run([*extra, "--json", "--workers", "2"], capsys)[1])
+        five = json.loads(run([*extra, "--json", "--workers", "2", "--shards", "5"], capsys)[1])
         assert two["workers"] == 2 and (two["verdict"], two["states"], two.get("violation")) == \
-            (one["verdict"], one["states"], one.get("violation"))
+            (one["verdict"], one["states"], one.get("violation")) == \
+            (five["verdict"], five["states"], five.get("violation"))
 
 
 def test_a_shard_that_keeps_failing_is_reported(capsys):
