@@ -48,6 +48,8 @@ def test_violated_exits_1_and_writes_a_trace(capsys, tmp_path):
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--cached", "x"], "--cached 'x'"),
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--workers", "0"], "--workers 0"),
     (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--shards", "0"], "--shards 0"),
+    (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--ray", "nonsense"], "--ray 'nonsense'"),
+    (["--protocol", "paper", "--ranks", "2", "--chunks", "3", "--ray", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_it(argv, named, capsys):
     """Each unusable input exits 2 with one stderr line that names it."""

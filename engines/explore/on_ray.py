@@ -6,11 +6,13 @@ that raises is retried too (`retry_exceptions`), and a shard that still fails is
 (`force=True` ends its worker process) and a cluster this call started is shut down. When Ray is already
 initialised in this process, its cluster is used and left running.
 Workers import shardcheck from the driver's source tree (`PYTHONPATH` in the runtime environment) on a local
-cluster; on a remote cluster shardcheck must be installed on every node.
+cluster; on a remote cluster shardcheck must be installed on every node. An address whose port does not accept
+a connection within `CONNECT_SECONDS` is refused before Ray is asked (it would retry for minutes).
 """
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +26,8 @@ __all__ = ["explore_ray", "TICK"]
 
 #: Seconds of one bounded wait on the tasks.
 TICK = 0.5
+#: Seconds to wait for a cluster address to accept a connection.
+CONNECT_SECONDS = 5.0
 #: The source tree the workers import shardcheck from.
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -56,7 +60,10 @@ def explore_ray(spec: ShardSpec, address: str | None, *, workers: int | None = N
                 ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
                          runtime_env=env)
             else:
+                _reachable(address)
                 ray.init(address=address, log_to_driver=False, runtime_env=env)
+        except ExploreError:
+            raise
         except Exception as exc:  # noqa: BLE001 - an unreachable or bad address is unusable input
             raise ExploreError(f"--ray {address!r}: cannot start or reach the Ray cluster: {exc}") from None
         started = True
@@ -98,6 +105,19 @@ def explore_ray(spec: ShardSpec, address: str | None, *, workers: int | None = N
                              peak_rss_mb=max((r.peak_rss_mb for r in done), default=None),
                              failed_shards=sorted(failed))
     return merge(spec, [results[i] for i in range(count)], seconds=wall, workers=min(count, cpus))
+
+
+def _reachable(address: str) -> None:
+    """Refuse an address whose host:port does not accept a TCP connection within `CONNECT_SECONDS` (Ray itself
+    would retry for minutes)."""
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ExploreError(f"--ray {address!r}: expected auto or HOST:PORT (or ray://HOST:PORT)")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise ExploreError(f"--ray {address!r}: cannot reach {host}:{port} within {CONNECT_SECONDS:g} s ({exc})") from None
 
 
 def _cancel(ray: Any, pending: dict) -> None:
