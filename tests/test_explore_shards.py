@@ -41,3 +41,20 @@ def test_merge_refuses_an_incomplete_partition():
         merge(spec, [a, a])
     with pytest.raises(ExploreError, match="not one of"):
         run_shard(spec, 2, 2)
+
+
+def test_shards_cut_after_the_violation_level_still_merge_exactly():
+    """Shards stopped once past another shard's violation level merge to the one-process result."""
+    cuts = 0
+    for entry in ENTRIES:
+        if entry["expect"]["verdict"] != "violated":
+            continue
+        spec = spec_of(entry)
+        full = [run_shard(spec, i, 3) for i in range(3)]
+        level = min(r.key for r in full if r.key is not None)[1]
+        again = [r if r.key is not None else run_shard(spec, r.index, 3, stop_after=lambda: level) for r in full]
+        cuts += sum(r.verdict == "cut" for r in again)
+        got, one = merge(spec, again), run_entry(entry)
+        assert (got.verdict, got.states, got.depth, got.counterexample) == \
+            (one.verdict, one.states, one.depth, one.counterexample), entry["name"]
+    assert cuts > 0

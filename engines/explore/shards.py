@@ -89,16 +89,31 @@ def resolve_protocol(ref: str) -> Any:
 
 
 def run_shard(spec: ShardSpec, index: int, count: int, *, should_stop: Callable[[], bool] | None = None,
-              progress: Callable[[dict], None] | None = None) -> ShardResult:
-    """Explore shard `index` of `count` of `spec` in this process."""
+              progress: Callable[[dict], None] | None = None,
+              stop_after: Callable[[], int | None] | None = None) -> ShardResult:
+    """Explore shard `index` of `count` of `spec` in this process.
+
+    `stop_after()`: the level of a violation another shard found (None: none yet); once every level up to it
+    is expanded, this shard's count up to that violation is known, and it stops with verdict "cut".
+    """
     if not 0 <= index < count:
         raise ExploreError(f"shard {index} is not one of 0..{count - 1}")
     search = Search(resolve_protocol(spec.protocol), spec.n_ranks, spec.n_chunks,
                     None if spec.cached is None else frozenset(spec.cached), spec.max_faults, spec.reduction,
                     spec.salt, spec.step_bound, None if spec.properties is None else frozenset(spec.properties),
                     spec.lazy, (index, count))
-    res = search.run(should_stop, progress)
-    return ShardResult(index=index, count=count, verdict=res.verdict, states=res.states,
+    cut = [False]
+
+    def stop() -> bool:
+        level = stop_after() if stop_after is not None else None
+        if level is not None and search.depth > level:
+            cut[0] = True
+            return True
+        return should_stop is not None and should_stop()
+
+    res = search.run(stop, progress)
+    verdict = "cut" if res.verdict == "incomplete" and cut[0] else res.verdict
+    return ShardResult(index=index, count=count, verdict=verdict, states=res.states,
                        transitions=res.transitions, depth=res.depth, seconds=res.seconds, configs=res.configs,
                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        key=getattr(search, "found_key", None) if res.verdict == "violated" else None,
@@ -119,8 +134,12 @@ def merge(spec: ShardSpec, results: list[ShardResult], *, seconds: float | None 
     peak = max(r.peak_rss_mb for r in results)
     configs = max(r.configs for r in results)
     found = [r for r in results if r.verdict == "violated"]
+    cut = [r for r in results if r.verdict == "cut"]
     if found:
         first = min(found, key=lambda r: (r.key, r.index))
+        short = [r.index for r in cut if first.key[0] and len(r.level_hist) <= first.key[1]]
+        if short:
+            raise ExploreError(f"shards {short} stopped before level {first.key[1]}, where the violation is")
         states = sum(r.states_before(first.key) for r in results)
         outcome = run_case(resolve_protocol(spec.protocol), first.case)
         match = [v for v in outcome.violations if v.property == first.violation.property]
@@ -128,6 +147,8 @@ def merge(spec: ShardSpec, results: list[ShardResult], *, seconds: float | None 
             raise ExploreError(f"shard {first.index}'s counterexample no longer shows {first.violation.property!r}")
         return ExploreResult("violated", states, sum(r.transitions for r in results), first.depth, wall,
                              first.case, match[0], outcome, configs, workers=workers, peak_rss_mb=peak)
+    if cut:
+        raise ExploreError(f"shards {[r.index for r in cut]} were cut short, but no shard found a violation")
     verdict = "incomplete" if any(r.verdict == "incomplete" for r in results) else "held"
     return ExploreResult(verdict, sum(r.states for r in results), sum(r.transitions for r in results),
                          max(r.depth for r in results), wall, configs=configs, workers=workers, peak_rss_mb=peak)

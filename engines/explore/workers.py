@@ -2,7 +2,8 @@
 
 Every wait is bounded (`TICK`); a shard whose process dies or raises is retried `retries` times and then
 reported in `failed_shards` (the verdict is then "incomplete", never a silently smaller count); `timeout`
-bounds the whole run the same way. On Ctrl-C (or any error) every child is terminated, then killed, and
+bounds the whole run the same way. Once a shard reports a violation at level L, the others stop after
+expanding level L (all the merge needs of them, `engines.explore.shards`). On Ctrl-C (or any error) every child is terminated, then killed, and
 joined before the exception goes on: no process is left behind. Children ignore SIGINT (the parent ends
 them) and watch protocol code (`runtime.watchdog`), so a protocol call that stalls is a violation, as in
 one process. Processes are spawned, not forked: a child starts clean, without the parent's threads.
@@ -30,8 +31,9 @@ PROGRESS_EVERY = 0.5
 GRACE = 2.0
 
 
-def _child(conn: Any, spec: ShardSpec, index: int, count: int, stall_seconds: float) -> None:
-    """A worker process: run one shard, sending progress and then its result (or its error)."""
+def _child(conn: Any, spec: ShardSpec, index: int, count: int, stall_seconds: float, stop_level: Any) -> None:
+    """A worker process: run one shard, sending progress and then its result (or its error). `stop_level`: a
+    shared int, the level of the least violation found so far (-1: none), past which the shard may stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     last = [0.0]
 
@@ -43,7 +45,8 @@ def _child(conn: Any, spec: ShardSpec, index: int, count: int, stall_seconds: fl
 
     try:
         with watching(stall_seconds):
-            result = run_shard(spec, index, count, progress=progress)
+            result = run_shard(spec, index, count, progress=progress,
+                               stop_after=lambda: None if stop_level.value < 0 else stop_level.value)
         conn.send(("done", result))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which retries or reports the shard
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -69,6 +72,7 @@ def explore_workers(spec: ShardSpec, workers: int, *, shards: int | None = None,
     states: dict[int, int] = {}
     results: dict[int, ShardResult] = {}
     failed: list[tuple[int, str]] = []
+    stop_level = ctx.Value("i", -1, lock=False)  # written by this process only
 
     def failure(index: int, why: str) -> None:
         states.pop(index, None)
@@ -83,7 +87,7 @@ def explore_workers(spec: ShardSpec, workers: int, *, shards: int | None = None,
                 index = todo.pop(0)
                 attempts[index] += 1
                 parent, child = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(child, spec, index, count, stall_seconds),
+                proc = ctx.Process(target=_child, args=(child, spec, index, count, stall_seconds, stop_level),
                                    name=f"shardcheck-shard-{index}", daemon=True)
                 proc.start()
                 child.close()
@@ -113,6 +117,8 @@ def explore_workers(spec: ShardSpec, workers: int, *, shards: int | None = None,
                 if kind == "done":
                     results[index] = body
                     states[index] = body.states
+                    if body.key is not None and (stop_level.value < 0 or body.key[1] < stop_level.value):
+                        stop_level.value = body.key[1]  # the others need not search past this level
                 else:
                     failure(index, body)
             if progress is not None:
