@@ -81,11 +81,12 @@ class Search(Reconstruct, Terminal, Explorer):
                 raise ExploreError(
                     f"explorer found {found.prop!r} for {self.name}, but run_case on its counterexample reports "
                     f"{outcome.violated() or 'no violation'}: the explorer and the simulator disagree ({case!r})")
-            return ExploreResult("violated", len(self.seen), self.transitions, self.depth,
-                                 time.perf_counter() - t0, case, match[0], outcome, len(self.configs),
-                                 self.tries.count)
-        return ExploreResult(verdict, len(self.seen), self.transitions, self.depth, time.perf_counter() - t0,
-                             configs=len(self.configs), trie_nodes=self.tries.count)
+            return ExploreResult(verdict="violated", states=len(self.seen), transitions=self.transitions,
+                                 depth=self.depth, seconds=time.perf_counter() - t0, counterexample=case,
+                                 violation=match[0], outcome=outcome, configs=len(self.configs),
+                                 trie_nodes=self.tries.count)
+        return ExploreResult(verdict=verdict, states=len(self.seen), transitions=self.transitions, depth=self.depth,
+                             seconds=time.perf_counter() - t0, configs=len(self.configs), trie_nodes=self.tries.count)
 
     def _key(self, found: Found) -> tuple[int, int, int]:
         """Where in the breadth-first order a violation was found: (phase: 0 set-up / 1 search, the level being

@@ -12,7 +12,7 @@ class ExploreError(Exception):
     """The explorer cannot handle the input, or its counterexample does not replay in `run_case`."""
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class ExploreResult:
     """What one exploration found.
 

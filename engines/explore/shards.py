@@ -28,7 +28,7 @@ from runtime import registry
 from engines.explore.bfs import Search
 from engines.explore.result import ExploreError, ExploreResult
 
-__all__ = ["ShardSpec", "ShardResult", "resolve_protocol", "run_shard", "merge", "explore_sharded"]
+__all__ = ["ShardSpec", "ShardResult", "resolve_protocol", "run_shard", "merge", "incomplete", "explore_sharded"]
 
 
 @attrs.frozen(kw_only=True)
@@ -145,13 +145,24 @@ def merge(spec: ShardSpec, results: list[ShardResult], *, seconds: float | None 
         match = [v for v in outcome.violations if v.property == first.violation.property]
         if not match:
             raise ExploreError(f"shard {first.index}'s counterexample no longer shows {first.violation.property!r}")
-        return ExploreResult("violated", states, sum(r.transitions for r in results), first.depth, wall,
-                             first.case, match[0], outcome, configs, workers=workers, peak_rss_mb=peak)
+        return ExploreResult(verdict="violated", states=states, transitions=sum(r.transitions for r in results),
+                             depth=first.depth, seconds=wall, counterexample=first.case, violation=match[0],
+                             outcome=outcome, configs=configs, workers=workers, peak_rss_mb=peak)
     if cut:
         raise ExploreError(f"shards {[r.index for r in cut]} were cut short, but no shard found a violation")
     verdict = "incomplete" if any(r.verdict == "incomplete" for r in results) else "held"
-    return ExploreResult(verdict, sum(r.states for r in results), sum(r.transitions for r in results),
-                         max(r.depth for r in results), wall, configs=configs, workers=workers, peak_rss_mb=peak)
+    return ExploreResult(verdict=verdict, states=sum(r.states for r in results),
+                         transitions=sum(r.transitions for r in results), depth=max(r.depth for r in results),
+                         seconds=wall, configs=configs, workers=workers, peak_rss_mb=peak)
+
+
+def incomplete(done: list[ShardResult], failed: list[tuple[int, str]], *, seconds: float,
+               workers: int) -> ExploreResult:
+    """The result of a run where shards `failed` ((index, why), each named) kept failing: "incomplete"."""
+    return ExploreResult(verdict="incomplete", states=sum(r.states for r in done),
+                         transitions=sum(r.transitions for r in done), depth=max((r.depth for r in done), default=0),
+                         seconds=seconds, workers=workers,
+                         peak_rss_mb=max((r.peak_rss_mb for r in done), default=None), failed_shards=sorted(failed))
 
 
 def explore_sharded(spec: ShardSpec, count: int) -> ExploreResult:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from runtime.watchdog import STALL_SECONDS, watching
 
 from engines.explore.result import ExploreError, ExploreResult
-from engines.explore.shards import ShardResult, ShardSpec, merge, run_shard
+from engines.explore.shards import ShardResult, ShardSpec, incomplete, merge, run_shard
 
 __all__ = ["explore_workers", "TICK"]
 
@@ -128,11 +128,7 @@ def explore_workers(spec: ShardSpec, workers: int, *, shards: int | None = None,
         _end(running)
     wall = time.perf_counter() - t0
     if failed:
-        done = list(results.values())
-        return ExploreResult("incomplete", sum(r.states for r in done), sum(r.transitions for r in done),
-                             max((r.depth for r in done), default=0), wall, workers=workers,
-                             peak_rss_mb=max((r.peak_rss_mb for r in done), default=None),
-                             failed_shards=sorted(failed))
+        return incomplete(list(results.values()), failed, seconds=wall, workers=workers)
     return merge(spec, [results[i] for i in range(count)], seconds=wall, workers=workers)
 
 
