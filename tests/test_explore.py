@@ -250,3 +250,10 @@ def test_lazy_counterexamples_name_a_concrete_cached_set(cls):
     assert prop in out.violated() and out.cached == res.outcome.cached
     if prop == "soundness":  # the completion with every unobserved unit absent: the smallest LCP
         assert out.planned > out.lcp
+
+
+def test_too_many_cached_sets_are_refused_before_any_is_built():
+    """Eagerly, 2^units cached sets beyond what a state can name is an ExploreError at once; lazily it runs."""
+    with pytest.raises(ExploreError, match="use the lazy initial state"):
+        explore(PaperProtocol(), 8, 32, max_faults=1, should_stop=lambda: True)
+    assert explore(PaperProtocol(), 4, 30, max_faults=0, lazy=True, should_stop=lambda: True).verdict == "incomplete"

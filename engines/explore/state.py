@@ -132,9 +132,14 @@ class Explorer:
         self.store_violations = list(out.violations)
         self.evictable = {r: {key: c for key, c in w.items() if c is not None} for r, w in self.written.items()}
         units = sorted({(r, c) for r, w in self.evictable.items() for c in w.values()})
+        most = FMASK // (self.maxf + 1)  # the configurations a packed state can name
         if cached is None or cached == "all":
-            choices = [frozenset(s) for size in range(len(units) + 1)
-                       for s in itertools.combinations(units, size)]
+            if not self.lazy and 2 ** len(units) > most:  # refused before any is built (2^units of them)
+                raise ExploreError(f"{len(units)} stored (rank, chunk) units make 2^{len(units)} cached sets, more "
+                                   f"than the {most} initial configurations a state can name: use the lazy "
+                                   "initial state")
+            choices = () if self.lazy else (frozenset(s) for size in range(len(units) + 1)
+                                            for s in itertools.combinations(units, size))
         else:
             keep = set(cached)
             bad = keep - set(range(k))
@@ -172,6 +177,9 @@ class Explorer:
         k = self.k
         for ci, (bits, look) in enumerate(lookup_leaves(self.protocol, self.store_outcome, self.after_store,
                                                         self.evictable)):
+            if ci > FMASK // (self.maxf + 1):
+                raise ExploreError(f"the lookup has more than {FMASK // (self.maxf + 1)} outcomes: more initial "
+                                   "configurations than a state can name")
             if not self.mine(ci):
                 self.configs.append(None)
                 continue
