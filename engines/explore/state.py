@@ -185,24 +185,34 @@ class Explorer:
                 continue
             stores, absent, low, high = [], [], set(), set()
             for r, units in enumerate(self.unit_data):
-                data = dict(self.after_store[r])
-                init, undecided = set(), set()
-                for c, keys in units.items():
-                    bit = bits.get((r, c))
-                    if bit:
-                        init.add(c)
-                        low.add(c)
-                    else:
-                        for key in keys:
-                            del data[key]
-                        (absent.append((r, c)) if bit is False else undecided.add(c))
-                    if bit is not False:
-                        high.add(c)
-                present = frozenset(key for key in self.evictable[r] if key in data)
-                stores.append(self.stores.make(data, present, self.evictable[r], frozenset(init), frozenset(undecided)))
+                store, gone, present_at_lookup, maybe = self._lazy_store(r, tuple(bits.get((r, c)) for c in units))
+                stores.append(store)
+                absent.extend(gone)
+                low |= present_at_lookup
+                high |= maybe
             self.configs.append(Config(tuple(Eviction(c, r) for r, c in sorted(absent)), frozenset(high),
                                        leading_run(high, k), look.reports, look.planned, tuple(stores),
                                        tuple(look.violations), leading_run(low, k)))
+
+    def _lazy_store(self, r: int, bits: tuple) -> tuple:
+        """Rank r's store at lookup with its units' bits (True present, False absent, None undecided, in the
+        order of `unit_data[r]`): (store, units known absent, chunks known present, chunks maybe present)."""
+        memo = self.__dict__.setdefault("_lazy_stores", {})
+        got = memo.get((r, bits))
+        if got is None:
+            data = dict(self.after_store[r])
+            init, undecided, gone = set(), set(), []
+            for (c, keys), bit in zip(self.unit_data[r].items(), bits):
+                if bit:
+                    init.add(c)
+                    continue
+                for key in keys:
+                    del data[key]
+                (gone.append((r, c)) if bit is False else undecided.add(c))
+            present = frozenset(key for key in self.evictable[r] if key in data)
+            store = self.stores.make(data, present, self.evictable[r], frozenset(init), frozenset(undecided))
+            got = memo[(r, bits)] = (store, tuple(gone), frozenset(init), frozenset(init | undecided))
+        return got
 
     def lookup(self, evicted: tuple[Eviction, ...]) -> tuple[Outcome, list[MemoryStore]]:
         """The harness's lookup phase after the store phase and `evicted`: its outcome (with the events of
