@@ -132,3 +132,15 @@ def test_ctrl_c_leaves_no_process_behind():
     time.sleep(0.5)
     assert not [p for p in workers if Path(f"/proc/{p}").exists()
                 and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+
+
+def test_worker_progress_is_one_aggregate():
+    """explore_workers reports one running total of states and shards, ending with every shard done."""
+    from engines.explore.shards import ShardSpec
+    from engines.explore.workers import explore_workers
+    seen: list[dict] = []
+    spec = ShardSpec(protocol="paper-async", n_ranks=3, n_chunks=5, max_faults=2, lazy=True)
+    res = explore_workers(spec, 2, shards=3, progress=seen.append)
+    assert seen and all(s["shards"] == 3 and s["workers"] == 2 for s in seen)
+    assert seen[-1]["done"] == 3 and seen[-1]["states"] == res.states and res.verdict == "held"
+    assert [s["done"] for s in seen] == sorted(s["done"] for s in seen)

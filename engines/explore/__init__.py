@@ -10,7 +10,9 @@ Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modu
 - `terminal`: the real `Outcome` of a terminal state and its checks;
 - `reconstruct`: a violating state's BFS path as a `Case`;
 - `bfs`: the search loop, partial-order reduction (with its soundness argument) and what is checked where;
-- `api`: `explore`, `bench` and the test hooks.
+- `api`: `explore`, `bench` and the test hooks;
+- `shards`: exact partitioning into shards and the merge that gives the one-process result;
+- `workers`, `on_ray`: the shards on local processes or as Ray tasks; `scale`: the scale benchmark.
 `bench()` measures the search (`shardcheck bench`; the manifest: `shardcheck regen manifest`).
 """
 from engines.explore.api import bench, explore, outcome_summary, terminal_outcomes, terminal_signatures
