@@ -209,7 +209,7 @@ def test_a_raising_combine_is_a_termination_violation_as_in_run_case():
 def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
     """A violating terminal state is checked over an Outcome with the store/lookup/load events and its real faults."""
     from engines.explore.bfs import Search
-    search = Search(PaperProtocolAsync(), 2, 2, None, 1, True, "s0", None, frozenset())
+    search = Search(PaperProtocolAsync(), 2, 2, properties=frozenset())
     search.run(None, None)
     phases, plans = set(), set()
     for packed in search.seen:

@@ -30,9 +30,9 @@ def explore(protocol: Any, n_ranks: int, n_chunks: int, *, cached: Iterable[int]
     """
     if isinstance(cached, str) and cached != "all":
         raise ExploreError(f"cached must be 'all', None or chunk indices, got {cached!r}")
-    search = Search(protocol, n_ranks, n_chunks, None if cached in (None, "all") else frozenset(cached),
-                     max_faults, reduction, salt, step_bound,
-                     None if properties is None else frozenset(properties), lazy)
+    search = Search(protocol, n_ranks, n_chunks, cached=None if cached in (None, "all") else frozenset(cached),
+                    max_faults=max_faults, reduction=reduction, salt=salt, step_bound=step_bound,
+                    properties=None if properties is None else frozenset(properties), lazy=lazy)
     return search.run(should_stop, progress)
 
 
@@ -65,8 +65,8 @@ def terminal_signatures(protocol: Any, n_ranks: int, n_chunks: int, *, reduction
     status, whether a fault happened), ignoring violations (a test hook). The reduced set must be a subset
     of the unreduced one, equal to it once the fault flag is dropped (lazy eviction only drops evictions
     nobody observes)."""
-    search = Search(protocol, n_ranks, n_chunks, None if cached in (None, "all") else frozenset(cached),
-                     max_faults, reduction, "s0", None, frozenset())
+    search = Search(protocol, n_ranks, n_chunks, cached=None if cached in (None, "all") else frozenset(cached),
+                    max_faults=max_faults, reduction=reduction, properties=frozenset())
     search.terminals = set()
     search.run(None, None)
     return search.terminals
@@ -76,7 +76,7 @@ def terminal_outcomes(protocol: Any, n_ranks: int, n_chunks: int, *, reduction: 
                       max_faults: int = 1) -> set:
     """Every reachable terminal state as (cached set, planned, per rank its frozen result or None, violated
     properties): what a simulator run that ends with no rank able to move can produce (a test hook)."""
-    search = Search(protocol, n_ranks, n_chunks, None, max_faults, reduction, "s0", None, frozenset())
+    search = Search(protocol, n_ranks, n_chunks, max_faults=max_faults, reduction=reduction, properties=frozenset())
     search.outcomes = set()
     search.run(None, None)
     return search.outcomes

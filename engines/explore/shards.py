@@ -99,9 +99,10 @@ def run_shard(spec: ShardSpec, index: int, count: int, *, should_stop: Callable[
     if not 0 <= index < count:
         raise ExploreError(f"shard {index} is not one of 0..{count - 1}")
     search = Search(resolve_protocol(spec.protocol), spec.n_ranks, spec.n_chunks,
-                    None if spec.cached is None else frozenset(spec.cached), spec.max_faults, spec.reduction,
-                    spec.salt, spec.step_bound, None if spec.properties is None else frozenset(spec.properties),
-                    spec.lazy, (index, count))
+                    cached=None if spec.cached is None else frozenset(spec.cached), max_faults=spec.max_faults,
+                    reduction=spec.reduction, salt=spec.salt, step_bound=spec.step_bound,
+                    properties=None if spec.properties is None else frozenset(spec.properties), lazy=spec.lazy,
+                    shard=(index, count))
     cut = [False]
 
     def stop() -> bool:

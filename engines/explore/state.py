@@ -83,8 +83,12 @@ class Bad:
 
 
 class Explorer:
-    def __init__(self, protocol: Any, n: int, k: int, cached: Any, max_faults: int, reduction: bool,
-                 salt: str, step_bound: int | None, properties: frozenset | None = None, lazy: bool = False,
+    """The state space of one exploration: set-up (store and lookup phases, initial configurations), interned
+    rank-local states and their transitions. `engines.explore.bfs.Search` searches it."""
+
+    def __init__(self, protocol: Any, n: int, k: int, *, cached: Any = None, max_faults: int = 1,
+                 reduction: bool = True, salt: str = "s0", step_bound: int | None = None,
+                 properties: frozenset | None = None, lazy: bool = False,
                  shard: tuple[int, int] | None = None) -> None:
         self.properties = properties
         self.lazy = lazy and cached in (None, "all")
