@@ -34,3 +34,14 @@ class DiesOnce(PaperProtocol):
             marker.write_text("x")
             os._exit(3)
         return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)
+
+
+class DiesOutsideTheDriver(PaperProtocol):
+    """Any process but the one named by $SHARDCHECK_TEST_DRIVER_PID dies (exit 3) when it looks up."""
+
+    name = "dies-outside-the-driver"
+
+    def rank_lookup(self, rank, n_ranks, chunk_hashes, contains):
+        if str(os.getpid()) != os.environ.get("SHARDCHECK_TEST_DRIVER_PID"):
+            os._exit(3)
+        return super().rank_lookup(rank, n_ranks, chunk_hashes, contains)

@@ -35,3 +35,13 @@ def test_ray_shards_equal_one_process(ray_cluster):
         assert (got.verdict, got.states, got.depth, got.counterexample) == \
             (one.verdict, one.states, one.depth, one.counterexample), name
     assert ray_cluster.is_initialized()  # a cluster the caller started is left running
+
+
+def test_a_ray_shard_whose_worker_dies_is_retried_then_reported(ray_cluster, monkeypatch):
+    """Tasks whose worker process dies are retried by Ray, then named in failed_shards: verdict incomplete."""
+    from engines.explore.shards import ShardSpec
+    monkeypatch.setenv("SHARDCHECK_TEST_DRIVER_PID", str(os.getpid()))  # the parent resolves the protocol too
+    spec = ShardSpec(protocol="tests.dying:DiesOutsideTheDriver", n_ranks=2, n_chunks=3)
+    got = explore_ray(spec, None, workers=2, retries=1, timeout=120)
+    assert got.verdict == "incomplete" and [i for i, _ in got.failed_shards] == [0, 1]
+    assert all(why for _, why in got.failed_shards)
