@@ -44,4 +44,6 @@ def format_bench(r: dict[str, Any]) -> str:
         if isinstance(row, dict):
             out.append(f"scale.{name}: {row['verdict']}, {row['states']:,} states in {row['seconds']:.2f} s on "
                        f"{row['workers']} worker(s), peak {row['peak_rss_mb']:.0f} MB per worker")
+        else:
+            out.append(f"scale.{name}: {row:.2f}x")
     return "\n".join(out)

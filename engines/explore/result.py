@@ -20,7 +20,8 @@ class ExploreResult:
     `violation` set; BFS order makes it a shortest one in the explored graph) or "incomplete" (stopped by
     `should_stop`). `states`: distinct global states; `transitions`: successors generated; `depth`: the
     BFS depth reached (= moves, in the reduced model). `workers`, `peak_rss_mb` (the largest of any one
-    process) and `failed_shards` (shards that kept failing: then the verdict is "incomplete") describe a sharded run.
+    process), `failed_shards` (shards that kept failing: then the verdict is "incomplete"), `cpu_seconds` (all
+    shard processes) and `critical_cpu_seconds` (the busiest one: the wall time on idle cores) describe a sharded run.
     """
 
     verdict: str
@@ -35,6 +36,8 @@ class ExploreResult:
     trie_nodes: int = 0
     workers: int = 1
     peak_rss_mb: float | None = None
+    cpu_seconds: float | None = None
+    critical_cpu_seconds: float | None = None
     failed_shards: list = attrs.field(factory=list)
 
     def trace(self, protocol_ref: str | None = None, origin: str = "explore"):

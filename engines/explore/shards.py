@@ -61,6 +61,7 @@ class ShardResult:
     seconds: float
     configs: int
     peak_rss_mb: float
+    cpu_seconds: float = 0.0
     key: tuple[int, int, int] | None = None
     case: Case | None = None
     violation: Violation | None = None
@@ -117,6 +118,7 @@ def run_shard(spec: ShardSpec, index: int, count: int, *, should_stop: Callable[
     return ShardResult(index=index, count=count, verdict=verdict, states=res.states,
                        transitions=res.transitions, depth=res.depth, seconds=res.seconds, configs=res.configs,
                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                       cpu_seconds=time.process_time(),
                        key=getattr(search, "found_key", None) if res.verdict == "violated" else None,
                        case=res.counterexample, violation=res.violation, init_added=search.init_added,
                        level_start=search.level_start, level_hist=search.level_hist)
@@ -133,6 +135,8 @@ def merge(spec: ShardSpec, results: list[ShardResult], *, seconds: float | None 
                            f"{sorted((r.index, r.count) for r in results)}")
     wall = seconds if seconds is not None else max(r.seconds for r in results)
     peak = max(r.peak_rss_mb for r in results)
+    cpu = {"cpu_seconds": sum(r.cpu_seconds for r in results),
+           "critical_cpu_seconds": max(r.cpu_seconds for r in results)}
     configs = max(r.configs for r in results)
     found = [r for r in results if r.verdict == "violated"]
     cut = [r for r in results if r.verdict == "cut"]
@@ -148,13 +152,13 @@ def merge(spec: ShardSpec, results: list[ShardResult], *, seconds: float | None 
             raise ExploreError(f"shard {first.index}'s counterexample no longer shows {first.violation.property!r}")
         return ExploreResult(verdict="violated", states=states, transitions=sum(r.transitions for r in results),
                              depth=first.depth, seconds=wall, counterexample=first.case, violation=match[0],
-                             outcome=outcome, configs=configs, workers=workers, peak_rss_mb=peak)
+                             outcome=outcome, configs=configs, workers=workers, peak_rss_mb=peak, **cpu)
     if cut:
         raise ExploreError(f"shards {[r.index for r in cut]} were cut short, but no shard found a violation")
     verdict = "incomplete" if any(r.verdict == "incomplete" for r in results) else "held"
     return ExploreResult(verdict=verdict, states=sum(r.states for r in results),
                          transitions=sum(r.transitions for r in results), depth=max(r.depth for r in results),
-                         seconds=wall, configs=configs, workers=workers, peak_rss_mb=peak)
+                         seconds=wall, configs=configs, workers=workers, peak_rss_mb=peak, **cpu)
 
 
 def incomplete(done: list[ShardResult], failed: list[tuple[int, str]], *, seconds: float,
