@@ -144,3 +144,15 @@ def test_worker_progress_is_one_aggregate():
     assert seen and all(s["shards"] == 3 and s["workers"] == 2 for s in seen)
     assert seen[-1]["done"] == 3 and seen[-1]["states"] == res.states and res.verdict == "held"
     assert [s["done"] for s in seen] == sorted(s["done"] for s in seen)
+
+
+def test_the_timeout_ends_every_worker_and_names_the_shards(capsys):
+    """--timeout stops a 2-worker run that needs longer: exit 2, each unfinished shard named, no worker left."""
+    import multiprocessing
+    code, out, err = run(["--protocol", "paper", "--ranks", "8", "--chunks", "16", "--workers", "2",
+                          "--timeout", "1", "--json"], capsys)
+    got = json.loads(out)
+    assert code == 2 and got["verdict"] == "incomplete" and "did not complete" in err
+    assert sorted(f["shard"] for f in got["failed_shards"]) == [0, 1]
+    assert all("timed out after 1 s" in f["error"] for f in got["failed_shards"])
+    assert multiprocessing.active_children() == []
