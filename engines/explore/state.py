@@ -57,7 +57,7 @@ from model.store import MemoryStore, memory_factory
 from engines.explore.lazy import lookup_leaves
 from engines.explore.result import ExploreError
 from engines.explore.stores import Config, Store, Stores
-from engines.explore.tries import BAD, COLL, DONE, GET, GETASYNC, PUT, RAISED, WAIT, Node, Tries
+from engines.explore.tries import BAD, COLL, DONE, GET, GETASYNC, PUT, RAISED, WAIT, Node, Tries, freeze
 
 __all__ = ["DELAY_SECONDS", "Explorer", "Bad", "Config", "sig_text"]
 
@@ -330,8 +330,8 @@ class Explorer:
                 out.extend(self._store_op(node, ev, asyncs, eff, kind, ("evict", chunk), 1))
         return out
 
-    def _to(self, node: Node, result: Any, store: Store, asyncs: tuple) -> Any:
-        child = self.tries.child(node, result)
+    def _to(self, node: Node, result: Any, store: Store, asyncs: tuple, key: Any = None) -> Any:
+        child = self.tries.child(node, result, key)
         if child.kind == RAISED:
             return Bad("termination", child.error)
         return self.lid(child, RUN, store, asyncs)
@@ -417,9 +417,9 @@ class Explorer:
                 return Bad("desync", f"collective #{self._coll_index(nodes[0])}: Broadcast from root "
                             f"{first.root}, which is not a rank of {n}")
             outs = [nodes[first.root].effect.value] * n
-        new = []
+        new, key = [], freeze(outs[0])  # every rank gets the same result: frozen once
         for r in range(n):
-            x = self._to(nodes[r], outs[r], self.L_store[lids[r]], self.L_async[lids[r]])
+            x = self._to(nodes[r], outs[r], self.L_store[lids[r]], self.L_async[lids[r]], key)
             if isinstance(x, Bad):
                 return x
             new.append(x)

@@ -121,8 +121,10 @@ class Tries:
             self.count += 1
         return node
 
-    def child(self, node: Node, result: Any) -> Node:
-        key = freeze(result)
+    def child(self, node: Node, result: Any, key: Any = None) -> Node:
+        """`node`'s child for `result` (`key`: its `freeze`, when the caller has it), created on first use."""
+        if key is None:
+            key = freeze(result)
         got = node.children.get(key)
         if got is not None:
             return got
