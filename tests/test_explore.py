@@ -257,3 +257,19 @@ def test_too_many_cached_sets_are_refused_before_any_is_built():
     with pytest.raises(ExploreError, match="use the lazy initial state"):
         explore(PaperProtocol(), 8, 32, max_faults=1, should_stop=lambda: True)
     assert explore(PaperProtocol(), 4, 30, max_faults=0, lazy=True, should_stop=lambda: True).verdict == "incomplete"
+
+
+@pytest.mark.parametrize("cls", (*EVERY_CLASS, _CombineRaises), ids=lambda c: c.__name__)
+def test_the_product_of_rank_trees_is_the_lookup_tree(cls):
+    """product_leaves gives lookup_leaves' leaves in the same order; a flagged leaf is one the harness faults."""
+    from engines.explore.bfs import Search
+    from engines.explore.lazy import lookup_leaves, product_leaves
+    for n, k in ((1, 3), (2, 3), (3, 2), (3, 5)):
+        s = Search(cls(), n, k, lazy=True, properties=frozenset())
+        whole = list(lookup_leaves(cls(), s.store_outcome, s.after_store, s.evictable))
+        product = list(product_leaves(cls(), s.hashes, s.after_store, s.evictable))
+        assert [bits for bits, _ in whole] == [bits for bits, *_ in product]
+        for (_, look), (_, reports, planned, judge) in zip(whole, product):
+            assert bool(look.violations) == judge
+            if not judge:
+                assert (look.reports, look.planned) == (reports, planned)

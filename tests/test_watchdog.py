@@ -152,6 +152,9 @@ def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
     assert found is not None and found.engine == "explore"
     assert [v.property for v in found.outcome.violations] == ["termination"]
     assert "SleepyLookup.rank_lookup did not return" in found.outcome.violations[0].summary
+    with watching(0.3):  # the lazy initial state enumerates each rank's lookup on its own: the same finding
+        lazy = explore(SleepyLookup(), 2, 3, lazy=True)
+    assert lazy.violation.property == "termination" and "SleepyLookup.rank_lookup" in lazy.violation.summary
 
 
 def test_pytest_timeout_still_works_under_the_watch(tmp_path):

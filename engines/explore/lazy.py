@@ -8,6 +8,11 @@ leaf, answering the units decided on that branch and deciding a new one present 
 (depth-first, so the leaves come in one fixed order). The load branches the same way on a store effect on
 an undecided unit (a cost-0 branch, before the move and its fault branches).
 
+The set-up enumerates each rank's tree on its own and takes their product (`product_leaves`): a rank's lookup
+asks only its own store, and the harness runs the ranks in order, so the product in rank order is the whole
+tree in the same order (`lookup_leaves`, one harness lookup phase per leaf, is the reference; a test checks
+they agree). A leaf where anything goes wrong is judged by the harness's lookup phase.
+
 Soundness (every violation of the eager model is found), for any deterministic protocol:
 - a run depends on a unit only through the answers of the store calls on its keys; the first such call
   is where the bit is decided, and from then on the store holds exactly what the eager configuration with
@@ -31,11 +36,13 @@ from typing import Any, Iterator
 
 import attrs
 
+from model.calls import ProtocolRaised, Stalled, protocol_call
+from model.contract import StoreCallTimeout
 from model.harness import Shadow, lookup_phase
 from model.outcome import Outcome
 from model.store import MemoryStore
 
-__all__ = ["lookup_leaves"]
+__all__ = ["lookup_leaves", "product_leaves"]
 
 
 class _Decisions:
@@ -91,3 +98,52 @@ def lookup_leaves(protocol: Any, store_outcome: Outcome, after_store: list[dict]
         if any("stalled" in v.detail for v in out.violations):
             return
         script = decisions.next_script()
+
+
+def product_leaves(protocol: Any, hashes: list[str], after_store: list[dict],
+                   evictable: dict[int, dict[str, int]]) -> Iterator[tuple[dict, list | None, Any, bool]]:
+    """The leaves of `lookup_leaves`, in the same order, without running the whole lookup phase per leaf:
+    (bits, reports, planned, whether the harness must judge it).
+
+    A rank's lookup asks only its own store (CONTRACT.md), so the tree is the product of each rank's own tree
+    (rank 0 outermost, as the harness runs the ranks in order). Each rank's tree is enumerated once, and
+    `combine` runs once per leaf. A leaf where a lookup raised or stalled, `combine` raised, or the plan is
+    not a count is flagged: the caller runs the harness's lookup phase on it, which reports exactly what
+    `run_case` reports (and a raising rank ends the lookup there: its leaf has no later rank's bits).
+    """
+    n, k = len(after_store), len(hashes)
+    trees = []
+    for r in range(n):
+        leaves, script = [], []
+        while script is not None:
+            decisions = _Decisions(script)
+            store = _DecidingStore(r, after_store[r], evictable[r], decisions)
+            try:
+                with protocol_call(r, "rank_lookup"):
+                    report, bad = protocol.rank_lookup(r, n, hashes, store.contains), False
+            except (ProtocolRaised, StoreCallTimeout):
+                report, bad = None, True
+            except Stalled:
+                leaves.append((decisions.values, None, True))
+                break  # each further run would stall again
+            leaves.append((decisions.values, report, bad))
+            script = decisions.next_script()
+        trees.append(leaves)
+    yield from _combine(protocol, trees, 0, {}, [], k)
+
+
+def _combine(protocol: Any, trees: list, r: int, bits: dict, reports: list, k: int) -> Iterator[tuple]:
+    if r == len(trees):
+        try:
+            with protocol_call(None, "combine"):
+                planned = protocol.combine(list(reports), k)
+        except (ProtocolRaised, Stalled):
+            yield bits, reports, None, True
+            return
+        yield bits, reports, planned, not isinstance(planned, int) or isinstance(planned, bool)
+        return
+    for own, report, bad in trees[r]:
+        if bad:
+            yield {**bits, **own}, None, None, True
+        else:
+            yield from _combine(protocol, trees, r + 1, {**bits, **own}, reports + [report], k)

@@ -54,7 +54,7 @@ from model.harness import Shadow, chunk_hashes, kv_bytes, leading_run, lookup_ph
 from model.outcome import Case, Outcome, Violation
 from model.store import MemoryStore, memory_factory
 
-from engines.explore.lazy import lookup_leaves
+from engines.explore.lazy import product_leaves
 from engines.explore.result import ExploreError
 from engines.explore.stores import Config, Store, Stores
 from engines.explore.tries import BAD, COLL, DONE, GET, GETASYNC, PUT, RAISED, WAIT, Node, Tries, freeze
@@ -177,10 +177,10 @@ class Explorer:
         return self.shard is None or ci % self.shard[1] == self.shard[0]
 
     def _lazy_configs(self) -> None:
-        """One configuration per leaf of the lookup's decision tree (`engines.explore.lazy`)."""
+        """One configuration per leaf of the lookup's decision tree (`engines.explore.lazy.product_leaves`)."""
         k = self.k
-        for ci, (bits, look) in enumerate(lookup_leaves(self.protocol, self.store_outcome, self.after_store,
-                                                        self.evictable)):
+        for ci, (bits, reports, planned, judge) in enumerate(product_leaves(self.protocol, self.hashes,
+                                                                            self.after_store, self.evictable)):
             if ci > FMASK // (self.maxf + 1):
                 raise ExploreError(f"the lookup has more than {FMASK // (self.maxf + 1)} outcomes: more initial "
                                    "configurations than a state can name")
@@ -194,9 +194,14 @@ class Explorer:
                 absent.extend(gone)
                 low |= present_at_lookup
                 high |= maybe
-            self.configs.append(Config(tuple(Eviction(c, r) for r, c in sorted(absent)), frozenset(high),
-                                       leading_run(high, k), look.reports, look.planned, tuple(stores),
-                                       tuple(look.violations), leading_run(low, k)))
+            evicted, violations = tuple(Eviction(c, r) for r, c in sorted(absent)), ()
+            if judge:  # something went wrong in this lookup: the harness's lookup phase says what, as run_case does
+                look, _ = self.lookup(evicted)
+                reports, planned, violations = look.reports, look.planned, tuple(look.violations)
+            self.configs.append(Config(evicted, frozenset(high), leading_run(high, k), reports, planned,
+                                       tuple(stores), violations, leading_run(low, k)))
+            if any("stalled" in v.detail for v in violations):
+                break  # a lookup that does not return: reported on this configuration; later ones would stall too
 
     def _lazy_store(self, r: int, bits: tuple) -> tuple:
         """Rank r's store at lookup with its units' bits (True present, False absent, None undecided, in the
