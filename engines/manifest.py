@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from engines.explore import explore
+from model.outcome import OtherPrompt
 
 __all__ = ["MANIFEST", "SCHEMA", "VERSION", "REGENERATE", "REFERENCE", "REFERENCE_CONFIGS", "VARIANT_CONFIGS",
-           "VARIANTS_FULL", "resolve", "entry_name", "default_entries", "run_entry", "observed", "load", "update",
+           "VARIANTS_FULL", "VARIANT_OTHERS", "resolve", "entry_name", "default_entries", "run_entry", "observed", "load", "update",
            "check"]
 
 MANIFEST = Path(__file__).with_name("manifest.json")
@@ -38,8 +39,16 @@ VARIANT_CONFIGS = {
     "AlignedPlanGreedyLoad": (2, 3), "ByteOffByOne": (2, 3), "PessimisticLoad": (2, 3),
     "EarlyExitOnMiss": (2, 3), "SkipEmptyGather": (2, 3), "UnboundedWaitAsync": (2, 3),
     "RetryUntilPresent": (2, 3), "WrongAsyncKey": (2, 3),
+    "PositionKeys": (2, 2), "PositionKeyedLoad": (2, 2), "PositionMarkedLookup": (2, 2),
 }
-#: variants also explored without reduction (the full interleaving space).
+#: demo variant -> the other prompts in the tier its configuration needs (`config.others` of a trace).
+VARIANT_OTHERS = {
+    "PositionKeys": [{"n_chunks": 2, "after": True}],
+    "PositionKeyedLoad": [{"n_chunks": 2, "after": True}],
+    "PositionMarkedLookup": [{"n_chunks": 2, "after": True, "evicted": [1]}],
+}
+#: variants also explored without reduction (the full interleaving space). Every entry with every cached set
+#: is also explored with the lazy initial state (`"lazy": true`, its own state count, the same verdict).
 VARIANTS_FULL = ("EarlyExitOnMiss", "SkipEmptyGather", "UnboundedWaitAsync", "GiveUpOnLocalMiss")
 
 
@@ -54,8 +63,9 @@ def entry_name(e: dict) -> str:
     cached = "all" if e["cached"] == "all" else "c" + "".join(map(str, e["cached"]))
     proto = e["protocol"].rpartition(":")[2]
     prop = f"-{'+'.join(e['properties'])}" if e.get("properties") else ""
+    others = f"-o{len(e['others'])}" if e.get("others") else ""
     return (f"{proto}-{e['n_ranks']}x{e['n_chunks']}-{cached}-f{e['max_faults']}-"
-            f"{'por' if e['reduction'] else 'full'}{prop}")
+            f"{'por' if e['reduction'] else 'full'}{'-lazy' if e.get('lazy') else ''}{others}{prop}")
 
 
 def default_entries() -> list[dict]:
@@ -69,7 +79,10 @@ def default_entries() -> list[dict]:
         n, k = VARIANT_CONFIGS.get(cls.__name__, (2, 3))
         for red in (True, False) if cls.__name__ in VARIANTS_FULL else (True,):
             out.append({"protocol": f"{cls.__module__}:{cls.__name__}", "n_ranks": n, "n_chunks": k,
-                        "cached": "all", "max_faults": 1, "reduction": red, "properties": [prop]})
+                        "cached": "all", "max_faults": 1, "reduction": red, "properties": [prop],
+                        **({"others": VARIANT_OTHERS[cls.__name__]} if cls.__name__ in VARIANT_OTHERS else {})})
+    # the lazy initial state: same verdicts (it does not cover other prompts in the tier)
+    out += [{**e, "lazy": True} for e in out if e["cached"] == "all" and not e.get("others")]
     return [{"name": entry_name(e), **e} for e in out]
 
 
@@ -77,7 +90,8 @@ def run_entry(e: dict):
     """Explore one manifest entry."""
     return explore(resolve(e["protocol"]), e["n_ranks"], e["n_chunks"],
                    cached=None if e["cached"] == "all" else e["cached"], max_faults=e["max_faults"],
-                   reduction=e["reduction"], properties=e.get("properties"))
+                   reduction=e["reduction"], properties=e.get("properties"), lazy=e.get("lazy", False),
+                   others=[OtherPrompt(**{**o, "evicted": tuple(o.get("evicted", ()))}) for o in e.get("others", ())])
 
 
 def observed(res) -> dict:
@@ -98,8 +112,9 @@ def load(path: Path = MANIFEST) -> dict:
 
 def update(path: Path = MANIFEST, entries: list[dict] | None = None, out=sys.stdout) -> dict:
     """Re-run every entry (of `entries`, or of the manifest at `path`) and write the expectations."""
-    if entries is None:
-        entries = load(path)["entries"] if Path(path).exists() else default_entries()
+    if entries is None:  # the manifest's entries, then every default entry it does not have yet
+        entries = load(path)["entries"] if Path(path).exists() else []
+        entries += [e for e in default_entries() if e["name"] not in {x["name"] for x in entries}]
     new = []
     for e in entries:
         e = {"name": e.get("name") or entry_name(e)} | {k: v for k, v in e.items() if k not in ("name", "expect")}
@@ -115,9 +130,15 @@ def update(path: Path = MANIFEST, entries: list[dict] | None = None, out=sys.std
 
 
 def check(path: Path = MANIFEST, out=sys.stdout) -> int:
-    """0 when every entry still gives its expectations, 1 otherwise (each drift printed)."""
+    """0 when every entry still gives its expectations and every default entry is there, 1 otherwise (each drift
+    printed)."""
     bad = 0
-    for e in load(path)["entries"]:
+    entries = load(path)["entries"]
+    for e in default_entries():
+        if e["name"] not in {x["name"] for x in entries}:
+            bad += 1
+            print(f"DRIFT {e['name']}: missing from the manifest", file=out)
+    for e in entries:
         got = observed(run_entry(e))
         if got != e["expect"]:
             bad += 1

@@ -30,9 +30,12 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     say("concurrency: the linearizability checker on a 10,000-op history, the driver on the in-memory client ...")
     from engines.concurrency_bench import bench as concurrency_bench
     concurrency = concurrency_bench(min(seconds, 2.0))
+    say("scale: the explorer at N=8, K=16, 1 fault on 1 and 2 worker processes ...")
+    from engines.explore.scale import scale_bench
+    scale = scale_bench()
     say("real: a --runner processes case and a full `shardcheck tier`, each from a fresh interpreter ...")
     from shardcheck.bench_real import measure_real
-    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency,
+    return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency, "scale": scale,
             "real": measure_real()}
 
 
@@ -53,4 +56,10 @@ def format_bench(r: dict[str, Any]) -> str:
             else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s)")
+    for name, row in r.get("scale", {}).items():
+        if isinstance(row, dict):
+            out.append(f"scale.{name}: {row['verdict']}, {row['states']:,} states in {row['seconds']:.2f} s on "
+                       f"{row['workers']} worker(s), peak {row['peak_rss_mb']:.0f} MB per worker")
+        else:
+            out.append(f"scale.{name}: {row:.2f}x")
     return "\n".join(out)

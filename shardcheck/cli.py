@@ -67,12 +67,16 @@ def _parser() -> argparse.ArgumentParser:
 
     from shardcheck import tier_cmd
     tier_cmd.add_arguments(sub.add_parser("tier", help="measure a KV tier through LMCache; the paper's cost model"))
+
+    from shardcheck import explore_cmd
+    explore_cmd.add_arguments(sub.add_parser("explore", help="exhaustive exploration (local workers or Ray)"))
     return p
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
 HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd", "tier": "tier_cmd"}
+            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd", "tier": "tier_cmd",
+            "explore": "explore_cmd"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,10 @@ from model.effects import TIMED_OUT, GetAsync, Wait
 from engines.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
                            terminal_signatures)
 from model.faults import Eviction, FaultPlan
-from engines.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, entry_name, load, observed, resolve,
-                                    run_entry)
+from engines.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, VARIANT_OTHERS, entry_name, load, observed,
+                              resolve, run_entry)
 from model.harness import Case, run_case
+from model.outcome import OtherPrompt
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter, owned_chunks
 from model.trace import Trace
 from model.variants import DEMO_VARIANTS
@@ -32,8 +33,14 @@ def _config(cls) -> tuple[int, int]:
     return VARIANT_CONFIGS.get(cls.__name__, (2, 3))
 
 
+def _others(cls) -> list[OtherPrompt]:
+    """The other prompts in the tier the variant's manifest configuration has (isolation demos)."""
+    return [OtherPrompt(**{**o, "evicted": tuple(o.get("evicted", ()))}) for o in VARIANT_OTHERS.get(cls.__name__, ())]
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
 def test_manifest_entry(entry):
+    """Each manifest entry still gives its recorded verdict, state count (and property, depth)."""
     got = observed(run_entry(entry))
     assert got == entry["expect"], (
         f"manifest entry {entry['name']} drifted: expected {entry['expect']}, got {got}. If the change is "
@@ -41,6 +48,7 @@ def test_manifest_entry(entry):
 
 
 def test_manifest_covers_the_reference_protocols_and_every_variant():
+    """The manifest names every reference protocol (both modes, held) and every demo variant (violated)."""
     names = [e["name"] for e in ENTRIES]
     assert len(names) == len(set(names)) and all(e["name"] == entry_name(e) for e in ENTRIES)
     for ref in REFERENCE:
@@ -56,8 +64,9 @@ def test_manifest_covers_the_reference_protocols_and_every_variant():
 
 @pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
 def test_every_demo_variant_is_found_and_its_trace_replays(cls, tmp_path):
+    """Each demo variant's property is found, and its saved trace loads back to the same case and replays it."""
     prop = DEMO_VARIANTS[cls]
-    res = explore(cls(), *_config(cls), properties=[prop])
+    res = explore(cls(), *_config(cls), properties=[prop], others=_others(cls))
     assert res.verdict == "violated" and res.violation.property == prop
     trace = res.trace(protocol_ref=_ref(cls))
     assert trace.property == prop or prop in [v["property"] for v in trace.verdict["violations"]]
@@ -70,9 +79,10 @@ def test_every_demo_variant_is_found_and_its_trace_replays(cls, tmp_path):
 
 @pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
 def test_first_violation_replays_in_both_modes(cls):
+    """With and without reduction, the first violation found replays in run_case within the reported depth."""
     verdicts = set()
     for reduction in (True, False):
-        res = explore(cls(), *_config(cls), reduction=reduction)
+        res = explore(cls(), *_config(cls), reduction=reduction, others=_others(cls))
         verdicts.add(res.verdict)
         assert res.verdict == "violated"
         assert res.violation.property in run_case(cls(), res.counterexample).violated()
@@ -100,6 +110,7 @@ def test_reduction_agrees_with_the_full_search(cls):
 
 @pytest.mark.parametrize("cls", REFERENCE_CLASSES, ids=lambda c: c.__name__)
 def test_reference_protocols_hold_and_the_reduction_shrinks(cls):
+    """The reference protocols hold at 3x4 and the reduction explores strictly fewer states."""
     a = explore(cls(), 3, 4, reduction=True)
     b = explore(cls(), 3, 4, reduction=False)
     assert a.verdict == b.verdict == "held"
@@ -128,6 +139,7 @@ class _TimeoutIsFatal(PaperProtocolAsync):
 
 
 def test_lost_and_delayed_completions_are_explored():
+    """A flaw reachable only through a lost or delayed completion is found, and not without faults."""
     res = explore(_TimeoutIsFatal(), 2, 2, properties=["termination"])
     assert res.verdict == "violated"
     plan = res.counterexample.faults
@@ -137,6 +149,7 @@ def test_lost_and_delayed_completions_are_explored():
 
 
 def test_budgets_progress_and_bad_input():
+    """should_stop gives 'incomplete', progress reports counters, a cached set shrinks the search, bad input raises."""
     seen = []
     res = explore(PaperProtocolAsync(), 3, 5, max_faults=2, reduction=False, should_stop=lambda: bool(seen),
                   progress=seen.append)
@@ -150,6 +163,7 @@ def test_budgets_progress_and_bad_input():
 
 
 def test_bench_reports_a_rate():
+    """bench() returns positive states, seconds and rate."""
     got = bench(0.3)
     assert got["states"] > 0 and got["seconds"] > 0 and got["states_per_s"] > 0
 
@@ -176,3 +190,99 @@ def test_simulator_runs_are_among_the_explored_outcomes(cls):
                 continue  # not a terminal state: the run stopped on a transition
             cached, planned, results, props = outcome_summary(out)
             assert any(set(props) <= set(p) for p in explored.get((cached, planned, results), ())), (plan, props)
+
+
+class _CombineRaises(PaperProtocol):
+    """Test-only flaw: the scheduler's rule raises when some rank reports no hit."""
+
+    name = "combine-raises"
+
+    def combine(self, reports, n_chunks):
+        if min(reports) == 0:
+            raise ValueError("no hit")
+        return super().combine(reports, n_chunks)
+
+
+def test_a_raising_combine_is_a_termination_violation_as_in_run_case():
+    """explore() reports `termination` for a raising `combine` (it used to crash), and run_case agrees."""
+    res = explore(_CombineRaises(), 2, 3)
+    assert res.verdict == "violated" and res.violation.property == "termination"
+    assert "combine" in res.violation.summary
+    assert "termination" in run_case(_CombineRaises(), res.counterexample).violated()
+    assert res.counterexample.faults.evict_before_lookup  # a cached set where some rank has no hit
+
+
+def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
+    """A violating terminal state is checked over an Outcome with the store/lookup/load events and its real faults."""
+    from engines.explore.bfs import Search
+    search = Search(PaperProtocolAsync(), 2, 2, properties=frozenset())
+    search.run(None, None)
+    phases, plans = set(), set()
+    for packed in search.seen:
+        st = search.unpack(packed)
+        if any(search.L_run[x] for x in st[:2]):
+            continue
+        out = search.terminal_outcome(st)
+        phases |= {e.phase for e in out.events}
+        plans.add((bool(out.case.faults.lost), bool(out.case.faults.delayed), bool(out.case.faults.evict_during_load)))
+        assert out.case.faults.after_lookup() == (st[2] % 2 == 1)
+        assert len(out.load.schedule) == out.load.steps
+    assert phases == {"store", "lookup", "load"}
+    assert {(True, False, False), (False, True, False), (False, False, True), (False, False, False)} <= plans
+
+
+def test_every_lazy_entry_keeps_the_verdict_of_its_eager_twin():
+    """The lazy initial state gives every manifest configuration the eager verdict (and property) from no more states."""
+    eager = {e["name"]: e for e in ENTRIES if not e.get("lazy")}
+    lazy = [e for e in ENTRIES if e.get("lazy")]
+    assert {e["name"].replace("-lazy", "") for e in lazy} == {n for n, e in eager.items()
+                                                              if e["cached"] == "all" and not e.get("others")}
+    for e in lazy:
+        twin = eager[e["name"].replace("-lazy", "")]["expect"]
+        assert (e["expect"]["verdict"], e["expect"].get("property")) == (twin["verdict"], twin.get("property"))
+        assert e["expect"]["states"] <= twin["states"]
+    assert sum(e["expect"]["states"] for e in lazy) < sum(eager[e["name"].replace("-lazy", "")]["expect"]["states"]
+                                                          for e in lazy)
+
+
+@pytest.mark.parametrize("cls", [c for c in DEMO_VARIANTS if c.__name__ not in VARIANT_OTHERS], ids=lambda c: c.__name__)
+def test_lazy_counterexamples_name_a_concrete_cached_set(cls):
+    """A lazy counterexample lists every unit evicted before lookup, and run_case on it reports the property."""
+    prop = DEMO_VARIANTS[cls]
+    res = explore(cls(), *_config(cls), lazy=True, properties=[prop])
+    assert res.verdict == "violated" and res.violation.property == prop
+    case = res.counterexample
+    assert all(e.rank is not None and e.step is None for e in case.faults.evict_before_lookup)
+    out = run_case(cls(), case)
+    assert prop in out.violated() and out.cached == res.outcome.cached
+    if prop == "soundness":  # the completion with every unobserved unit absent: the smallest LCP
+        assert out.planned > out.lcp
+
+
+def test_too_many_cached_sets_are_refused_before_any_is_built():
+    """Eagerly, 2^units cached sets beyond what a state can name is an ExploreError at once; lazily it runs."""
+    with pytest.raises(ExploreError, match="use the lazy initial state"):
+        explore(PaperProtocol(), 8, 32, max_faults=1, should_stop=lambda: True)
+    assert explore(PaperProtocol(), 4, 30, max_faults=0, lazy=True, should_stop=lambda: True).verdict == "incomplete"
+
+
+@pytest.mark.parametrize("cls", (*EVERY_CLASS, _CombineRaises), ids=lambda c: c.__name__)
+def test_the_product_of_rank_trees_is_the_lookup_tree(cls):
+    """product_leaves gives lookup_leaves' leaves in the same order; a flagged leaf is one the harness faults."""
+    from engines.explore.bfs import Search
+    from engines.explore.lazy import lookup_leaves, product_leaves
+    for n, k in ((1, 3), (2, 3), (3, 2), (3, 5)):
+        s = Search(cls(), n, k, lazy=True, properties=frozenset())
+        whole = list(lookup_leaves(cls(), s.store_outcome, s.after_store, s.evictable))
+        product = list(product_leaves(cls(), s.hashes, s.after_store, s.evictable))
+        assert [bits for bits, _ in whole] == [bits for bits, *_ in product]
+        for (_, look), (_, reports, planned, judge) in zip(whole, product):
+            assert bool(look.violations) == judge
+            if not judge:
+                assert (look.reports, look.planned) == (reports, planned)
+
+
+def test_the_lazy_initial_state_refuses_other_prompts():
+    """Other prompts in the tier are explored with the eager initial state only; lazy says so instead of guessing."""
+    with pytest.raises(ExploreError, match="lazy initial state does not cover other prompts"):
+        explore(PaperProtocol(), 2, 2, lazy=True, others=[OtherPrompt(n_chunks=2, after=True)])

@@ -141,15 +141,20 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
     assert short.returncode == 4 and "must exceed --op-timeout (2)" in short.stderr, short.stderr
 
 
-def test_a_stall_in_the_explorer_set_up_hands_over_to_the_case_engines():
-    """A lookup that stalls while the explorer sets up is noted in the stats, not a crash of `check`."""
+def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
+    """A lookup that stalls in the explorer is a termination violation of that configuration, as in run_case."""
     from engines.search import SearchStats
     from shardcheck.campaign import _explore
 
     stats = SearchStats()
     with watching(0.3):
         found = _explore(SleepyLookup(), run_case, lambda: False, stats)
-    assert found is None and "SleepyLookup.rank_lookup did not return" in stats.by_engine["explore_stalled"]
+    assert found is not None and found.engine == "explore"
+    assert [v.property for v in found.outcome.violations] == ["termination"]
+    assert "SleepyLookup.rank_lookup did not return" in found.outcome.violations[0].summary
+    with watching(0.3):  # the lazy initial state enumerates each rank's lookup on its own: the same finding
+        lazy = explore(SleepyLookup(), 2, 3, lazy=True)
+    assert lazy.violation.property == "termination" and "SleepyLookup.rank_lookup" in lazy.violation.summary
 
 
 def test_pytest_timeout_still_works_under_the_watch(tmp_path):

@@ -1,0 +1,23 @@
+"""Exhaustive explorer: breadth-first search over every interleaving of the N rank load programs and every
+fault choice, for small configurations (N ranks, K chunks, every cached set or a given one).
+
+Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modules, bottom up:
+- `tries`: rank-program tries (a deterministic program's state is the results it received);
+- `stores`: interned store contents and the initial configurations;
+- `lazy`: the lazy initial state (presence decided when first observed), with its soundness argument;
+- `state`: the model explored, interned local states and stores, packing, rank-local transitions, the
+  harness's store and lookup phases, and lazy eviction placement with its soundness argument;
+- `terminal`: the real `Outcome` of a terminal state and its checks;
+- `reconstruct`: a violating state's BFS path as a `Case`;
+- `bfs`: the search loop, partial-order reduction (with its soundness argument) and what is checked where;
+- `api`: `explore`, `bench` and the test hooks;
+- `shards`: exact partitioning into shards and the merge that gives the one-process result;
+- `workers`, `on_ray`: the shards on local processes or as Ray tasks; `scale`: the scale benchmark.
+`bench()` measures the search (`shardcheck bench`; the manifest: `shardcheck regen manifest`).
+"""
+from engines.explore.api import bench, explore, outcome_summary, terminal_outcomes, terminal_signatures
+from engines.explore.result import ExploreError, ExploreResult
+from engines.explore.state import DELAY_SECONDS
+
+__all__ = ["explore", "ExploreResult", "ExploreError", "bench", "terminal_signatures", "terminal_outcomes",
+           "outcome_summary", "DELAY_SECONDS"]
