@@ -28,10 +28,11 @@ EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3,
 
 def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budget: float,
                 should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float,
-                multi_prompt: bool = True) -> Any:
+                multi_prompt: bool = True, explore_workers: int = 1, protocol_ref: str | None = None) -> Any:
     """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None. `client` is a
     `runtime.registry.Client`: an in-memory one gets the explorer (it runs its own store model), a real one the
-    store layer first. `multi_prompt=False`: no case with other prompts in the tier (a runner that cannot run them)."""
+    store layer first. `multi_prompt=False`: no case with other prompts in the tier (a runner that cannot run them).
+    `explore_workers > 1`: the explorer's configurations run in that many local processes (by `protocol_ref`)."""
     levels = LEVELS if multi_prompt else tuple(level for level in LEVELS if level != "prompts")
     phases = MODEL_PHASES if client.in_memory else REAL_PHASES
     phase_end = [start]
@@ -56,7 +57,8 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
             found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False,
                            swarm=True, levels=levels, others=multi_prompt)
         elif phase == "explore":
-            found = _explore(protocol, run, phase_over, stats)
+            found = _explore(protocol, run, phase_over, stats, workers=explore_workers, ref=protocol_ref,
+                             phase_end=phase_end[0])
         elif phase == "concurrency":
             found = _concurrency(client, phase_over, stats, seed, budget_end=start + budget)
         else:
@@ -90,7 +92,8 @@ def _concurrency(client: Any, stop: Callable[[], bool], stats: SearchStats, seed
     return trace
 
 
-def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats) -> Found | None:
+def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats, *, workers: int = 1,
+             ref: str | None = None, phase_end: float = float("inf")) -> Found | None:
     from engines.explore import explore
     from model.calls import Stalled
     from runtime.watchdog import forget
@@ -98,7 +101,18 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
         if stop():
             break
         try:
-            res = explore(protocol, n, k, max_faults=faults, should_stop=stop)
+            if workers > 1 and ref is not None:  # the configurations shared out to local worker processes
+                from engines.explore.shards import ShardSpec
+                from engines.explore.workers import explore_workers
+                left = phase_end - time.monotonic()
+                if left <= 0:
+                    break
+                res = explore_workers(ShardSpec(protocol=ref, n_ranks=n, n_chunks=k, max_faults=faults), workers,
+                                      timeout=left)
+                if res.verdict == "incomplete":
+                    break
+            else:
+                res = explore(protocol, n, k, max_faults=faults, should_stop=stop)
         except Stalled as exc:  # in the explorer's set-up (its store phase or lookups): no case to report;
             stats.by_engine["explore_stalled"] = str(exc)  # the case engines after it find the stall as a case,
             forget()  # judged at the full limit

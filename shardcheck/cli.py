@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
+    c.add_argument("--explore-workers", type=int, default=1, metavar="W",
+                   help="local processes the explorer's configurations are shared out to (default: 1)")
     c.add_argument("--runner", choices=("sim", "processes"), default="sim",
                    help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
                         "(torch.distributed, gloo) (default: sim)")

@@ -71,7 +71,7 @@ STORE_MINIMISE_SHARE = 0.5
 def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False,
               op_timeout: float | None = None, until_exhausted: tuple[int, int] | None = None,
-              runner: str = "sim") -> dict:
+              runner: str = "sim", explore_workers: int = 1) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
     from engines.minimise import minimise
@@ -111,7 +111,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         if found is None:
             found = run_engines(protocol, client, run, start=start, budget=budget, should_stop=should_stop,
                                 stats=stats, seed=seed, op_timeout=op_timeout,
-                                multi_prompt=runner == "sim")
+                                multi_prompt=runner == "sim", explore_workers=explore_workers,
+                                protocol_ref=resolved.ref)
         if isinstance(found, Found):
             grace = deadline + MINIMISE_GRACE
             original = found
@@ -178,7 +179,8 @@ def _confirm_stall(protocol: Any, found: Any, run: Any) -> Any:
 def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
                        progress=not args.json, op_timeout=args.op_timeout,
-                       until_exhausted=_size_arg(args.until_exhausted), runner=args.runner)
+                       until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
+                       explore_workers=args.explore_workers)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

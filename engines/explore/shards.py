@@ -84,7 +84,7 @@ class ShardResult:
 def resolve_protocol(ref: str) -> Any:
     """A short name or `MOD:ATTR` -> a protocol instance (`runtime.registry`); ExploreError naming what is wrong."""
     try:
-        return registry.resolve_protocol(ref)
+        return registry.resolve_protocol(ref).obj
     except registry.ResolveError as exc:
         raise ExploreError(str(exc)) from None
 
