@@ -69,6 +69,40 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     _step(rows, "check correct jittery client", "held", check(None, "properties.bad_stores:jitter_factory",
                                                                secs=min(budget, 10)))
 
+    def processes(spec: str) -> Callable[[], tuple[str, str]]:
+        def go() -> tuple[str, str]:
+            r = run_check(spec, None, budget=min(budget, 15), out_dir=out_dir, runner="processes")
+            props = sorted({v["property"] for v in r["violations"]})
+            return r["verdict"], f"{r['stats']['cases']} cases on rank processes (gloo)" + (
+                f"; {', '.join(props)}" if props else "")
+        return go
+
+    _step(rows, "check paper --runner processes (gloo collectives)", "held", processes("paper"))
+    _step(rows, "check demo EarlyExitOnMiss --runner processes -> desync", "violated",
+          processes("model.variants:EarlyExitOnMiss"))
+
+    def explore_workers() -> tuple[str, str]:
+        from engines.explore.shards import ShardSpec
+        from engines.explore.workers import explore_workers as run
+        res = run(ShardSpec(protocol="paper", n_ranks=6, n_chunks=12, lazy=True), 2, timeout=300)
+        return res.verdict, f"{res.states:,} states in {res.seconds:.1f} s on {res.workers} worker processes"
+
+    _step(rows, "explore paper N=6 K=12 1 fault, lazy, 2 workers", "held", explore_workers)
+
+    def tier() -> tuple[str, str]:
+        import argparse
+        from shardcheck.tier_cmd import add_arguments, run_tier
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        r = run_tier(parser.parse_args(["--plots", out_dir]))
+        name, best = max(r["verdict"]["by_setup"].items(), key=lambda kv: kv[1]["B"])
+        pays = (f"a hit pays above {best['break_even_tokens']:,.0f} tokens" if best["pays"]
+                else "no prompt length makes a hit pay")
+        return "measured", (f"best {name}: B = {best['B'] / 1e9:.2f} GB/s vs B* = {r['verdict']['B_star'] / 1e9:.2f} "
+                            f"GB/s, {pays}; T0 {r['measured']['t0'] * 1e3:.1f} ms; {r['cores']} cores")
+
+    _step(rows, "tier: LMCache on embedded Valkey, the cost model applied", "measured", tier)
+
     def manifest() -> tuple[str, str]:
         import io
         from engines import manifest as explore_manifest
