@@ -42,7 +42,10 @@ def run_engines(protocol: Any, client: str, factory: Any, run: Callable, *, star
         elif phase == "explore":
             found = _explore(protocol, run, phase_over, stats)
         elif phase == "concurrency":
-            found = _concurrency(client, factory, phase_over, stats, seed, budget_end=start + budget)
+            # a run is never cut short (a pending op would read as lost): start one only if it fits the phase
+            margin = CONCURRENT_BOUND["lmcache" if client.startswith("lmcache") else "model"]
+            found = _concurrency(client, factory, lambda: phase_over() or time.monotonic() + margin >= phase_end[0],
+                                 stats, seed, budget_end=start + budget - margin)
         else:
             found = _hypothesis(protocol, client, factory, run, phase_over, stats, seed)
         if found is not None:
