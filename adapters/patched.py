@@ -50,6 +50,15 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    after both puts completed misses (`get_prefix -> []`). Fix: a `RemoteBackend` subclass whose
    `submit_put_task` first waits (bounded by half the op timeout) for the in-flight put of that key.
 
+8. A buffer shared by two reads (finding `wrong-caller`, found by the concurrent layer): when fix 2 gave up on
+   a stuck GET it cancelled it; the cancelled `RESPConnector._get` dropped its memory object, the allocator
+   handed that buffer to another read, and the native worker, still holding the raw pointer, wrote the first
+   key's bytes into it later: `get_prefix([k5, k1])` answered a value written for k0 (1 of 210 runs). With the
+   GET bound forced to 0.1 ms: 3 of 40 runs cancelled, 0 of 40 shielded. Stock LMCache has the same hazard
+   whenever RemoteBackend's own `wait_for(blocking_timeout_secs)` cancels a read. Fix: the stuck GET is
+   shielded, not cancelled, and what it read is freed when it ends; a retired client is closed no sooner than
+   1 s after it was replaced (closing it fails its pending reads, which then free their buffers).
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
 
@@ -86,6 +95,19 @@ PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
 _connector_class: Any = None
 
 
+def _release_late(task: Any) -> None:
+    """A GET abandoned by fix 2 ended (its client was retired, or it answered late): free what it read."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    result = task.result()
+    for mo in result if isinstance(result, list) else [result]:
+        if mo is not None:
+            try:
+                mo.ref_count_down()
+            except Exception:
+                pass
+
+
 def patched_resp_connector_class() -> type:
     """`RESPConnector` with fix 2 (built lazily so importing this module does not import torch)."""
     global _connector_class
@@ -109,7 +131,7 @@ def patched_resp_connector_class() -> type:
             # fix 5: other callers' ops may still be in flight on the old client; closing it at once failed
             # them ("socket writev failed" on a put): close it once they have had time to finish
             self._retired = [*getattr(self, "_retired", []), old]
-            self.loop.call_later(4 * self.get_timeout, self._retire, old)
+            self.loop.call_later(max(1.0, 4 * self.get_timeout), self._retire, old)
 
         def _retire(self, old: Any) -> None:
             retired = getattr(self, "_retired", [])
@@ -126,11 +148,17 @@ def patched_resp_connector_class() -> type:
             await super().close()
 
         async def _bounded(self, coro: Any) -> tuple[bool, Any]:
+            # fix 8: the stuck GET is shielded, not cancelled: cancelling dropped its memory object, whose
+            # buffer the allocator handed to another read while the native worker still wrote into it
+            task = asyncio.ensure_future(coro)
             try:
-                return True, await asyncio.wait_for(coro, self.get_timeout)
+                return True, await asyncio.wait_for(asyncio.shield(task), self.get_timeout)
             except asyncio.TimeoutError:
                 self._renew_client()
                 return False, None
+            finally:
+                if not task.done():
+                    task.add_done_callback(_release_late)
 
         async def _get(self, key: Any) -> Optional[Any]:
             # fix 6: a GET that stuck (evicted after EXISTS, or slow under load) is asked again on the renewed

@@ -60,7 +60,10 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
             found = _explore(protocol, run, phase_over, stats, workers=explore_workers, ref=protocol_ref,
                              phase_end=phase_end[0])
         elif phase == "concurrency":
-            found = _concurrency(client, phase_over, stats, seed, budget_end=start + budget)
+            # a run is never cut short (a pending op would read as lost): start one only if it fits the phase
+            margin = CONCURRENT_BOUND["lmcache" if client.self_bounded else "model"]
+            found = _concurrency(client, lambda: phase_over() or time.monotonic() + margin >= phase_end[0],
+                                 stats, seed, budget_end=start + budget - margin)
         else:
             found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout, multi_prompt)
         if found is not None:

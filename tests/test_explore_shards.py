@@ -15,7 +15,8 @@ def spec_of(entry: dict) -> ShardSpec:
     return ShardSpec(protocol=entry["protocol"], n_ranks=entry["n_ranks"], n_chunks=entry["n_chunks"],
                      cached=None if entry["cached"] == "all" else tuple(entry["cached"]),
                      max_faults=entry["max_faults"], reduction=entry["reduction"], lazy=entry.get("lazy", False),
-                     properties=tuple(entry["properties"]) if entry.get("properties") else None)
+                     properties=tuple(entry["properties"]) if entry.get("properties") else None,
+                     others=tuple({"evicted": [], "shared": 0, "salt": "t1", **o} for o in entry.get("others", ())))
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import attrs
 
+from model.trace import others_from_json
 from model.harness import run_case
 from model.outcome import Case, Violation
 from runtime import registry
@@ -46,6 +47,8 @@ class ShardSpec:
     properties: tuple[str, ...] | None = None
     step_bound: int | None = None
     salt: str = "s0"
+    #: Other prompts in the tier, as `config.others` entries of a trace (`model.trace.others_to_json`).
+    others: tuple[dict, ...] = ()
 
 
 @attrs.define(kw_only=True)
@@ -103,7 +106,7 @@ def run_shard(spec: ShardSpec, index: int, count: int, *, should_stop: Callable[
                     cached=None if spec.cached is None else frozenset(spec.cached), max_faults=spec.max_faults,
                     reduction=spec.reduction, salt=spec.salt, step_bound=spec.step_bound,
                     properties=None if spec.properties is None else frozenset(spec.properties), lazy=spec.lazy,
-                    shard=(index, count))
+                    shard=(index, count), others=tuple(others_from_json(o) for o in spec.others))
     cut = [False]
 
     def stop() -> bool:
