@@ -459,3 +459,22 @@ def test_long_foreign_keys_map_back_to_their_keys():
     assert len(set(labels)) == len(labels) and max(map(len, labels)) <= 18
     assert labels[:2] == [f"tenantA|{t.ops[0]['key'][8:12]}..", f"tenantB|{t.ops[1]['key'][8:12]}.."]
     assert labels[5] == "short/7" and labels[3] != "k1" and labels[4] != "c0"
+
+
+def test_a_concurrent_history_is_drawn_as_lanes_with_its_pending_and_unplaceable_ops():
+    """A racy trace shows one lane per caller, its never-completed op, its linearizable prefix and its X op."""
+    from pathlib import Path
+    from shardcheck.show.history import history_svg, history_timeline
+    corpus = Path(__file__).resolve().parents[1] / "counterexamples"
+    lost = Trace.load(corpus / "lmcache-sync-prefix-count-lost-completion.json")
+    text = history_timeline(lost)
+    assert text.count("<-- never completed") == 1 and "rate     shown in" in text
+    stale = Trace.load(corpus / "lmcache-put-dropped-while-in-flight.json")
+    text = history_timeline(stale)
+    assert text.count("<-- cannot be placed") == 1 and "linearizable prefix (+)" in text
+    assert len({line.split()[0] for line in text.splitlines() if line.startswith("t")}) == 6  # six callers' lanes
+    root = ET.fromstring(history_svg(stale))
+    rects = [e for e in root.iter() if e.tag.endswith("rect")]
+    assert sum("unplaceable" in r.get("class", "") for r in rects) == 1
+    assert sum("pending" in r.get("class", "") for r in ET.fromstring(history_svg(lost)).iter()
+               if r.tag.endswith("rect")) == 1

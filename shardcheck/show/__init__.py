@@ -4,7 +4,9 @@ Both renderings are pure functions of a `model.trace.Trace` and share one interm
 `picture.Picture`: the trace read into rows (one per event: a store op, a collective arrival or completion,
 an eviction, a lookup step), the end state of every rank's lifeline, and the violations located on those rows.
 `terminal.timeline` lays the rows out as text columns (one per rank), `diagram.svg` as a sequence diagram.
-Stdlib only; every value shown comes from the trace, so a hand-edited trace renders too.
+A `concurrent` trace is drawn as its history instead (`history`: a lane per caller, op intervals, the op that never
+completed, the linearizable prefix and the op that cannot be placed). Stdlib only; every value shown comes from the
+trace, so a hand-edited trace renders too.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from model.trace import Trace, TraceError
 from shardcheck.show.diagram import svg
+from shardcheck.show.history import history_svg, history_timeline
 from shardcheck.show.terminal import timeline
 
 __all__ = ["timeline", "svg", "show_command"]
@@ -37,10 +40,11 @@ def show_command(path: str, svg_out: str | None) -> int:
         if Path(svg_out).is_dir():
             print(f"shardcheck show: cannot write the SVG to {svg_out}: it is a directory", file=sys.stderr)
             return 2
-    sys.stdout.write(timeline(trace))
+    concurrent = trace.kind == "concurrent"
+    sys.stdout.write(history_timeline(trace) if concurrent else timeline(trace))
     if svg_out is not None:
         try:
-            Path(svg_out).write_text(svg(trace), encoding="utf-8")
+            Path(svg_out).write_text(history_svg(trace) if concurrent else svg(trace), encoding="utf-8")
         except OSError as exc:
             print(f"shardcheck show: cannot write the SVG to {svg_out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
