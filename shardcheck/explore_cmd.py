@@ -21,22 +21,23 @@ __all__ = ["add_arguments", "cmd_explore", "parse_cached"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `shardcheck explore`."""
-    p.add_argument("--protocol", required=True, help="short name or MOD:ATTR of the protocol")
-    p.add_argument("--ranks", type=int, required=True, help="N, the number of ranks")
-    p.add_argument("--chunks", type=int, required=True, help="K, the number of chunks")
+    p.add_argument("--protocol", required=True, help="short name or MOD:ATTR of the protocol (required)")
+    p.add_argument("--ranks", type=int, required=True, help="N, the number of ranks (required)")
+    p.add_argument("--chunks", type=int, required=True, help="K, the number of chunks (required)")
     p.add_argument("--faults", type=int, default=1, help="faults after the lookup per run (default 1)")
     p.add_argument("--cached", default="all", help="'all' (every cached set, default) or the chunks cached: i,j,..")
     p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1: this process)")
     p.add_argument("--shards", type=int, default=None,
                    help="shards to split the work into (default: one per worker); more shards, less memory each")
     p.add_argument("--ray", default=None, metavar="auto|ADDRESS",
-                   help="run the shards as Ray tasks: 'auto' starts a local cluster, else the cluster's address")
+                   help="run the shards as Ray tasks: 'auto' starts a local cluster, else the cluster's address "
+                        "(default: local processes)")
     p.add_argument("--eager", action="store_true",
                    help="every cached set as its own initial configuration (default: the lazy initial state)")
-    p.add_argument("--no-reduction", action="store_true", help="the full interleaving space (no POR)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before the run stops as incomplete")
-    p.add_argument("--out", default=None, help="directory to write a counterexample trace into")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-reduction", action="store_true", help="the full interleaving space (no POR) (default: off)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the run stops as incomplete (default: none)")
+    p.add_argument("--out", default=None, help="directory to write a counterexample trace into (default: none)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
 
 
 def parse_cached(text: str, n_chunks: int) -> tuple[int, ...] | None:

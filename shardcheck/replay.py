@@ -135,7 +135,8 @@ def add_arguments(r: Any) -> None:
                    help="seconds one store call may take before it is a hang (default: 2; store-ops traces use "
                         "the timeout they record)")
     r.add_argument("--expect", action="store_true",
-                   help="exit 0 iff every outcome equals the trace's expectation for the client that ran it")
+                   help="exit 0 iff every outcome equals the trace's expectation for the client that ran it "
+                        "(default: off: exit 1 when any reproduces)")
     r.add_argument("--runner", choices=("sim", "processes"), default="sim",
                    help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
                         "(default: sim)")

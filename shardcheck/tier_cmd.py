@@ -47,15 +47,15 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--url", action="append", default=None, metavar="URL",
                    help="a running server (redis://[:PW@]HOST:PORT); once: one shared server, several: one per rank "
                         "(default: embedded Valkey servers on free 127.0.0.1 ports)")
-    p.add_argument("--model", default="paper", choices=sorted(PRESETS), help="bytes/token and recompute-rate preset")
-    p.add_argument("--bytes-per-token", type=float, default=None, metavar="S", help="KV bytes per token (overrides)")
-    p.add_argument("--recompute-rate", type=float, default=None, metavar="R", help="prefill tokens/s (overrides)")
+    p.add_argument("--model", default="paper", choices=sorted(PRESETS), help="bytes/token and recompute-rate preset (default: paper)")
+    p.add_argument("--bytes-per-token", type=float, default=None, metavar="S", help="KV bytes per token (default: the preset's)")
+    p.add_argument("--recompute-rate", type=float, default=None, metavar="R", help="prefill tokens/s (default: the preset's)")
     p.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk (default 256, LMCache's)")
     p.add_argument("--arrival-rate", type=float, default=None, metavar="LAM", help="hits/s for rho (default: paper's)")
     p.add_argument("--hit-tokens", type=float, default=None, help="tokens per hit for rho (default: paper's median)")
     p.add_argument("--seconds", type=float, default=1.5, help="seconds of GETs per measured point (default 1.5)")
-    p.add_argument("--plots", default="shardcheck-tier", metavar="DIR", help="where the PNG and SVG plots go")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--plots", default="shardcheck-tier", metavar="DIR", help="where the PNG and SVG plots go (default: shardcheck-tier)")
+    p.add_argument("--json", action="store_true", help="print every figure as JSON (default: a report)")
 
 
 def _positive(name: str, value: float | None) -> None:

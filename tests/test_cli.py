@@ -242,3 +242,17 @@ def test_pytest_properties_imports_a_protocol_module_of_the_working_directory(tm
                         "--protocol", "mymod:X", "--found-dir", str(tmp_path / "found")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "SoundnessViolated" in r.stdout, r.stdout[-2000:] + r.stderr
+
+
+def test_every_option_says_its_default():
+    """Every option of every subcommand has help text that names its default (or that it is required)."""
+    import argparse
+    from shardcheck.cli import _parser
+    missing = []
+    for action in _parser()._subparsers._group_actions:
+        for name, sub in action.choices.items():
+            for a in sub._actions:
+                if a.option_strings and not isinstance(a, argparse._HelpAction):
+                    if not a.help or not ("default" in a.help or "required" in a.help):
+                        missing.append(f"{name} {a.option_strings[0]}")
+    assert missing == []
