@@ -22,7 +22,7 @@ verify: venv
 # The ci Hypothesis profile is derandomized: the same examples on every run.
 test: venv
 	$(VENV)/bin/lint-imports
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache out

@@ -135,10 +135,10 @@ def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works(
         stores[0].get("never-written")
     took = time.monotonic() - t0
     assert (exc.value.op, exc.value.key, exc.value.seconds) == ("get", "never-written", T)
-    assert T <= took < T + 0.5
+    assert T <= took < T + 5  # the bound is what ended the call (a hang would be the client's 10 s, or never)
     t0 = time.monotonic()
     close_all(stores)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 5  # close() never waits on the stuck call (it would wait for ever)
     assert not servers.running()
     again = resp_factory(2, use_mla=False, op_timeout=T)
     try:

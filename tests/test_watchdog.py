@@ -111,7 +111,8 @@ def test_check_reports_a_blocking_protocol_within_its_budget_and_replay_reproduc
     data = json.loads(r.stdout)
     v = data["violations"][0]
     assert v["property"] == "termination" and "SleepyLookup.rank_lookup did not return" in v["summary"]
-    assert data["stats"]["seconds"] < 4 + 3 + 2 * 1 + 5  # budget + grace + a stall and its confirmation + slack
+    # it ends by itself, well before the supervisor's backstop (budget x 1.5 + 30 s) would end it with exit 3
+    assert data["stats"]["seconds"] < 4 * 1.5 + 30
     assert "stalled before" not in v["summary"]  # reported at the full limit, not the shortcut
     trace = json.loads(Path(v["counterexample"]).read_text())
     assert trace["config"]["n_ranks"] == 2 and trace["config"]["n_chunks"] >= 2  # rank 1 stalls from 2 chunks on
