@@ -58,6 +58,10 @@ __all__ = [
     "Bounded", "DEFAULT_OP_TIMEOUT",
 ]
 
+# LMCache logs at INFO from import on (and in every rank and tier process): ERROR unless SHARDCHECK_LMCACHE_LOGS is set
+if not os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
+
 MODEL_NAME = "shardcheck"
 CHUNK_TOKENS = 16
 NUM_LAYERS = 8
