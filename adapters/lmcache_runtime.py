@@ -132,7 +132,7 @@ def _then(fut: cf.Future, fn: Callable[[Any], Any]) -> cf.Future:
 
 # --------------------------------------------------------------------------- admin (eviction)
 
-def _resp_command(port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
+def _resp_command(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
     def enc(*a: str) -> bytes:
         parts = [b"*%d\r\n" % len(a)]
         for x in a:
@@ -140,7 +140,7 @@ def _resp_command(port: int, password: str | None, *args: str, timeout: float = 
             parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
         return b"".join(parts)
 
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         if password is not None:
             s.sendall(enc("AUTH", password))
             s.recv(64)

@@ -166,7 +166,7 @@ class _StoreBase:
         def evict() -> bytes:
             for attempt in range(3):
                 try:
-                    return _resp_command(self.port, self.password, "DEL", ks)
+                    return _resp_command(self.host, self.port, self.password, "DEL", ks)
                 except (BrokenPipeError, ConnectionResetError):
                     if attempt == 2:
                         raise
@@ -177,7 +177,7 @@ class _StoreBase:
 
     def server_keys(self) -> list[str]:
         """Every key on this rank's server (diagnostics: which key names a client wrote)."""
-        raw = self.bounded.call("keys", "*", lambda: _resp_command(self.port, self.password, "KEYS", "*"))
+        raw = self.bounded.call("keys", "*", lambda: _resp_command(self.host, self.port, self.password, "KEYS", "*"))
         parts = raw.split(b"\r\n")
         return [p.decode() for i, p in enumerate(parts) if i > 0 and parts[i - 1].startswith(b"$")]
 

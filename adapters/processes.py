@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from adapters.children import reap
+from model.calls import ProtocolRaised, Stalled, protocol_call
 from model.checks import check_outcome
 from model.harness import chunk_hashes, kv_bytes
 from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_run
@@ -202,9 +203,10 @@ class _Case:
             return self._finish(out)
         out.reports = [got[r][2] for r in range(n)]
         try:
-            out.planned = self.protocol.combine(list(out.reports), k)
-        except Exception as exc:
-            out.violations = [Violation("termination", f"lookup: combine raised {type(exc).__name__}: {exc}")]
+            with protocol_call(None, "combine"):
+                out.planned = self.protocol.combine(list(out.reports), k)
+        except (ProtocolRaised, Stalled) as exc:
+            out.violations = [Violation("termination", f"lookup: {exc}")]
             return self._finish(out)
         out.events.append(Event(0, None, 0.0, "lookup", "combine", out.planned, note=f"reports {out.reports}"))
         if not isinstance(out.planned, int) or isinstance(out.planned, bool):

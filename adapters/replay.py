@@ -227,9 +227,14 @@ os._exit(0)  # a failed glide connect leaves retrying threads behind: do not wai
 def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), name=name, client=client)],
-                         capture_output=True, text=True, timeout=120, cwd=str(ROOT))
-    records, violations = json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), name=name, client=client)],
+                             capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        records, violations = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, ValueError) as exc:  # the child hung or died: say so
+        detail = getattr(exc, "stderr", None) or (out.stderr[-500:] if "out" in locals() else "")
+        raise RuntimeError(f"{name} on {client}: the replay in a child process failed ({type(exc).__name__}); "
+                           f"{detail}") from None
     t = trace_of(name)
     props = [v["property"] for v in violations]
     outcome = "reproduces" if t.property in props else "fixed"

@@ -226,6 +226,7 @@ def measure_tier(*, chunk_bytes: int, urls: Sequence[str] | None = None, seconds
             raise Unreachable(f"server {host}:{port} does not answer PING")
     owned = None
     workers = None
+    source = "url" if endpoints is not None else "embedded"
     prefix = f"shardcheck-tier-{uuid.uuid4().hex[:8]}"
     top = max(rank_counts)
     try:
@@ -279,14 +280,14 @@ def measure_tier(*, chunk_bytes: int, urls: Sequence[str] | None = None, seconds
                     hit = [f"{prefix}:hit{i % 8}" for i in range(m)]
                     xs = workers.ask([0], [("hit", hit, chunk_bytes, 3)])[0]
                     result["hits"][str(m)] = statistics.median(xs)
-        if source == "url":
-            step("removing the measurement's keys")
-            for host, port, pw in {tuple(e) for e in endpoints}:
-                _delete_prefix(host, port, pw, prefix)
         return result
     finally:
         if workers is not None:
             workers.close()
+        if source == "url":  # a user's servers keep nothing of ours, whatever happened
+            step("removing the measurement's keys")
+            for host, port, pw in {tuple(e) for e in endpoints}:
+                _delete_prefix(host, port, pw, prefix)
         if owned is not None:
             owned.stop()
 

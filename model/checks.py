@@ -13,7 +13,7 @@ from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
            "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
-           "STORE_PROPERTIES", "check_outcome"]
+           "STORE_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
 
 
 def soundness(o: Outcome) -> list[Violation]:

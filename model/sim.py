@@ -13,8 +13,8 @@ import attrs
 import networkx as nx
 
 from model.contract import RankStore, StoreCallTimeout
-from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Broadcast, Get, GetAsync, Handle, Put,
-                           TIMED_OUT, Wait, collective_signature)
+from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Get, GetAsync, Handle, Put, TIMED_OUT,
+                           Wait, collective_signature)
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation

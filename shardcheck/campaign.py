@@ -97,7 +97,7 @@ def _concurrency(client: Any, stop: Callable[[], bool], stats: SearchStats, seed
 
 def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats, *, workers: int = 1,
              ref: str | None = None, phase_end: float = float("inf")) -> Found | None:
-    from engines.explore import explore
+    from engines.explore import ExploreError, explore
     from model.calls import Stalled
     from runtime.watchdog import forget
     for n, k, faults in EXPLORE_SIZES:
@@ -116,6 +116,9 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
                     break
             else:
                 res = explore(protocol, n, k, max_faults=faults, should_stop=stop)
+        except ExploreError as exc:  # a configuration the explorer cannot handle (too big, not deterministic)
+            stats.by_engine["explore_refused"] = str(exc)
+            return None
         except Stalled as exc:  # in the explorer's set-up (its store phase or lookups): no case to report;
             stats.by_engine["explore_stalled"] = str(exc)  # the case engines after it find the stall as a case,
             forget()  # judged at the full limit
@@ -125,7 +128,9 @@ def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: Sear
         if res.verdict == "held":
             stats.explored.append({"ranks": n, "chunks": k, "faults": faults, "states": res.states})
         if res.verdict == "violated":
-            return Found(res.counterexample, run(protocol, res.counterexample), "explore")
+            out = run(protocol, res.counterexample)
+            if out.violations:  # (a runner other than the simulator may not show it: the other engines go on)
+                return Found(res.counterexample, out, "explore")
     return None
 
 

@@ -1,4 +1,4 @@
-"""The `shardcheck` command line: check, prove, replay, bench, show, verify, regen.
+"""The `shardcheck` command line: check, prove, replay, bench, show, verify, regen, campaign, tier, explore.
 
 Exit codes: 0 every property held / expectations met; 1 a violation (or an unmet expectation);
 2 unusable input (a bad spec, a malformed trace, a dead server), with a message naming it; 3 protocol code
@@ -84,12 +84,14 @@ HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from shardcheck import supervise
-    if argv is None and args.command == "check" and not supervise.in_child() and args.budget > 0:
+    if argv is None and args.command == "check" and not supervise.in_child() and args.budget > 0 \
+            and args.until_exhausted is None:  # (--until-exhausted runs whatever the budget: no deadline then)
         # run as a program: a protocol stuck in C starves the watchdog, so a parent process ends it at a deadline
         # (see shardcheck.supervise); an in-process call (main([...])) runs unsupervised
         return supervise.supervise(sys.argv[1:], supervise.deadline(args.budget), args.command)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     from model.calls import Stalled
+    from runtime.registry import ResolveError
     from runtime.watchdog import watching
     import importlib
     handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
               file=sys.stderr)
         return EXIT_USAGE
-    except UsageError as exc:
+    except (UsageError, ResolveError) as exc:  # (a client's factory that breaks the contract, found on first use)
         print(f"shardcheck {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -130,7 +132,8 @@ def stall_limit(args: Any) -> float:
     from runtime.registry import CLIENTS
     entry = CLIENTS.get(getattr(args, "client", None) or "model")
     floor = 1.0 if entry is not None and entry.in_memory else REAL_CLIENT_MIN_STALL
-    return min(STALL_SECONDS, max(floor, budget / 4))
+    op = getattr(args, "op_timeout", None) or 0.0  # a protocol call's store calls count: exceed one of them
+    return max(2 * op, min(STALL_SECONDS, max(floor, budget / 4)))
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

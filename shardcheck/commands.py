@@ -44,19 +44,23 @@ def _runner(client: Any, op_timeout: float, runner: str = "sim") -> Iterator[Any
     from runtime.registry import ResolveError
     if runner == "processes":
         from adapters.processes import ProcessRunner, RunnerError
-        try:
-            with ProcessRunner(client.name, op_timeout=op_timeout) as processes:
-                yield processes.run
-        except RunnerError as exc:
-            raise UsageError(f"--runner processes: {exc}") from None
+        with ProcessRunner(client.name, op_timeout=op_timeout) as processes:
+            def on_processes(protocol: Any, case: Any) -> Any:
+                try:
+                    return processes.run(protocol, case)
+                except RunnerError as exc:  # the runner could not run the case (replay: an error row; check: exit 2)
+                    raise UsageError(f"--runner processes: {exc}") from None
+            yield on_processes
         return
-    try:
-        with case_runner(client, op_timeout=op_timeout) as run:
-            yield run
-    except ResolveError as exc:
-        raise UsageError(str(exc)) from None
-    except (OSError, RuntimeError) as exc:  # a dead server
-        raise UsageError(f"client {client.name!r}: {type(exc).__name__}: {exc}") from None
+    with case_runner(client, op_timeout=op_timeout) as run:
+        def guarded(protocol: Any, case: Any) -> Any:
+            try:
+                return run(protocol, case)
+            except ResolveError as exc:  # the factory failed or made stores that break the contract
+                raise UsageError(str(exc)) from None
+            except OSError as exc:  # a dead server
+                raise UsageError(f"client {client.name!r}: {type(exc).__name__}: {exc}") from None
+        yield guarded
 
 
 # -- check ------------------------------------------------------------------------------------------
@@ -118,7 +122,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
             original = found
             found = minimise(protocol, found, runner=run, budget_runs=500,
                              should_stop=lambda: time.monotonic() >= grace)
-            # `original` was judged at the full limit (see forget() above and in engines._explore)
+            # `original` was judged at the full limit (see forget() above and in shardcheck.campaign._explore)
             found = _confirm_stall(protocol, found, run) or original
     result: dict[str, Any] = {"protocol": resolved.name, "client": client.name, "verdict": "held", "violations": [],
                               "stats": {"cases": stats.cases, "by_engine": stats.by_engine,

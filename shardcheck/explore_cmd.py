@@ -96,10 +96,13 @@ def cmd_explore(args: Any) -> int:
     if res.violation is not None:
         report["violation"] = {"property": res.violation.property, "summary": res.violation.summary}
         if args.out:
-            from pathlib import Path
-            path = Path(args.out) / f"explore-{spec.protocol.rpartition(':')[2]}-{spec.n_ranks}x{spec.n_chunks}-" \
-                                    f"{res.violation.property}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-            report["counterexample"] = str(res.trace(protocol_ref=spec.protocol).save(path))
+            try:
+                path = res.trace(protocol_ref=spec.protocol).save_unique(
+                    args.out, "explore", spec.protocol.rpartition(":")[2], f"{spec.n_ranks}x{spec.n_chunks}",
+                    res.violation.property)
+            except OSError as exc:
+                raise UsageError(f"cannot write the counterexample under --out {args.out}: {exc}") from None
+            report["counterexample"] = str(path)
     if args.json:
         print(json.dumps(report, indent=1))
     else:

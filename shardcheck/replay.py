@@ -118,7 +118,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                     row["outcome"], row["why"] = _protocol_outcome(trace, protocol, runners[client.name])
             except UsageError as exc:
                 row["outcome"], row["why"] = "error", str(exc)
-            except RuntimeError as exc:  # the runner could not run this trace (e.g. the process runner refuses it)
+            except (RuntimeError, ValueError) as exc:  # the runner or the client could not run this trace
                 row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
             row["matches"] = row["outcome"] == row["expected"]
             row["seconds"] = round(time.monotonic() - t0, 3)

@@ -23,6 +23,8 @@ def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str
         got, detail = fn()
     except UsageError as exc:
         got, detail = "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 - one step that crashes is a failed row, never a lost table
+        got, detail = "error", f"{type(exc).__name__}: {exc}"
     rows.append({"step": name, "expected": expected, "got": got, "ok": got == expected, "detail": detail,
                  "seconds": round(time.monotonic() - t, 1)})
 

@@ -57,7 +57,7 @@ def test_blocking_get_counts_as_hang_promptly():
         start = time.perf_counter()
         with pytest.raises(AssertionError, match="store-hang: rank 0: get"):
             machine.get(rank=0, key="missing")
-        assert time.perf_counter() - start < 1.0
+        assert time.perf_counter() - start < OP_TIMEOUT + 5  # cut off at the bound, not after the client's 30 s
     with config.using(write_traces=False):
         again = StoreMachine()
         again.put(rank=0, key="k", value=b"v")

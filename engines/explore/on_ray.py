@@ -87,7 +87,7 @@ def explore_ray(spec: ShardSpec, address: str | None, *, workers: int | None = N
                 try:
                     results[index] = ray.get(ref, timeout=TICK)
                 except Exception as exc:  # noqa: BLE001 - a shard that kept failing: reported, never lost
-                    failed.append((index, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"))
+                    failed.append((index, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]}"))
             if progress is not None:
                 progress({"states": sum(r.states for r in results.values()), "shards": count, "done": len(results),
                           "failed": len(failed), "workers": min(count, cpus)})
