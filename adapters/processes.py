@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from adapters.children import reap
-from model.calls import ProtocolRaised, Stalled, protocol_call
+from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
 from model.checks import check_outcome
 from model.harness import chunk_hashes, kv_bytes
 from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_run
@@ -62,7 +62,7 @@ class ProcessRunner:
     """`run(protocol, case)` with one OS process per rank; `client` is any `--client` name or `MOD:ATTR`."""
 
     def __init__(self, client: str = "model", *, options: dict | None = None, timeout: float | None = None,
-                 op_timeout: float = 2.0) -> None:
+                 op_timeout: float = DEFAULT_OP_TIMEOUT) -> None:
         from runtime.registry import resolve_client
         self.client, self.options = client, dict(options or {})
         self.in_memory = resolve_client(client).in_memory

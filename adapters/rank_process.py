@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from adapters.children import die_with_parent
+from model.calls import DEFAULT_OP_TIMEOUT
 from model.effects import (AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT,
                            Wait)
 from model.outcome import Event
@@ -215,8 +216,8 @@ class _Rank:
         return result, self.judge(sigs, phase)
 
 
-#: Seconds a `Wait` on an in-flight completion may take in real time (as `model.sim`'s wait bound).
-WAIT_BOUND = 10.0
+#: Seconds a `Wait` on an in-flight completion may take in real time (the simulator's default wait bound).
+WAIT_BOUND = DEFAULT_OP_TIMEOUT
 _HUNG = object()
 
 

@@ -104,7 +104,7 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[di
     trace recorded); returns (records, violations as dicts) — at most one violation, the first."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
-    timeout = float(cfg.get("op_timeout", 1.0))
+    timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))
     options = {k: cfg[k] for k in OPTION_KEYS if k in cfg}
     t0 = time.monotonic()
     try:
@@ -149,7 +149,7 @@ def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
 def bounded_factory(trace: Any, client: Client) -> Any:
     """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
     none); every call bounded by the trace's op timeout."""
-    timeout = float(trace.config.get("op_timeout", 1.0))
+    timeout = float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT))
 
     def make(n: int, **options: Any) -> list:
         return [BoundedStore(s, timeout) for s in client.stores(n, **options)]

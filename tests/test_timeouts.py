@@ -30,8 +30,9 @@ def test_probe_bounds_every_call_of_a_client_that_does_not_bound_itself():
 def test_one_default_op_timeout():
     """The pool, the bounded calls and the LMCache adapters default to the one `model.calls.DEFAULT_OP_TIMEOUT`."""
     assert pool.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT
+    from adapters import processes, rank_process
     defaults = [inspect.signature(f).parameters["op_timeout"].default
-                for f in (ClientPool.__init__, lmcache_stores.BackendStore.__init__,
+                for f in (ClientPool.__init__, lmcache_stores.BackendStore.__init__, processes.ProcessRunner.__init__,
                           lmcache_stores.NativeStore.__init__, patched.PatchedBackendStore.__init__)]
-    assert set(defaults) == {DEFAULT_OP_TIMEOUT}
+    assert set(defaults) == {DEFAULT_OP_TIMEOUT} and rank_process.WAIT_BOUND == DEFAULT_OP_TIMEOUT
     assert not hasattr(bounded, "DEFAULT_OP_TIMEOUT") or bounded.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT

@@ -43,10 +43,11 @@ def show_command(path: str, svg_out: str | None) -> int:
     concurrent = trace.kind == "concurrent"
     sys.stdout.write(history_timeline(trace) if concurrent else timeline(trace))
     if svg_out is not None:
+        existed = Path(svg_out).exists()  # (said below: an SVG is a picture of the trace, replaced on purpose)
         try:
             Path(svg_out).write_text(history_svg(trace) if concurrent else svg(trace), encoding="utf-8")
         except OSError as exc:
             print(f"shardcheck show: cannot write the SVG to {svg_out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        print(f"wrote {svg_out}")
+        print(f"{'overwrote' if existed else 'wrote'} {svg_out}")
     return 0
