@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import socket
 import threading
 from typing import Any, Callable, Sequence
 
-from adapters.valkey_servers import ServerSet, start_servers
+from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from model.contract import StoreCallTimeout
 
 __all__ = ["Bounded"]
@@ -132,20 +131,7 @@ def _then(fut: cf.Future, fn: Callable[[Any], Any]) -> cf.Future:
 
 # --------------------------------------------------------------------------- admin (eviction)
 
-def _resp_command(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
-    def enc(*a: str) -> bytes:
-        parts = [b"*%d\r\n" % len(a)]
-        for x in a:
-            b = x.encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        return b"".join(parts)
-
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        if password is not None:
-            s.sendall(enc("AUTH", password))
-            s.recv(64)
-        s.sendall(enc(*args))
-        return s.recv(4096)
+_resp_command = resp_command  # (the admin connection that evicts: `adapters.valkey_servers.resp_command`)
 
 
 # --------------------------------------------------------------------------- server ownership

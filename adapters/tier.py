@@ -19,7 +19,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection as mpc
 import os
-import socket
 import statistics
 import time
 import uuid
@@ -27,6 +26,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from adapters.children import die_with_parent, reap
+from adapters.valkey_servers import resp_command
 
 __all__ = ["measure_tier", "TierError", "Unreachable", "RANK_COUNTS", "parse_url", "ping"]
 
@@ -60,16 +60,7 @@ def parse_url(url: str) -> tuple[str, int, str | None]:
     return p.hostname, port, p.password
 
 
-def _resp(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
-    def enc(*a: str) -> bytes:
-        return b"".join([b"*%d\r\n" % len(a)] + [b"$%d\r\n%s\r\n" % (len(x.encode()), x.encode()) for x in a])
-
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        if password is not None:
-            s.sendall(enc("AUTH", password))
-            s.recv(256)
-        s.sendall(enc(*args))
-        return s.recv(4096)
+_resp = resp_command  # (`adapters.valkey_servers.resp_command`)
 
 
 def ping(host: str, port: int, password: str | None) -> bool:

@@ -37,6 +37,7 @@ __all__ = [
     "start_servers",
     "valkey_servers",
     "live_pids",
+    "resp_command",
 ]
 
 HOST = "127.0.0.1"
@@ -176,6 +177,18 @@ def _command(*args: bytes | str) -> bytes:
         b = a.encode() if isinstance(a, str) else a
         out.append(b"$%d\r\n%s\r\n" % (len(b), b))
     return b"".join(out)
+
+
+def resp_command(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
+    """One RESP command on a fresh connection to host:port (AUTH first when `password`): its reply's first bytes
+    (at most 4 KB), every socket operation bounded by `timeout`."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        if password is not None:
+            s.sendall(_command("AUTH", password))
+            s.recv(256)
+        s.sendall(_command(*args))
+        return s.recv(4096)
 
 
 def ping(port: int, password: str | None = None, timeout: float = 1.0) -> bool:
