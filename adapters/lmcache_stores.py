@@ -1,7 +1,7 @@
 """Real LMCache (0.5.6) store clients against real Valkey servers, one per rank.
 
 Each class implements the contract's `RankStore` (put/get/contains/delete/get_async/close) over a
-real LMCache client class, plus optional extra read paths listed in `read_paths`. Factories follow
+real LMCache client class, plus optional extra read paths, all declared in `paths`. Factories follow
 `factory(n_ranks, **options) -> list[RankStore]` (one store per rank, rank order):
 
 - `resp_factory`   (`--client lmcache`):        LMCache's `RemoteBackend` with `remote_url=resp://`
@@ -122,7 +122,6 @@ def lmcache_key(key: str, rank: int, n_ranks: int):
 # --------------------------------------------------------------------------- base store
 
 class _StoreBase:
-    read_paths: tuple[str, ...] = ("get", "get_async")
     #: Every public read/lookup operation (CONTRACT.md's optional `paths`); the concurrent layer drives each.
     paths: tuple[str, ...] = ("get", "get_async", "contains")
     #: Calls may overlap from several threads (CONTRACT.md's optional `thread_safe`).
@@ -239,7 +238,6 @@ class BackendStore(_StoreBase):
 
     scheme = "resp"
     client_name = "lmcache"
-    read_paths = ("get", "get_async", "get_batch", "get_prefix")
     paths = ("get", "get_async", "get_batch", "get_prefix", "contains", "contains_batch", "contains_async")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
@@ -381,7 +379,6 @@ class NativeStore(_StoreBase):
     """One rank's store over LMCache's native RESP client class (what RESPConnector wraps)."""
 
     client_name = "lmcache-native"
-    read_paths = ("get", "get_async", "get_batch", "get_sync")
     paths = ("get", "get_async", "get_batch", "get_sync", "contains", "contains_batch")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,

@@ -6,7 +6,7 @@ ops that ran, what each returned (or that it did not return within `op_timeout`)
 The checks know nothing about LMCache's code; they are what any KV store client owes its caller:
 
 - `miss-prompt`      a read of a key never written answers None (a miss), within `op_timeout`, on
-                     every read path (`get`, `get_async`, `get_batch`, any other in `read_paths`);
+                     every read path (`get`, `get_async`, `get_batch`, any other value read in `paths`);
 - `round-trip`       `put(k, v)` then `get(k)` gives `v` exactly, for lengths 0, 1, 7, 100, 1000, max;
 - `async-completes`  `get_async(k)` of a written key resolves to its value within `op_timeout`;
 - `read-paths-agree` a key written through `put` reads back the same through every read path;
@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from model.calls import wait_future
-from model.contract import StoreCallTimeout
+from model.contract import StoreCallTimeout, declared_paths
+from model.history import VALUE_READS
 from runtime.bounded import call_bounded
 from runtime.registry import resolve_client
 
@@ -189,7 +190,8 @@ def _value(tag: str, n: int) -> bytes:
 
 
 def _read_paths(store: Any) -> list[str]:
-    return [p for p in getattr(store, "read_paths", ("get", "get_async")) if callable(getattr(store, p, None))]
+    """The declared paths that answer values (`model.history.VALUE_READS`): the probe compares bytes."""
+    return [p for p in declared_paths(store) if p in VALUE_READS and callable(getattr(store, p, None))]
 
 
 def _read_one(run: _Run, rank: int, path: str, key: str, expected: bytes | None) -> None:

@@ -29,21 +29,13 @@ import attrs
 
 from engines.linearizability import check
 from model.contract import StoreCallTimeout
-from model.history import MULTI_KEY_READS, History, Op
+from model.history import MULTI_KEY_READS, History, Op, read_args
 
 __all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
-           "CONCURRENT_PROPERTIES", "store_paths", "thread_safe"]
+           "CONCURRENT_PROPERTIES", "thread_safe"]
 
 CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "store-error", "linearizability")
 _nonce = itertools.count()
-
-
-def store_paths(store: Any) -> tuple[str, ...]:
-    """The read/lookup paths a store declares (`paths`, else the older `read_paths`, else get/get_async),
-    with `contains` (a contract method) always included."""
-    declared = getattr(store, "paths", None) or getattr(store, "read_paths", None) or ("get", "get_async")
-    out = tuple(declared)
-    return out if "contains" in out else out + ("contains",)
 
 
 def thread_safe(store: Any) -> bool:
@@ -122,12 +114,10 @@ def _call(store: Any, op: Op) -> Any:
     path = op.path
     if path == "put":
         return store.put(op.key, op.value)
-    if path in ("delete", "contains", "get", "get_sync"):
-        return getattr(store, path)(op.key)
-    if path in MULTI_KEY_READS:
-        res = getattr(store, path)(list(op.keys))
-        return list(res) if isinstance(res, (list, tuple)) else res
-    raise ValueError(f"unknown path {path!r}")
+    if path == "delete":
+        return store.delete(op.key)
+    res = getattr(store, path)(*read_args(path, op.keys))
+    return list(res) if isinstance(res, tuple) else res
 
 
 def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,

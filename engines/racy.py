@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import attrs
 
-from engines.concurrency import Layout, Rate, make_layout, measure, store_paths, thread_safe
+from engines.concurrency import Layout, Rate, make_layout, measure, thread_safe
+from model.contract import declared_paths
 from model.history import lanes
 from model.trace import Trace
 
@@ -150,7 +151,7 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
     if not thread_safe(store):
         stats["concurrency"] = "skipped: the client declares thread_safe = False"
         return None
-    paths = store_paths(store)
+    paths = declared_paths(store)
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
     i = layouts = total = stale = 0
     while not should_stop():

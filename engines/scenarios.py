@@ -11,11 +11,13 @@ from __future__ import annotations
 import itertools
 
 from engines.storeops import run_ops
+from model.contract import declared_paths
+from model.history import SINGLE_KEY_READS
 from model.trace import Trace, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
-__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS"]
+__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS", "DEFAULT_READS"]
 
 _runs = itertools.count()
 
@@ -29,39 +31,43 @@ def _value(tag: str, n: int) -> list[int]:
     return [(b + i) % 256 for i, b in enumerate(seed)]
 
 
-def _reads(rank: int, key: str) -> list[dict]:
-    """A key read through every read path the contract has (`get_batch` where the client offers it)."""
-    return [{"rank": rank, "op": "get", "key": key}, {"rank": rank, "op": "get_async", "key": key},
-            {"rank": rank, "op": "get_batch", "keys": [key]}, {"rank": rank, "op": "contains", "key": key}]
+#: The read paths of the scenarios when the client's are not given.
+DEFAULT_READS = ("get", "get_async", "get_batch", "contains")
 
 
-def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True) -> list[dict]:
-    """The op sequence of scenario `name` over two ranks (`batch`: the client has a `get_batch` read path)."""
+def _reads(rank: int, key: str, paths: tuple[str, ...] = DEFAULT_READS) -> list[dict]:
+    """A key read through every read path in `paths` (the client's declared ones, `get` first)."""
+    return [{"rank": rank, "op": p, **({"key": key} if p in SINGLE_KEY_READS else {"keys": [key]})}
+            for p in dict.fromkeys(("get", *paths))]
+
+
+def scenario_ops(name: str, *, max_value: int | None = None, paths: tuple[str, ...] = DEFAULT_READS) -> list[dict]:
+    """The op sequence of scenario `name` over two ranks, reading through every path of `paths`."""
     def cut(n: int) -> int:
         return n if max_value is None else min(n, max_value)
 
     if name == "miss-prompt":
-        ops = _reads(0, "sc:never-written")
+        ops = _reads(0, "sc:never-written", paths)
     elif name == "round-trip":
         ops = []
         for n in dict.fromkeys(cut(n) for n in LENGTHS):
-            ops += [{"rank": 0, "op": "put", "key": f"sc:len{n}", "value": _value("rt", n)}, *_reads(0, f"sc:len{n}")]
+            ops += [{"rank": 0, "op": "put", "key": f"sc:len{n}", "value": _value("rt", n)}, *_reads(0, f"sc:len{n}", paths)]
     elif name == "delete-invalidates":
-        ops = [{"rank": 0, "op": "put", "key": "sc:del", "value": _value("del", cut(64))}, *_reads(0, "sc:del"),
-               {"rank": 0, "op": "delete", "key": "sc:del"}, *_reads(0, "sc:del")]
+        ops = [{"rank": 0, "op": "put", "key": "sc:del", "value": _value("del", cut(64))}, *_reads(0, "sc:del", paths),
+               {"rank": 0, "op": "delete", "key": "sc:del"}, *_reads(0, "sc:del", paths)]
     elif name == "overwrite":
-        ops = [{"rank": 0, "op": "put", "key": "sc:ow", "value": _value("first", cut(64))}, *_reads(0, "sc:ow"),
-               {"rank": 0, "op": "put", "key": "sc:ow", "value": _value("second", cut(80))}, *_reads(0, "sc:ow")]
+        ops = [{"rank": 0, "op": "put", "key": "sc:ow", "value": _value("first", cut(64))}, *_reads(0, "sc:ow", paths),
+               {"rank": 0, "op": "put", "key": "sc:ow", "value": _value("second", cut(80))}, *_reads(0, "sc:ow", paths)]
     elif name == "rank-isolation":
         ops = [{"rank": 0, "op": "put", "key": "sc:iso", "value": _value("rank0", cut(48))},
                {"rank": 1, "op": "put", "key": "sc:iso", "value": _value("rank1", cut(56))},
-               *_reads(0, "sc:iso"), *_reads(1, "sc:iso")]
+               *_reads(0, "sc:iso", paths), *_reads(1, "sc:iso", paths)]
     elif name == "usable-after-misses":
         ops = [{"rank": 0, "op": "get_async", "key": f"sc:miss{i}", "wait": False} for i in range(16)]
-        ops += [{"rank": 0, "op": "put", "key": "sc:after", "value": _value("after", cut(32))}, *_reads(0, "sc:after")]
+        ops += [{"rank": 0, "op": "put", "key": "sc:after", "value": _value("after", cut(32))}, *_reads(0, "sc:after", paths)]
     else:
         raise ValueError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
-    return [op for op in ops if batch or op["op"] != "get_batch"]
+    return ops
 
 
 def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
@@ -76,8 +82,8 @@ def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] =
                     s.close()
                 stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
-            batch = all(callable(getattr(s.inner, "get_batch", None)) for s in stores)
-            ops = scenario_ops(name, max_value=max_value, batch=batch)
+            paths = tuple(p for p in declared_paths(stores[0].inner) if all(p in s.paths for s in stores))
+            ops = scenario_ops(name, max_value=max_value, paths=paths)
             tag = f"{name}:{next(_runs)}:"
             tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
                       for op in ops]

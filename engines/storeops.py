@@ -13,7 +13,7 @@ from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
-from model.store import MemoryStore
+from model.history import READ_PATHS, answer, read_args
 from model.trace import Trace, decode, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
@@ -21,22 +21,37 @@ from runtime.registry import Client
 __all__ = ["OPS", "run_ops", "OPTION_KEYS", "run", "violation_key", "kept_by_removal", "bounded_factory",
            "minimise_store_ops", "replay"]
 
-OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
+#: The ops of a store-ops sequence: the writes and every read path of `model.history.READ_PATHS`.
+OPS = ("put", "delete") + READ_PATHS
+
+
+def _keys(op: dict) -> list[str]:
+    return list(op["keys"]) if "keys" in op else [op["key"]]
 
 
 def _call(store: Any, op: dict, wait_bound: float) -> Any:
     name = op["op"]
     if name == "put":
         return store.put(op["key"], op["value"])
-    if name in ("get", "contains", "delete"):
-        return getattr(store, name)(op["key"])
+    if name == "delete":
+        return store.delete(op["key"])
     if name == "get_async":
         return wait_future(store.get_async(op["key"]), wait_bound, "get_async", op["key"])
-    if name == "get_batch":
-        if not callable(getattr(store, "get_batch", None)):
-            raise AttributeError("this client has no get_batch read path")
-        return list(store.get_batch(list(op["keys"])))
-    raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+    if name not in READ_PATHS:
+        raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+    if not callable(getattr(store, name, None)):
+        raise AttributeError(f"this client has no {name} read path")
+    got = getattr(store, name)(*read_args(name, _keys(op)))
+    return list(got) if isinstance(got, tuple) else got
+
+
+def _expected(oracle: dict, op: dict) -> Any:
+    """The register's answer to a read (None for a write), from `model.history.answer`."""
+    if op["op"] in ("put", "delete"):
+        return None
+    if op["op"] not in READ_PATHS:
+        raise ValueError(f"unknown op {op['op']!r} (known: {', '.join(OPS)})")
+    return answer(op["op"], [oracle.get(k) for k in _keys(op)])
 
 
 def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
@@ -48,7 +63,7 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
     record per op run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the
     violations.
     """
-    oracle = [MemoryStore() for _ in stores]
+    oracle: list[dict[str, bytes]] = [{} for _ in stores]
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
@@ -58,7 +73,7 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
         if not 0 <= r < len(stores):
             raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
         fire_only = op["op"] == "get_async" and op.get("wait", True) is False
-        expected = None if fire_only else _call(oracle[r], op, wait_bound)
+        expected = None if fire_only else _expected(oracle[r], op)
         start = clock() if clock else None
         rec = {"index": i, **op, "oracle": expected}
         records.append(rec)
@@ -78,7 +93,11 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             rec["outcome"] = "not awaited"
             continue
         rec["result"] = got
-        if op["op"] not in ("put", "delete") and got != expected:
+        if op["op"] == "put":
+            oracle[r][op["key"]] = bytes(op["value"])
+        elif op["op"] == "delete":
+            oracle[r].pop(op["key"], None)
+        elif got != expected:
             rec["outcome"] = "mismatch"
             return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
                                        f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]

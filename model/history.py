@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 __all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
-           "lanes"]
+           "VALUE_READS", "lanes", "read_args", "answer"]
 
 #: Paths that change the register.
 WRITE_PATHS = ("put", "delete")
@@ -23,6 +23,39 @@ SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
 #: run of hits; `contains_batch` / `contains_async` the length of that run.
 MULTI_KEY_READS = ("get_batch", "get_prefix", "contains_batch", "contains_async")
 READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
+#: Reads whose result holds values (bytes or None), not a count or a bool.
+VALUE_READS = ("get", "get_async", "get_sync", "get_batch", "get_prefix")
+
+
+def read_args(path: str, keys: Sequence[str]) -> tuple:
+    """The arguments of a call of read path `path` on `keys`: the key, or the list of keys of a multi-key read."""
+    if path in SINGLE_KEY_READS:
+        return (keys[0],)
+    if path in MULTI_KEY_READS:
+        return (list(keys),)
+    raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS)})")
+
+
+def answer(path: str, values: Sequence[bytes | None]) -> Any:
+    """What a correct client answers to the read `path` of keys whose values are `values` (None: absent):
+    the value (`get`...), a bool (`contains`), a value per key (`get_batch`), the values of the leading run of
+    hits (`get_prefix`) or its length (`contains_batch`, `contains_async`)."""
+    if path in ("get", "get_async", "get_sync"):
+        return values[0]
+    if path == "contains":
+        return values[0] is not None
+    if path == "get_batch":
+        return list(values)
+    run = []
+    for v in values:
+        if v is None:
+            break
+        run.append(v)
+    if path == "get_prefix":
+        return run
+    if path in ("contains_batch", "contains_async"):
+        return len(run)
+    raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
 
 
 @attrs.define
@@ -119,23 +152,7 @@ class KVModel:
 
     def answer(self, state: tuple, path: str, keys: Sequence[str]) -> Any:
         """What a correct client answers to the read `path` of `keys` in `state`."""
-        vals = [state[self.index[k]] for k in keys]
-        if path in ("get", "get_async", "get_sync"):
-            return vals[0]
-        if path == "contains":
-            return vals[0] is not None
-        if path == "get_batch":
-            return vals
-        run = []
-        for v in vals:
-            if v is None:
-                break
-            run.append(v)
-        if path == "get_prefix":
-            return run
-        if path in ("contains_batch", "contains_async"):
-            return len(run)
-        raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
+        return answer(path, [state[self.index[k]] for k in keys])
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:

@@ -14,7 +14,7 @@ class MemoryStore:
     in logical time, not by this class.
     """
 
-    read_paths = ("get", "get_async", "get_batch")
+    paths = ("get", "get_async", "get_batch", "contains")
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}

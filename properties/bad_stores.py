@@ -152,9 +152,10 @@ class LostWakeupStore(MemoryStore):
 
 
 class CrossedRepliesStore(MemoryStore):
-    """One pipelined connection: a `get` queues its request's reply in order, waits for the network, and
-    takes the reply at the head of the queue. Overlapping calls whose latencies differ take each other's
-    replies; one call at a time always takes its own."""
+    """One pipelined connection: a `get` (and a `get_async`, which reads on the caller's thread and hands back a
+    done future) queues its request's reply in order, waits for the network, and takes the reply at the head of
+    the queue. Overlapping calls whose latencies differ take each other's replies; one call at a time always
+    takes its own."""
 
     paths = _RACY_PATHS
 
@@ -163,13 +164,21 @@ class CrossedRepliesStore(MemoryStore):
         self._replies: collections.deque = collections.deque()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> bytes | None:
+    def _round_trip(self, key: str) -> bytes | None:
         self._check()
         with self._lock:
             self._replies.append(self.data.get(key))
-        time.sleep(RACE_WINDOW * (1 + sum(key.encode()) % 3))  # the latency depends on the key
+        time.sleep(RACE_WINDOW * (1 + ord(key[-1:] or "0") % 3))  # the latency depends on the key (its last character)
         with self._lock:
             return self._replies.popleft()
+
+    def get(self, key: str) -> bytes | None:
+        return self._round_trip(key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(self._round_trip(key))
+        return future
 
 
 class StaleCacheStore(MemoryStore):

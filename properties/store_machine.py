@@ -9,7 +9,8 @@ from typing import Any
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
-from model.contract import StoreCallTimeout
+from model.contract import StoreCallTimeout, declared_paths
+from model.history import VALUE_READS, answer, read_args
 from model.trace import Trace, encode
 from properties import config, strategies as s
 from runtime.bounded import call_bounded
@@ -49,7 +50,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.cfg = config.current()
         self.stores = self.cfg.stores(s.STORE_RANKS)
         self.timeout = self.cfg.op_timeout
-        self.read_paths = [tuple(getattr(st, "read_paths", ("get", "get_async"))) for st in self.stores]
+        self.paths = [declared_paths(st) for st in self.stores]
         self.oracle: list[dict[str, bytes]] = [{} for _ in self.stores]
         self.pending: list[Pending] = []
         self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
@@ -198,7 +199,7 @@ class StoreMachine(RuleBasedStateMachine):
                                       f"{type(exc).__name__}: {exc}")
         self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed)
 
-    @precondition(lambda self: all("get_batch" in paths for paths in self.read_paths))
+    @precondition(lambda self: all("get_batch" in paths for paths in self.paths))
     @rule(rank=s.store_rank, keys=s.batch_keys)
     def get_batch(self, rank: int, keys: list[str]) -> None:
         """A batch GET answers, per key, what a single GET would."""
@@ -214,20 +215,41 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(rank=s.store_rank, key=s.keys)
     def read_every_path(self, rank: int, key: str) -> None:
-        """A key (written through `put`) reads the same through every read path the client has."""
+        """A key (written through `put`) reads the same through every read path the client declares (`paths`)."""
         RULE_STEPS["store"] += 1
-        expected = [self.oracle[rank].get(key)]
+        value = self.oracle[rank].get(key)
         self._record("get", rank, key=key)
-        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
-        if "get_async" in self.read_paths[rank]:
-            self._record("get_async", rank, key=key)
-            future = self._call(rank, "get_async", key, self.ns + key)
-            self.ops.pop()
-            self._await(Pending(rank, key, future, expected))
-        if "get_batch" in self.read_paths[rank]:
-            self._record("get_batch", rank, keys=[key])
-            got = self._call(rank, "get_batch", [key], [self.ns + key])
-            self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [value])
+        for path in self.paths[rank]:
+            if path == "get":
+                continue
+            if path == "get_async":
+                self._record("get_async", rank, key=key)
+                future = self._call(rank, "get_async", key, self.ns + key)
+                self.ops.pop()
+                self._await(Pending(rank, key, future, [value]))
+                continue
+            self._read_path(rank, path, key, value)
+
+    def _read_path(self, rank: int, path: str, key: str, value: bytes | None) -> None:
+        """One read of `key` through the declared `path` (not get_async), compared with the register's answer."""
+        multi = path not in ("get", "get_sync", "contains")
+        self._record(path, rank, **({"keys": [key]} if multi else {"key": key}))
+        got = self._call(rank, path, [key] if multi else key, *read_args(path, [self.ns + key]))
+        want = answer(path, [value])
+        if path in VALUE_READS:
+            if multi:
+                got = list(got) if isinstance(got, (list, tuple)) else got
+                if not isinstance(got, list) or len(got) != len(want):
+                    self._fail("store-roundtrip", f"rank {rank}: {path}([{key!r}]) returned {got!r:.80}, "
+                                                  f"not {len(want)} result(s)")
+                for g in got:
+                    self._expect(rank, f"{path}([{key!r}])", g, [value])
+            else:
+                self._expect(rank, f"{path}({key!r})", got, [value])
+        elif got != want:
+            self._fail("store-roundtrip", f"rank {rank}: {path}({[key] if multi else key!r}) returned {got!r:.80}, "
+                                          f"expected {want!r}")
 
     # -- the end ---------------------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from engines.concurrency import Layout, judge, run_layout, store_paths, thread_safe
+from engines.concurrency import Layout, judge, run_layout, thread_safe
+from model.contract import declared_paths
 from model.history import SINGLE_KEY_READS, lanes
 from properties import config
 from properties.strategies import concurrent_batches
@@ -40,7 +41,7 @@ def test_every_declared_path_runs_concurrently():
     store = _store()
     if not thread_safe(store):
         return  # (reported by the test above, not driven concurrently)
-    reads = [{"path": p, "keys": ["k0"] if p in SINGLE_KEY_READS else ["k0", "k1"]} for p in store_paths(store)]
+    reads = [{"path": p, "keys": ["k0"] if p in SINGLE_KEY_READS else ["k0", "k1"]} for p in declared_paths(store)]
     writes = [{"path": "put", "keys": ["k0"], "pad": 4}, {"path": "put", "keys": ["k1"], "pad": 4},
               {"path": "delete", "keys": ["k0"]}]
     _assert_holds(store, Layout([writes + reads, reads + writes, reads]))
@@ -52,5 +53,5 @@ def test_concurrent_batches_hold(data):
     store = _store()
     if not thread_safe(store):
         return
-    layout = Layout(data.draw(concurrent_batches(store_paths(store)), label="threads"))
+    layout = Layout(data.draw(concurrent_batches(declared_paths(store)), label="threads"))
     _assert_holds(store, layout)

@@ -45,7 +45,7 @@ def test_factory_round_trips_and_owns_its_servers(client: str):
     servers = stores[0].servers
     try:
         assert isinstance(servers, ServerSet) and len(servers) == 2
-        assert {"get", "get_async", "get_batch"} <= set(stores[0].read_paths)
+        assert {"get", "get_async", "get_batch"} <= set(stores[0].paths)
         for rank, st in enumerate(stores):
             for n in (0, 1, 7, 1000, MAX_VALUE):
                 v = bytes((rank * 31 + i) % 256 for i in range(n))
@@ -174,7 +174,7 @@ def test_probe_stock_native_client_has_the_same_missing_key_hang():
     assert "miss-prompt" in checks_of(fs) and checks_of(fs) <= {"miss-prompt", "read-paths-agree"}
 
 
-def test_probe_stock_mla_collapse_drops_rank_puts_and_splits_read_paths():
+def test_probe_stock_mla_collapse_drops_rank_puts_and_splits_paths():
     # per-rank stores: rank 1's put never reaches its server (valkey answers misses promptly)
     """The probe finds that stock lmcache's MLA collapse drops rank puts and splits read paths."""
     no_auth = tuple(c for c in CHECKS if c != "auth-round-trip")  # that one: test above

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from engines.concurrency import Layout, judge, make_layout, measure, run_layout, store_paths, thread_safe
+from engines.concurrency import Layout, judge, make_layout, measure, run_layout, thread_safe
+from model.contract import declared_paths
 from engines.storeops import run_ops
 from model.store import MemoryStore
 from properties.bad_stores import RACY_STORES, DoubleCompletionStore, JitterStore
@@ -15,7 +16,7 @@ RUNS = 10
 
 
 def racy_layout(store, seed=0):
-    return make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store))
+    return make_layout(seed, threads=4, ops=10, keys=2, paths=declared_paths(store))
 
 
 @pytest.mark.parametrize("name", list(RACY_STORES))
@@ -57,7 +58,7 @@ def test_correct_clients_are_never_flagged(store_cls):
     store = store_cls()
     try:
         for seed in range(3):
-            rate = measure(store, make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store)),
+            rate = measure(store, make_layout(seed, threads=4, ops=10, keys=2, paths=declared_paths(store)),
                            runs=3, bound=2.0)
             assert rate.k == 0, rate.first.violations if rate.first else None
     finally:
@@ -118,6 +119,6 @@ def test_declared_paths_and_thread_safety_are_read_with_defaults():
     class Declared(MemoryStore):
         paths = ("get", "get_batch")
         thread_safe = False
-    assert store_paths(Declared()) == ("get", "get_batch", "contains")
-    assert store_paths(MemoryStore()) == ("get", "get_async", "get_batch", "contains")
+    assert declared_paths(Declared()) == ("get", "get_batch", "contains")
+    assert declared_paths(MemoryStore()) == ("get", "get_async", "get_batch", "contains")
     assert thread_safe(MemoryStore()) and not thread_safe(Declared())
