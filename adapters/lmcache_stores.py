@@ -78,7 +78,8 @@ _quiet_done = False
 
 
 def _quiet_lmcache_logs(force: bool = False) -> None:
-    """LMCache logs every connector creation at INFO/WARNING; keep test output readable
+    """LMCache logs every connector creation at INFO/WARNING, and valkey-glide's Rust core (under
+    `lmcache-valkey`) logs every failed connection attempt at WARN to stdout; keep both to errors
     (set SHARDCHECK_LMCACHE_LOGS=1 to see them)."""
     global _quiet_done
     if (_quiet_done and not force) or os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
@@ -88,6 +89,11 @@ def _quiet_lmcache_logs(force: bool = False) -> None:
         if name.startswith("lmcache"):
             logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger("lmcache").setLevel(logging.ERROR)
+    try:
+        from glide_sync import Logger, LogLevel
+    except ImportError:  # glide is only there with LMCache's valkey extra
+        return
+    Logger.set_logger_config(LogLevel.ERROR)
 
 
 # --------------------------------------------------------------------------- values and keys

@@ -94,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.registry import ResolveError
     from runtime.watchdog import watching
     import importlib
+    from shardcheck.output import json_stdout
     handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
     try:
-        with watching(stall_limit(args)):
+        with json_stdout(bool(getattr(args, "json", False))), watching(stall_limit(args)):
             return handler(args)
     except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",

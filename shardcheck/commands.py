@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import json
 import sys
 import time
 from typing import Any, Iterator
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["protocol_of", "client_of", "MINIMISE_GRACE", "STORE_MINIMISE_SHARE", "run_check", "cmd_check",
            "cmd_prove", "cmd_show", "cmd_bench"]
@@ -186,7 +186,7 @@ def cmd_check(args: Any) -> int:
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         _print_check(result)
     return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD
@@ -226,7 +226,10 @@ def cmd_prove(args: Any) -> int:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     results = proofs.run_all(seeds=args.seeds)
     ok = all(r["result"] == r["expected"] for r in results)
-    print(json.dumps(results, indent=2) if args.json else proofs.format_table(results))
+    if args.json:
+        print_json(results)
+    else:
+        print(proofs.format_table(results))
     return EXIT_HELD if ok else EXIT_VIOLATED
 
 
@@ -241,7 +244,7 @@ def cmd_bench(args: Any) -> int:
     from shardcheck.bench import run_bench
     result = run_bench(seconds=args.seconds, progress=None if args.json else _err)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         from shardcheck.bench import format_bench
         print(format_bench(result))

@@ -9,7 +9,6 @@ runnable rank first, then seeded random ones), and the answer is `reproduces` if
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import attrs
 
 from shardcheck.commands import _runner, client_of, protocol_of
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths", "HINT_SCHEDULES"]
 
@@ -118,7 +118,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                     row["outcome"], row["why"] = _protocol_outcome(trace, protocol, runners[client.name])
             except UsageError as exc:
                 row["outcome"], row["why"] = "error", str(exc)
-            except (RuntimeError, ValueError) as exc:  # the runner or the client could not run this trace
+            except Exception as exc:  # noqa: BLE001 - whatever stops this trace from running is its row's error
                 row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
             row["matches"] = row["outcome"] == row["expected"]
             row["seconds"] = round(time.monotonic() - t0, 3)
@@ -146,7 +146,7 @@ def add_arguments(r: Any) -> None:
 def cmd_replay(args: Any) -> int:
     rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout, runner=args.runner)
     if args.json:
-        print(json.dumps({"results": rows}, indent=2))
+        print_json({"results": rows})
     else:
         w = max(len(r["path"]) for r in rows)
         cw = max(len("client"), *(len(r["client"]) for r in rows))

@@ -3,13 +3,13 @@ demo variant, the explorer's manifest, the real LMCache clients against real Val
 here, and the corpus replayed against each client, with a summary table."""
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
 from typing import Any, Callable
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
 
@@ -127,7 +127,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
 
     ok = all(r["ok"] for r in rows)
     if as_json:
-        print(json.dumps({"ok": ok, "steps": rows}, indent=2))
+        print_json({"ok": ok, "steps": rows})
     else:
         w = max(len(r["step"]) for r in rows)
         print(f"\n{'step':<{w}}  {'expected':<12} {'got':<12} {'s':>6}  detail")
