@@ -9,8 +9,10 @@ bounded by `bound` seconds for the whole run; an op still pending then (or a cal
 
 - `lost-completion`: an op never completed (named);
 - `double-completion`: an op's completion was delivered more than once;
-- `wrong-caller`: a read answered with a value written for another key (every put writes a value tagged with
-  its key, caller and position, so a reply paired with the wrong request shows);
+- `wrong-caller`, `wrong-key`, `store-roundtrip`: a read answered with a value not its key's (every put writes
+  a value tagged with its key, caller and position): the reply to another caller's concurrent read of the key
+  that value was put for (a crossed reply), a value put for another key that no other caller was reading
+  (a deterministic wrong key), or bytes no put wrote;
 - `store-error`: a call raised;
 - `linearizability`: the history is not linearizable against the key-value register (`engines.linearizability`).
 
@@ -29,12 +31,13 @@ import attrs
 
 from engines.linearizability import check
 from model.contract import StoreCallTimeout
-from model.history import MULTI_KEY_READS, History, Op, read_args
+from model.history import MULTI_KEY_READS, VALUE_READS, History, Op, read_args
 
 __all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
            "CONCURRENT_PROPERTIES", "thread_safe"]
 
-CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "store-error", "linearizability")
+CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
+                         "store-error", "linearizability")
 _nonce = itertools.count()
 
 
@@ -91,13 +94,6 @@ def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, pat
 def tag_value(key: str, caller: str, index: int, pad: int) -> bytes:
     """The value a put writes: it names its key, caller and position, then `pad` filler bytes."""
     return f"{key}|{caller}.{index}|".encode() + b"v" * pad
-
-
-def _key_of(value: Any) -> str | None:
-    if isinstance(value, (bytes, bytearray)):
-        head, sep, _ = bytes(value).partition(b"|")
-        return head.decode(errors="replace") if sep else None
-    return None
 
 
 @attrs.define
@@ -221,16 +217,7 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
         if op.completions > 1:
             out.append({"property": "double-completion", "op": op.id,
                         "summary": f"{op.label()} was completed {op.completions} times"})
-    for op in history.ops:
-        if op.pending or op.error or op.path not in ("get", "get_async", "get_sync", "get_batch", "get_prefix"):
-            continue
-        values = op.result if isinstance(op.result, list) else [op.result]
-        for key, value in zip(op.keys, values):
-            owner = _key_of(value)
-            if value is not None and owner != key:
-                out.append({"property": "wrong-caller", "op": op.id,
-                            "summary": f"{op.label()} was answered with a value written for {owner!r}"})
-                break
+    out.extend(_foreign_values(history))
     for op in history.ops:
         if op.error and not op.pending:
             out.append({"property": "store-error", "op": op.id, "summary": f"{op.label()} raised {op.error}"})
@@ -241,6 +228,48 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
                     "summary": f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
                                f"op(s) in order, {bad.label()} -> {_short(bad.result)} cannot be placed"})
     return out, verdict
+
+
+def _overlap(a: Op, b: Op) -> bool:
+    """Whether two ops' intervals overlap (a pending op never ends)."""
+    a_end = float("inf") if a.completed is None else a.completed
+    b_end = float("inf") if b.completed is None else b.completed
+    return a.invoked <= b_end and b.invoked <= a_end
+
+
+def _foreign_values(history: History) -> list[dict]:
+    """Reads answered with a value that is not their key's: bytes no put wrote (`store-roundtrip`), the reply to
+    another caller's concurrent read of the key that value was put for (`wrong-caller`), or else a value put for
+    another key (`wrong-key`: no other caller was reading that key, so no reply was crossed)."""
+    puts = {bytes(op.value): op for op in history.ops if op.path == "put" and op.value is not None}
+    out = []
+    for op in history.ops:
+        if op.pending or op.error or op.path not in VALUE_READS:
+            continue
+        values = op.result if isinstance(op.result, list) else [op.result]
+        for key, value in zip(op.keys, values):
+            if not isinstance(value, (bytes, bytearray)):
+                continue
+            put = puts.get(bytes(value))
+            if put is None:
+                out.append({"property": "store-roundtrip", "op": op.id,
+                            "summary": f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
+                                       f"({_short(value)})"})
+                break
+            if put.key == key:
+                continue
+            crossed = next((o for o in history.ops if o.caller != op.caller and o.path in VALUE_READS
+                            and put.key in o.keys and _overlap(o, op)), None)
+            if crossed is not None:
+                out.append({"property": "wrong-caller", "op": op.id,
+                            "summary": f"{op.label()} was answered with the reply to {crossed.label()} (a value put "
+                                       f"for {put.key} by op {put.id})"})
+            else:
+                out.append({"property": "wrong-key", "op": op.id,
+                            "summary": f"{op.label()} answered {key} with the value put for {put.key} "
+                                       f"({put.label()}); no other caller was reading {put.key} meanwhile"})
+            break
+    return out
 
 
 def _short(v: Any) -> str:

@@ -13,7 +13,7 @@ from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
-from model.history import READ_PATHS, answer, read_args
+from model.history import READ_PATHS, answer, read_args, wrong_key
 from model.trace import Trace, decode, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
@@ -64,6 +64,7 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
     violations.
     """
     oracle: list[dict[str, bytes]] = [{} for _ in stores]
+    held: list[dict[str, list[bytes]]] = [{} for _ in stores]  # every value each key was put (a wrong key's)
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
@@ -95,12 +96,19 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
         rec["result"] = got
         if op["op"] == "put":
             oracle[r][op["key"]] = bytes(op["value"])
+            held[r].setdefault(op["key"], []).append(bytes(op["value"]))
         elif op["op"] == "delete":
             oracle[r].pop(op["key"], None)
         elif got != expected:
             rec["outcome"] = "mismatch"
-            return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
-                                       f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]
+            call = f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
+            crossed = wrong_key(_keys(op), got, expected, held[r])
+            if crossed is not None:
+                return records, [Violation("wrong-key", f"{call} answered {crossed[0]!r} with a value put for "
+                                           f"{crossed[1]!r} (returned {_short(got)}, the oracle {_short(expected)})",
+                                           {"index": i, "key": crossed[0], "from": crossed[1]})]
+            return records, [Violation("store-roundtrip", f"{call} returned {_short(got)}, the oracle {_short(expected)}",
+                                       {"index": i})]
         rec["outcome"] = "ok"
     return records, []
 

@@ -8,12 +8,12 @@ of the register state. `lanes` is a plain data form of a history for pictures.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
 __all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
-           "VALUE_READS", "lanes", "read_args", "answer"]
+           "VALUE_READS", "lanes", "read_args", "answer", "wrong_key"]
 
 #: Paths that change the register.
 WRITE_PATHS = ("put", "delete")
@@ -153,6 +153,28 @@ class KVModel:
     def answer(self, state: tuple, path: str, keys: Sequence[str]) -> Any:
         """What a correct client answers to the read `path` of `keys` in `state`."""
         return answer(path, [state[self.index[k]] for k in keys])
+
+
+def wrong_key(keys: Sequence[str], got: Any, expected: Any, held: Mapping[str, Iterable[bytes]]) -> tuple[str, str] | None:
+    """Whether a value read of `keys` that answered `got` instead of `expected` answered, for one key `k`, a
+    value put for another key `k2` and never for `k` (`held`: every value each key was ever put): `(k, k2)`, or
+    None. A stale value of the key itself, or bytes nobody put, is no wrong key."""
+    if isinstance(got, (bytes, bytearray)) or got is None:
+        pairs = [(keys[0], got, expected)] if len(keys) == 1 else []
+    elif isinstance(got, (list, tuple)) and isinstance(expected, list):
+        pairs = list(zip(keys, got, expected + [None] * (len(got) - len(expected))))
+    else:
+        return None
+    for key, value, want in pairs:
+        if value is None or value == want or not isinstance(value, (bytes, bytearray)):
+            continue
+        value = bytes(value)
+        if value in set(held.get(key, ())):
+            continue
+        for other, values in held.items():
+            if other != key and value in set(values):
+                return key, other
+    return None
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:

@@ -107,6 +107,18 @@ class DeleteKeepsCacheStore(MemoryStore):
         self.cache.pop(key, None)
 
 
+class MgetDropsMissesStore(MemoryStore):
+    """`get_batch` is one MGET whose reply is filtered of its nils and then paired with the keys in order: with a
+    miss before a hit, the hit's value lands on the missed key (deterministic, one caller is enough)."""
+
+    paths = ("get", "get_async", "get_batch", "contains")
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        self._check()
+        found = [v for v in (self.data.get(k) for k in keys) if v is not None]
+        return found + [None] * (len(keys) - len(found))
+
+
 # -- racy clients: correct sequentially, broken under overlap -----------------------------------------------
 #: How long a racy store holds its race window open (seconds).
 RACE_WINDOW = 0.002
@@ -286,6 +298,7 @@ truncating_factory = _per_rank(TruncatingStore)
 async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
 delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
+mget_drops_misses_factory = _per_rank(MgetDropsMissesStore)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {

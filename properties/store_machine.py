@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
 from model.contract import StoreCallTimeout, declared_paths
-from model.history import VALUE_READS, answer, read_args
+from model.history import VALUE_READS, answer, read_args, wrong_key
 from model.trace import Trace, encode
 from properties import config, strategies as s
 from runtime.bounded import call_bounded
@@ -38,6 +38,8 @@ def _short(v: Any) -> str:
 
 
 _namespaces = itertools.count()
+#: Violations that are a wrong answer: the client stays usable (the others may have wedged it).
+ANSWER_PROPERTIES = ("store-roundtrip", "wrong-key")
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -52,6 +54,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.timeout = self.cfg.op_timeout
         self.paths = [declared_paths(st) for st in self.stores]
         self.oracle: list[dict[str, bytes]] = [{} for _ in self.stores]
+        self.held: list[dict[str, list[bytes]]] = [{} for _ in self.stores]  # every value each key was put
         self.pending: list[Pending] = []
         self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
         self.ops: list[dict] = []
@@ -60,7 +63,7 @@ class StoreMachine(RuleBasedStateMachine):
     # -- calling the client -----------------------------------------------------------------------------
     def _fail(self, prop: str, message: str) -> None:
         self.failed = True
-        if prop != "store-roundtrip":
+        if prop not in ANSWER_PROPERTIES:
             self.cfg.discard()  # a client that hung or raised may be unusable; a wrong answer leaves it usable
         if final_run() and self.cfg.write_traces:
             trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
@@ -108,12 +111,17 @@ class StoreMachine(RuleBasedStateMachine):
         """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
         self.ops.append({"op": op, "rank": rank, **args})
 
-    def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
+    def _expect(self, rank: int, what: str, got: Any, allowed: list, key: str) -> None:
+        """`got` is one of `allowed`; a value put for another key and never for `key` is `wrong-key`."""
         if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
             self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
         value = None if got is None else bytes(got)
         if value not in allowed:
             shown = " or ".join(_short(a) for a in allowed)
+            crossed = wrong_key([key], value, allowed[0], self.held[rank])
+            if crossed is not None:
+                self._fail("wrong-key", f"rank {rank}: {what} answered {key!r} with a value put for {crossed[1]!r} "
+                                        f"({_short(value)}), expected {shown}")
             self._fail("store-roundtrip", f"rank {rank}: {what} returned {_short(value)}, expected {shown}")
 
     # -- rules -----------------------------------------------------------------------------------------
@@ -126,6 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._record("put", rank, key=key, value=value)
         self._call(rank, "put", key, self.ns + key, value)
         self.oracle[rank][key] = value
+        self.held[rank].setdefault(key, []).append(value)
         for p in self.pending:
             if p.rank == rank and p.key == key:
                 p.allowed.append(value)
@@ -136,7 +145,8 @@ class StoreMachine(RuleBasedStateMachine):
         RULE_STEPS["store"] += 1
         self._record("get", rank, key=key)
         event("get hit" if key in self.oracle[rank] else "get miss")
-        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)])
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)],
+                     key)
 
     @rule(rank=s.store_rank, key=s.keys)
     def contains(self, rank: int, key: str) -> None:
@@ -197,7 +207,7 @@ class StoreMachine(RuleBasedStateMachine):
         except Exception as exc:
             self._fail("store-error", f"rank {p.rank}: the future of get_async({p.key!r}) raised "
                                       f"{type(exc).__name__}: {exc}")
-        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed)
+        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed, p.key)
 
     @precondition(lambda self: all("get_batch" in paths for paths in self.paths))
     @rule(rank=s.store_rank, keys=s.batch_keys)
@@ -211,7 +221,7 @@ class StoreMachine(RuleBasedStateMachine):
             self._fail("store-roundtrip", f"rank {rank}: get_batch({keys!r}) returned {got!r:.80}, "
                                           f"not {len(keys)} results")
         for k, g in zip(keys, got):
-            self._expect(rank, f"get_batch(...{k!r}...)", g, [self.oracle[rank].get(k)])
+            self._expect(rank, f"get_batch({keys!r}) for {k!r}", g, [self.oracle[rank].get(k)], k)
 
     @rule(rank=s.store_rank, key=s.keys)
     def read_every_path(self, rank: int, key: str) -> None:
@@ -219,7 +229,7 @@ class StoreMachine(RuleBasedStateMachine):
         RULE_STEPS["store"] += 1
         value = self.oracle[rank].get(key)
         self._record("get", rank, key=key)
-        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [value])
+        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [value], key)
         for path in self.paths[rank]:
             if path == "get":
                 continue
@@ -244,9 +254,9 @@ class StoreMachine(RuleBasedStateMachine):
                     self._fail("store-roundtrip", f"rank {rank}: {path}([{key!r}]) returned {got!r:.80}, "
                                                   f"not {len(want)} result(s)")
                 for g in got:
-                    self._expect(rank, f"{path}([{key!r}])", g, [value])
+                    self._expect(rank, f"{path}([{key!r}])", g, [value], key)
             else:
-                self._expect(rank, f"{path}({key!r})", got, [value])
+                self._expect(rank, f"{path}({key!r})", got, [value], key)
         elif got != want:
             self._fail("store-roundtrip", f"rank {rank}: {path}({[key] if multi else key!r}) returned {got!r:.80}, "
                                           f"expected {want!r}")
@@ -262,7 +272,7 @@ class StoreMachine(RuleBasedStateMachine):
         for r in range(len(self.stores)):
             # a miss, then one more call: the client must still answer after its last op and after a miss
             self._record("get", r, key=probe)
-            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None])
+            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None], probe)
             self._record("contains", r, key=probe)
             if self._call(r, "contains", probe, self.ns + probe):
                 self._fail("store-roundtrip", f"rank {r}: contains({probe!r}) of a never-written key returned true")
