@@ -3,7 +3,8 @@
 Every profile of `pytest properties/` (dev included) and `check`'s store layer run them before any random search, so
 a client that fails one fails at once: a miss answers `None` promptly on every read path, bytes of every length
 round-trip on every path, a delete invalidates every read path (no stale cache), an overwrite wins, each rank has its
-own store, and the client still answers after a burst of unawaited missed reads. Each runs on fresh bounded stores
+own store, a batch answers per key what a single read would (misses before and after hits), and the client still
+answers after a burst of unawaited missed reads. Each runs on fresh bounded stores
 and a failure is a `store-ops` trace that `replay` re-runs on fresh stores.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import itertools
 
 from engines.storeops import run_ops
 from model.contract import declared_paths
-from model.history import SINGLE_KEY_READS
+from model.history import MULTI_KEY_READS, SINGLE_KEY_READS
 from model.trace import Trace, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
@@ -23,7 +24,8 @@ _runs = itertools.count()
 
 #: Value lengths of the round trip (cut to the client's `max_value_bytes`).
 LENGTHS = (0, 1, 7, 100, 1000, 4088)
-SCENARIOS = ("miss-prompt", "round-trip", "delete-invalidates", "overwrite", "rank-isolation", "usable-after-misses")
+SCENARIOS = ("miss-prompt", "round-trip", "delete-invalidates", "overwrite", "rank-isolation", "batch-misses",
+             "usable-after-misses")
 
 
 def _value(tag: str, n: int) -> list[int]:
@@ -62,6 +64,11 @@ def scenario_ops(name: str, *, max_value: int | None = None, paths: tuple[str, .
         ops = [{"rank": 0, "op": "put", "key": "sc:iso", "value": _value("rank0", cut(48))},
                {"rank": 1, "op": "put", "key": "sc:iso", "value": _value("rank1", cut(56))},
                *_reads(0, "sc:iso", paths), *_reads(1, "sc:iso", paths)]
+    elif name == "batch-misses":  # a batch answers per key what a single read would, misses before and after hits
+        ops = [{"rank": 0, "op": "put", "key": "sc:b1", "value": _value("b1", cut(24))},
+               {"rank": 0, "op": "put", "key": "sc:b3", "value": _value("b3", cut(40))}]
+        ops += [{"rank": 0, "op": p, "keys": ["sc:b0", "sc:b1", "sc:b2", "sc:b3", "sc:b4"]}
+                for p in paths if p in MULTI_KEY_READS]
     elif name == "usable-after-misses":
         ops = [{"rank": 0, "op": "get_async", "key": f"sc:miss{i}", "wait": False} for i in range(16)]
         ops += [{"rank": 0, "op": "put", "key": "sc:after", "value": _value("after", cut(32))}, *_reads(0, "sc:after", paths)]

@@ -223,6 +223,14 @@ class StoreMachine(RuleBasedStateMachine):
         for k, g in zip(keys, got):
             self._expect(rank, f"get_batch({keys!r}) for {k!r}", g, [self.oracle[rank].get(k)], k)
 
+    @precondition(lambda self: all("get_batch" in paths for paths in self.paths))
+    @rule(rank=s.store_rank, keys=s.batch_keys, key=s.keys, value=s.values)
+    def batch_around_a_write(self, rank: int, keys: list[str], key: str, value: bytes) -> None:
+        """A batch with a fresh write among other keys (misses, mostly) answers per key what a single GET would,
+        whether the misses come before or after the hit."""
+        self.put(rank, key, value)
+        self.get_batch(rank, keys + [key] + keys)
+
     @rule(rank=s.store_rank, key=s.keys)
     def read_every_path(self, rank: int, key: str) -> None:
         """A key (written through `put`) reads the same through every read path the client declares (`paths`)."""
