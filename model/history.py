@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 __all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
-           "VALUE_READS", "lanes", "read_args", "answer", "wrong_key"]
+           "VALUE_READS", "lanes", "read_args", "answer", "wrong_key", "short_value"]
 
 #: Paths that change the register.
 WRITE_PATHS = ("put", "delete")
@@ -25,6 +25,17 @@ MULTI_KEY_READS = ("get_batch", "get_prefix", "contains_batch", "contains_async"
 READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
 #: Reads whose result holds values (bytes or None), not a count or a bool.
 VALUE_READS = ("get", "get_async", "get_sync", "get_batch", "get_prefix")
+
+
+def short_value(v: Any, width: int = 16) -> str:
+    """A result in a few characters: bytes as their length and first `width` characters, lists item by item."""
+    if isinstance(v, (bytes, bytearray)):
+        b = bytes(v)
+        head = b[:width].decode("utf-8", "replace")
+        return f"{len(b)} bytes {head!r}{'...' if len(b) > width else ''}"
+    if isinstance(v, list):
+        return "[" + ", ".join(short_value(x, width) for x in v) + "]"
+    return repr(v)
 
 
 def read_args(path: str, keys: Sequence[str]) -> tuple:
@@ -82,10 +93,25 @@ class Op:
         return self.completed is None
 
     def label(self) -> str:
+        return f"op {self.id} {self.caller}: {self.call()}"
+
+    def call(self) -> str:
+        """The call as written: `path(key)`, `path([k1,k2])`, `put(key, N bytes)`."""
         args = self.keys[0] if len(self.keys) == 1 else "[" + ",".join(self.keys) + "]"
         if self.value is not None:
             args += f", {len(self.value)} bytes"
-        return f"op {self.id} {self.caller}: {self.path}({args})"
+        return f"{self.path}({args})"
+
+    def outcome(self) -> str:
+        """What the caller got, short: `-> None`, `-> 21 bytes 'k0|t1.0|'...`, `-> True`, `raised ...`, `never
+        completed`."""
+        if self.pending:
+            return "never completed" + (f" ({self.error})" if self.error else "")
+        if self.error is not None:
+            return f"raised {self.error}"
+        if self.path in WRITE_PATHS:
+            return "-> ok"
+        return "-> " + short_value(self.result)
 
     def to_json(self) -> dict:
         res = self.result
@@ -178,14 +204,14 @@ def wrong_key(keys: Sequence[str], got: Any, expected: Any, held: Mapping[str, I
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:
-    """A plain data form of `history` for a picture: one lane per caller with its op intervals (pending ones
-    flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
+    """A plain data form of `history` for a picture: one lane per caller with its op intervals (label: the call;
+    outcome: what the caller got; pending ones flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
     cannot be placed (from `verdict`, as `engines.linearizability.check` reports it)."""
     by_caller: dict[str, list[dict]] = {}
     t0 = min((op.invoked for op in history.ops), default=0.0)
     for op in sorted(history.ops, key=lambda o: o.invoked):
         by_caller.setdefault(op.caller, []).append({
-            "op": op.id, "label": op.label(), "start": op.invoked - t0,
+            "op": op.id, "label": op.label(), "outcome": op.outcome(), "start": op.invoked - t0,
             "end": None if op.pending else op.completed - t0, "pending": op.pending, "error": op.error})
     out: dict = {"lanes": [{"caller": c, "ops": ops} for c, ops in sorted(by_caller.items())],
                  "pending": [op.id for op in history.ops if op.pending]}
