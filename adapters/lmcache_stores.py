@@ -158,6 +158,10 @@ class _StoreBase:
     def key_string(self, key: str) -> str:
         return self.lmcache_key(key).to_string()
 
+    def server_key(self, key: str) -> str:
+        """The key the server holds `key` under (the server's own evictions delete it: `adapters.shared_tier`)."""
+        return self.key_string(key)
+
     @property
     def servers(self) -> ServerSet | None:
         """The servers this store's factory started (None when it was given `urls`)."""

@@ -31,9 +31,9 @@ import attrs
 
 from engines.linearizability import check
 from model.contract import StoreCallTimeout
-from model.history import MULTI_KEY_READS, VALUE_READS, History, Op, read_args
+from model.history import MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 
-__all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
+__all__ = ["Layout", "Run", "Rate", "Target", "make_layout", "run_layout", "judge", "measure", "tag_value",
            "CONCURRENT_PROPERTIES", "thread_safe"]
 
 CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
@@ -44,6 +44,35 @@ _nonce = itertools.count()
 def thread_safe(store: Any) -> bool:
     """Whether the client may be driven concurrently (CONTRACT.md: optional `thread_safe`, default True)."""
     return bool(getattr(store, "thread_safe", True))
+
+
+@attrs.define
+class Target:
+    """What a layout runs on: `clients[c]`, client c's store of one server (several clients of the same server
+    when the client can share it, `runtime.tier`), and `evict(key)`, the server's own eviction (None: it cannot).
+    `close()` closes what was made for it."""
+
+    clients: list
+    evict: Callable[[str], None] | None = None
+    closer: Callable[[], None] | None = None
+
+    @classmethod
+    def of(cls, target: Any) -> "Target":
+        """A `Target`, or one store as the target of one client."""
+        return target if isinstance(target, Target) else cls([target])
+
+    @classmethod
+    def shared(cls, shared: Any, rank: int = 0) -> "Target":
+        """Rank `rank`'s server of a `runtime.tier.SharedStores`: its clients there, and its eviction."""
+        evict = (lambda key: shared.evict(rank, key)) if shared.can_evict() else None
+        return cls([stores[rank] for stores in shared.clients], evict, shared.close)
+
+    def close(self) -> None:
+        if self.closer is not None:
+            self.closer()
+        else:
+            for s in self.clients:
+                s.close()
 
 
 @attrs.define
@@ -70,23 +99,28 @@ class Layout:
 
 
 def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, paths: Sequence[str] = ("get", "get_async"),
-                writes: float = 0.4, pad: int = 8) -> Layout:
+                writes: float = 0.4, pad: int = 8, clients: int = 1, evictions: bool = False) -> Layout:
     """A seeded layout: `threads` callers of `ops` ops each over `keys` keys; a share `writes` of puts and
-    deletes, the rest reads spread over `paths` (multi-key paths read 2-3 keys)."""
+    deletes (and, with `evictions`, the server's own evictions), the rest reads spread over `paths` (multi-key
+    paths read 2-3 keys). With `clients` > 1 each op goes through one of that many clients of the same server."""
     rng = random.Random(seed)
     names = [f"k{i}" for i in range(keys)]
-    reads = [p for p in paths if p != "put" and p != "delete"] or ["get"]
+    reads = [p for p in paths if p not in WRITE_PATHS] or ["get"]
     out = []
     for _ in range(threads):
         mine = []
         for _ in range(ops):
             if rng.random() < writes:
-                path = "put" if rng.random() < 0.75 else "delete"
-                mine.append({"path": path, "keys": [rng.choice(names)], **({"pad": pad} if path == "put" else {})})
+                roll = rng.random()
+                path = "put" if roll < 0.75 else "evict" if evictions and roll < 0.85 else "delete"
+                op = {"path": path, "keys": [rng.choice(names)], **({"pad": pad} if path == "put" else {})}
             else:
                 path = rng.choice(reads)
                 width = rng.randint(2, min(3, keys)) if path in MULTI_KEY_READS and keys > 1 else 1
-                mine.append({"path": path, "keys": rng.sample(names, width)})
+                op = {"path": path, "keys": rng.sample(names, width)}
+            if clients > 1 and op["path"] != "evict":
+                op["client"] = rng.randrange(clients)
+            mine.append(op)
         out.append(mine)
     return Layout(out, seed)
 
@@ -106,8 +140,13 @@ class Run:
     prefix: str = ""
 
 
-def _call(store: Any, op: Op) -> Any:
+def _call(target: Target, op: Op) -> Any:
     path = op.path
+    if path == "evict":
+        if target.evict is None:
+            raise ValueError("the layout has a server eviction, but this server cannot evict by itself")
+        return target.evict(op.key)
+    store = target.clients[op.client]
     if path == "put":
         return store.put(op.key, op.value)
     if path == "delete":
@@ -118,8 +157,10 @@ def _call(store: Any, op: Op) -> Any:
 
 def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
                clock: Callable[[], float] = time.monotonic) -> History:
-    """Run `layout` on `store` (every caller at once); at most `bound` seconds for the whole run. Keys are
-    prefixed with `prefix` (default: a fresh one per run, so runs on one store never see each other's keys)."""
+    """Run `layout` on `store` (a store, or a `Target`: several clients of one server; every caller at once); at
+    most `bound` seconds for the whole run. Keys are prefixed with `prefix` (default: a fresh one per run, so runs
+    on one store never see each other's keys)."""
+    target = Target.of(store)
     prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
     lock = threading.Lock()
     ops: list[Op] = []
@@ -130,7 +171,10 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         for i, spec in enumerate(mine):
             keys = tuple(prefix + k for k in spec["keys"])
             value = tag_value(keys[0], caller, i, int(spec.get("pad", 0))) if spec["path"] == "put" else None
-            plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value))
+            client = int(spec.get("client", 0))
+            if not 0 <= client < len(target.clients):
+                raise ValueError(f"the layout names client {client}; the target has {len(target.clients)}")
+            plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value, client=client))
         ops.extend(plan)
         plans.append(plan)
     started: list[Op] = []
@@ -165,18 +209,18 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
                 started.append(op)
             if op.path == "get_async":
                 try:
-                    fut = store.get_async(op.key)
+                    fut = target.clients[op.client].get_async(op.key)
                 except BaseException as exc:
                     complete(op, error=exc)
                     continue
                 fut.add_done_callback(lambda f, op=op: complete(op, *_outcome(f)))
                 continue
             try:
-                result = _call(store, op)
+                result = _call(target, op)
             except BaseException as exc:
                 complete(op, error=exc)
                 continue
-            complete(op, None if op.path in ("put", "delete") else result)
+            complete(op, None if op.path in WRITE_PATHS else result)
 
     workers = [threading.Thread(target=caller, args=(p,), name=f"shardcheck-caller-t{i}", daemon=True)
                for i, p in enumerate(plans)]

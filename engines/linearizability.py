@@ -21,7 +21,7 @@ from typing import Sequence
 
 import attrs
 
-from model.history import History, KVModel, Op
+from model.history import WRITE_PATHS, History, KVModel, Op
 
 __all__ = ["Verdict", "check", "partitions", "per_key"]
 
@@ -48,7 +48,7 @@ def per_key(ops: Sequence[Op]) -> list[Op]:
     """`ops` with every multi-key read split into single-key reads (same id, caller and interval)."""
     out: list[Op] = []
     for op in ops:
-        if len(op.keys) == 1 or op.path in ("put", "delete"):
+        if len(op.keys) == 1 or op.path in WRITE_PATHS:
             out.append(op)
             continue
         if op.pending or op.error is not None:
@@ -103,7 +103,7 @@ def _check_part(keys: tuple[str, ...], ops: list[Op], max_steps: int) -> Verdict
     n = len(ops)
     events = []
     for i, op in enumerate(ops):
-        unknown = op.pending or (op.error is not None and op.path in ("put", "delete"))
+        unknown = op.pending or (op.error is not None and op.path in WRITE_PATHS)
         ret = math.inf if unknown else op.completed
         events.append((op.invoked, 0, i))
         events.append((ret, 1, i))

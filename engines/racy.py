@@ -18,12 +18,14 @@ from typing import Any, Callable
 
 import attrs
 
-from engines.concurrency import Layout, Rate, make_layout, measure, thread_safe
+from engines.concurrency import Layout, Rate, Target, make_layout, measure, thread_safe
 from model.contract import declared_paths
 from model.history import lanes
+from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
 from model.trace import Trace
 
-__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search"]
+__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search",
+           "fresh_target", "needs_shared", "targets"]
 
 CONFIDENCE = 0.99
 #: The most runs a minimisation step spends on one candidate.
@@ -44,17 +46,24 @@ def tries_to_clear(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
     return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
 
 
-def _on(store: Any, fresh: Callable[[], list] | None, layout: Layout, **kw: Any) -> Rate:
-    """`measure` on `store`, or on a fresh store of `fresh()` (closed afterwards): a store that earlier runs
+def fresh_target(made: Any) -> Target:
+    """What a maker of fresh stores made, as a `Target`: a `Target` (several clients of one server), or a list of
+    rank stores whose first one is run (all closed with it)."""
+    if isinstance(made, Target):
+        return made
+    return Target([made[0]], closer=lambda: [s.close() for s in made])
+
+
+def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) -> Rate:
+    """`measure` on `store`, or on a fresh target of `fresh()` (closed afterwards): a store that earlier runs
     wedged makes every later layout fail, and a replay starts from a fresh store."""
     if fresh is None:
         return measure(store, layout, **kw)
-    stores = fresh()
+    target = fresh_target(fresh())
     try:
-        return measure(stores[0], layout, **kw)
+        return measure(target, layout, **kw)
     finally:
-        for s in stores:
-            s.close()
+        target.close()
 
 
 def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
@@ -100,7 +109,7 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
 
 
 def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: list[int], origin: str,
-             options: dict | None = None) -> Trace:
+             options: dict | None = None, clients: int = 1) -> Trace:
     """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history."""
     first = rate.first
     assert first is not None, "a finding has a failing run"
@@ -110,7 +119,8 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
     return Trace(kind="concurrent", property=v["property"], summary=summary, protocol={"name": "-", "ref": None},
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)}, **(options or {})},
+                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)},
+                         **({"clients": clients} if clients > 1 else {}), **(options or {})},
                  verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
                                          for x in first.violations],
                           "linearizability": first.verdict, "history": first.history.to_json(),
@@ -118,27 +128,53 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
                  expect={client: "reproduces"}, origin=origin)
 
 
-def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None) -> tuple[str, str]:
-    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring)."""
+def needs_shared(trace: Trace) -> bool:
+    """Whether a concurrent trace runs several clients of the same server, or the server's own evictions."""
+    return int(trace.config.get("clients", 1)) > 1 or any(op.get("path") == "evict" for op in trace.ops)
+
+
+def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None,
+           shared: Callable[[int], Target] | None = None) -> tuple[str, str]:
+    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring), or, for a
+    trace of several clients of one server (`needs_shared`), on a fresh `shared(clients)` target."""
     rate = trace.config["rate"]
     k, n = int(rate["k"]), int(rate["n"])
     need, clear = tries_to_reproduce(k, n), tries_to_clear(k, n)
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
-    stores = factory(1, **(options or {}))
+    if needs_shared(trace):
+        if shared is None:
+            raise ValueError("the trace runs several clients of the same server; this client makes one")
+        target = shared(int(trace.config.get("clients", 2)))
+        if any(op.get("path") == "evict" for op in trace.ops) and target.evict is None:
+            target.close()
+            raise ValueError("the trace has the server's own evictions; these servers cannot evict by themselves")
+    else:
+        target = fresh_target(factory(1, **(options or {})))
     try:
-        missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
+        missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
+                          and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
         if missing:  # nothing to run: the race lives on a path this client does not offer
             return "fixed", f"the client offers no {', '.join(missing)}: the layout cannot run on it"
         for i in range(clear):
-            got = measure(stores[0], layout, runs=1, bound=bound, want=trace.property)
+            got = measure(target, layout, runs=1, bound=bound, want=trace.property)
             if got.k:
                 return "reproduces", (f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): "
                                       f"{got.first.violations[0]['summary']}")
     finally:
-        for s in stores:
-            s.close()
+        target.close()
     return "fixed", f"{clear} clean runs: the rate is below a tenth of the recorded {k}/{n} (99%)"
+
+
+def targets(client: Any, **options: Any) -> tuple[Callable[[], Target], str]:
+    """A maker of fresh targets of `client` (a `runtime.registry.Client`) and a note: two clients of the same
+    server (`runtime.tier.open_shared`) and '' when the client can share servers, else one store and why not."""
+    if not client.takes_urls():
+        return (lambda: fresh_target(client.stores(1, **options))), NotShared.reason(client)
+
+    def shared(clients: int = SHARED_CLIENTS) -> Target:
+        return Target.shared(open_shared(client, 1, clients=clients, **options))
+    return shared, ""
 
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,
@@ -148,15 +184,17 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
     violation or `should_stop()`. With `fresh` (a maker of fresh stores), a finding must show again on a fresh
     store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
     measured on fresh stores, as a replay runs it; it is returned as a trace."""
-    if not thread_safe(store):
+    target = Target.of(store)
+    if not thread_safe(target.clients[0]):
         stats["concurrency"] = "skipped: the client declares thread_safe = False"
         return None
-    paths = declared_paths(store)
+    paths = declared_paths(target.clients[0])
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
     i = layouts = total = stale = 0
     while not should_stop():
         threads, ops, keys = sizes[min(i // 4, len(sizes) - 1)]
-        layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths)
+        layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths,
+                             clients=len(target.clients), evictions=target.evict is not None)
         i += 1
         layouts += 1
         rate = measure(store, layout, runs=runs_per_layout, bound=bound, should_stop=should_stop)
@@ -179,5 +217,6 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
             small, final = layout, rate
         stats["concurrency"].update(found=want, minimise_seconds=round(time.monotonic() - t0, 3),
                                     rate=[final.k, final.n])
-        return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency")
+        return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency",
+                        clients=len(target.clients))
     return None

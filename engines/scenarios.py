@@ -4,12 +4,15 @@ Every profile of `pytest properties/` (dev included) and `check`'s store layer r
 a client that fails one fails at once: a miss answers `None` promptly on every read path, bytes of every length
 round-trip on every path, a delete invalidates every read path (no stale cache), an overwrite wins, each rank has its
 own store, a batch answers per key what a single read would (misses before and after hits), and the client still
-answers after a burst of unawaited missed reads. Each runs on fresh bounded stores
-and a failure is a `store-ops` trace that `replay` re-runs on fresh stores.
+answers after a burst of unawaited missed reads. A client that can share servers (its factory takes `urls`) also runs
+the shared-tier scenarios on two clients of the same servers: what one client writes or deletes, and what the server
+evicts, the other sees at once (no client-local cache that only its own writes update). Each runs on fresh bounded
+stores and a failure is a `store-ops` trace that `replay` re-runs on fresh stores.
 """
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from engines.storeops import run_ops
 from model.contract import declared_paths
@@ -17,8 +20,10 @@ from model.history import MULTI_KEY_READS, SINGLE_KEY_READS
 from model.trace import Trace, encode
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
+from runtime.tier import NotShared, open_shared
 
-__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS", "DEFAULT_READS"]
+__all__ = ["SCENARIOS", "SHARED_SCENARIOS", "scenario_ops", "shared_scenario_ops", "run_scenarios", "LENGTHS",
+           "DEFAULT_READS"]
 
 _runs = itertools.count()
 
@@ -26,6 +31,9 @@ _runs = itertools.count()
 LENGTHS = (0, 1, 7, 100, 1000, 4088)
 SCENARIOS = ("miss-prompt", "round-trip", "delete-invalidates", "overwrite", "rank-isolation", "batch-misses",
              "usable-after-misses")
+#: Scenarios of two clients of the same servers (`runtime.tier`): another engine's writes and evictions, and the
+#: server's own, are seen at once.
+SHARED_SCENARIOS = ("seen-by-another-client", "another-client-deletes", "another-client-overwrites", "server-evicts")
 
 
 def _value(tag: str, n: int) -> list[int]:
@@ -77,33 +85,102 @@ def scenario_ops(name: str, *, max_value: int | None = None, paths: tuple[str, .
     return ops
 
 
-def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
+def shared_scenario_ops(name: str, *, max_value: int | None = None,
+                        paths: tuple[str, ...] = DEFAULT_READS) -> list[dict]:
+    """The op sequence of shared-tier scenario `name`: two clients (`client` 0 and 1) of the same two servers, and
+    the server's own eviction (`evict`); client 0 reads every key first, so a client-local cache is filled."""
+    def cut(n: int) -> int:
+        return n if max_value is None else min(n, max_value)
+
+    def reads(key: str, client: int) -> list[dict]:
+        return [{**op, "client": client} if client else op for op in _reads(0, key, paths)]
+
+    put = {"rank": 0, "op": "put", "key": "sc:sh", "value": _value("shared", cut(64))}
+    if name == "seen-by-another-client":
+        return [put, *reads("sc:sh", 1)]
+    if name == "another-client-deletes":
+        return [put, *reads("sc:sh", 0), {"rank": 0, "op": "delete", "key": "sc:sh", "client": 1}, *reads("sc:sh", 0)]
+    if name == "another-client-overwrites":
+        again = {"rank": 0, "op": "put", "key": "sc:sh", "value": _value("other", cut(72)), "client": 1}
+        return [put, *reads("sc:sh", 0), again, *reads("sc:sh", 0)]
+    if name == "server-evicts":
+        return [put, *reads("sc:sh", 0), *reads("sc:sh", 1), {"rank": 0, "op": "evict", "key": "sc:sh"},
+                *reads("sc:sh", 0), *reads("sc:sh", 1)]
+    raise ValueError(f"unknown shared-tier scenario {name!r} (known: {', '.join(SHARED_SCENARIOS)})")
+
+
+def _tagged(ops: list[dict], tag: str) -> list[dict]:
+    """The ops under their own keys (`tag` + key): scenarios on one set of stores never see each other's keys."""
+    return [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
+            for op in ops]
+
+
+def _trace(client: Client, name: str, ops: list[dict], v: Any, op_timeout: float, clients: int = 1) -> Trace:
+    return Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
+                 protocol={"name": "-", "ref": None}, client=client.name,
+                 config={"n_ranks": 2, "op_timeout": op_timeout, **({"clients": clients} if clients > 1 else {})},
+                 ops=ops, verdict={"violations": [{"property": v.property, "summary": v.summary,
+                                                   "detail": encode(v.detail)}]},
+                 expect={client.name: "reproduces"}, origin=f"scenario:{name}")
+
+
+def _common_paths(stores: list) -> tuple[str, ...]:
+    return tuple(p for p in declared_paths(stores[0].inner) if all(p in s.paths for s in stores))
+
+
+def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS + SHARED_SCENARIOS,
+                  notes: list[str] | None = None) -> list[Trace]:
     """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
-    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores)."""
+    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores). The
+    shared-tier scenarios run on two clients of the same servers (`runtime.tier.open_shared`); when the client
+    cannot share servers (or its servers cannot evict by themselves) `notes` gets why they did not run."""
     stores: list = []
     found = []
     try:
-        for name in names:
+        for name in (n for n in names if n in SCENARIOS):
             if not stores or any(s.broken for s in stores):
                 for s in stores:
                     s.close()
                 stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
-            paths = tuple(p for p in declared_paths(stores[0].inner) if all(p in s.paths for s in stores))
-            ops = scenario_ops(name, max_value=max_value, paths=paths)
-            tag = f"{name}:{next(_runs)}:"
-            tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
-                      for op in ops]
-            _, violations = run_ops(stores, tagged, wait_bound=op_timeout)
+            ops = scenario_ops(name, max_value=max_value, paths=_common_paths(stores))
+            _, violations = run_ops(stores, _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout)
             if violations:
-                v = violations[0]
-                found.append(Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
-                                   protocol={"name": "-", "ref": None}, client=client.name,
-                                   config={"n_ranks": 2, "op_timeout": op_timeout}, ops=ops,
-                                   verdict={"violations": [{"property": v.property, "summary": v.summary,
-                                                            "detail": encode(v.detail)}]},
-                                   expect={client.name: "reproduces"}, origin=f"scenario:{name}"))
+                found.append(_trace(client, name, ops, violations[0], op_timeout))
     finally:
         for s in stores:
             s.close()
+    shared_names = tuple(n for n in names if n in SHARED_SCENARIOS)
+    if shared_names:
+        found += _run_shared(client, shared_names, op_timeout, notes if notes is not None else [])
+    return found
+
+
+def _run_shared(client: Client, names: tuple[str, ...], op_timeout: float, notes: list[str]) -> list[Trace]:
+    """The shared-tier scenarios on two clients of the same two servers, made anew after a call hung."""
+    found: list[Trace] = []
+    shared = None
+    try:
+        for name in names:
+            if shared is None or any(s.broken for stores in shared.clients for s in stores):
+                if shared is not None:
+                    shared.close()
+                try:
+                    shared = open_shared(client, 2, wrap=lambda s: BoundedStore(s, op_timeout), op_timeout=op_timeout)
+                except NotShared as exc:
+                    notes.append(f"shared-tier scenarios did not run: {exc}")
+                    return found
+            if name == "server-evicts" and not shared.can_evict():
+                notes.append(f"scenario server-evicts did not run: {shared.evict_note}")
+                continue
+            every = [s for stores in shared.clients for s in stores]
+            ops = shared_scenario_ops(name, max_value=min((s.max_value_bytes or 1 << 30) for s in every),
+                                      paths=_common_paths(every))
+            _, violations = run_ops(shared.clients[0], _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout,
+                                    others=shared.clients[1:], evict=shared.evict)
+            if violations:
+                found.append(_trace(client, name, ops, violations[0], op_timeout, clients=shared.n_clients))
+    finally:
+        if shared is not None:
+            shared.close()
     return found

@@ -111,6 +111,9 @@ class SearchStats:
     explored: list[dict] = attrs.field(factory=list)
     #: Store-client read/lookup paths the properties called, and how often.
     paths: dict[str, int] = attrs.field(factory=dict)
+    #: What the store layers covered beyond one client's ops, in words: "shared_tier" (several clients of the same
+    #: servers, the server's own evictions: run, or why not), "retention" (the ages tested, or why not).
+    store: dict[str, str] = attrs.field(factory=dict)
 
     def count(self, engine: str, case: Case) -> None:
         self.cases += 1
@@ -148,6 +151,8 @@ class SearchStats:
                 out[engine] = {"cases": self.by_engine[engine], "largest": self.largest.get(engine)}
         if self.paths:
             out["paths"] = dict(sorted(self.paths.items()))
+        if self.store:
+            out["store"] = dict(self.store)
         return out
 
     def coverage_lines(self) -> list[str]:
@@ -176,6 +181,8 @@ def coverage_lines(c: dict) -> list[str]:
             lines.append(f"{engine}: {c[engine]['cases']:,} cases, largest {_size(c[engine]['largest'])}")
     if "paths" in c:
         lines.append("client paths exercised: " + ", ".join(f"{p} x{n}" for p, n in c["paths"].items()))
+    for what, text in c.get("store", {}).items():
+        lines.append(f"{what.replace('_', ' ')}: {text}")
     return lines
 
 

@@ -15,8 +15,8 @@ import attrs
 __all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
            "VALUE_READS", "lanes", "read_args", "answer", "wrong_key", "short_value"]
 
-#: Paths that change the register.
-WRITE_PATHS = ("put", "delete")
+#: Paths that change the register: a client's put and delete, and the server's own eviction of a key (`evict`).
+WRITE_PATHS = ("put", "delete", "evict")
 #: Reads of one key: their result is the value (or `None`), `contains` a bool.
 SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
 #: Reads of several keys (field `keys`): `get_batch` a value per key; `get_prefix` the values of the leading
@@ -83,6 +83,7 @@ class Op:
     result: Any = None
     error: str | None = None
     completions: int = 0
+    client: int = 0
 
     @property
     def key(self) -> str:
@@ -93,7 +94,8 @@ class Op:
         return self.completed is None
 
     def label(self) -> str:
-        return f"op {self.id} {self.caller}: {self.call()}"
+        via = f" (client {self.client})" if self.client else ""
+        return f"op {self.id} {self.caller}{via}: {self.call()}"
 
     def call(self) -> str:
         """The call as written: `path(key)`, `path([k1,k2])`, `put(key, N bytes)`."""
@@ -121,7 +123,8 @@ class Op:
             res = [{"$hex": bytes(r).hex()} if isinstance(r, (bytes, bytearray)) else r for r in res]
         return {"id": self.id, "caller": self.caller, "path": self.path, "keys": list(self.keys),
                 "value": None if self.value is None else bytes(self.value).hex(), "invoked": self.invoked,
-                "completed": self.completed, "result": res, "error": self.error, "completions": self.completions}
+                "completed": self.completed, "result": res, "error": self.error, "completions": self.completions,
+                **({"client": self.client} if self.client else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "Op":
@@ -134,7 +137,8 @@ class Op:
         return cls(id=int(d["id"]), caller=str(d["caller"]), path=str(d["path"]), keys=tuple(d["keys"]),
                    value=None if d.get("value") is None else bytes.fromhex(d["value"]),
                    invoked=float(d["invoked"]), completed=None if d.get("completed") is None else float(d["completed"]),
-                   result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)))
+                   result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)),
+                   client=int(d.get("client", 0)))
 
 
 @attrs.define
@@ -167,7 +171,7 @@ class KVModel:
     def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
         """Whether `op` (with its recorded result) is legal in `state`, and the state after it."""
         path = op.path
-        if path == "put" or path == "delete":
+        if path in WRITE_PATHS:
             i = self.index[op.key]
             new = list(state)
             new[i] = bytes(op.value) if path == "put" else None

@@ -18,8 +18,9 @@ __all__ = ["TraceError", "need", "validate_store_ops", "validate_concurrent", "v
 MAX_RANKS, MAX_OPS = 64, 100_000
 #: The most filler bytes a concurrent put may ask for, and the longest a store-ops `age` op may wait (seconds).
 MAX_PAD, MAX_AGE = 1 << 20, 3600.0
-#: The ops of a store-ops trace: the writes, every read path, and `age` (wait, so that what was put grows old).
-STORE_OPS = WRITE_PATHS + READ_PATHS + ("age",)
+#: The ops of a store-ops trace: a client's writes, every read path, the server's own eviction of a key (`evict`),
+#: and `age` (wait, so that what was put grows old).
+STORE_OPS = ("put", "delete") + READ_PATHS + ("evict", "age")
 _STORE_OP_FIELDS = {"rank", "op", "key", "keys", "value", "wait", "client", "seconds", "result", "oracle", "outcome",
                     "index"}
 _CONCURRENT_OP_FIELDS = {"thread", "path", "keys", "pad", "client"}
@@ -128,7 +129,7 @@ def validate_store_ops(data: dict, path: Any) -> None:
         name = op.get("op")
         if name not in STORE_OPS:
             raise TraceError(path, f"{f}.op", f"expected one of {', '.join(STORE_OPS)}, got {name!r}")
-        if name == "age":
+        if name == "age":  # (no rank, no key)
             if not (_is_number(op.get("seconds")) and 0 < op["seconds"] <= MAX_AGE):
                 raise TraceError(path, f"{f}.seconds", f"expected seconds in (0, {MAX_AGE:g}], got {op.get('seconds')!r}")
             continue

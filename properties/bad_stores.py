@@ -18,7 +18,8 @@ import time
 from typing import Any, Callable
 
 from model.checks import CATALOG
-from model.store import MemoryStore
+from model.store import MemoryStore, rank_data
+from runtime.registry import MEMORY_TIER
 
 __all__ = ["BLOCK_SECONDS", "BlockingMissStore", "LostAsyncStore", "TruncatingStore", "AsyncKeyMismatchStore",
            "UnusableAfterMissStore", "shared_server_factory", "BAD_STORES"]
@@ -104,6 +105,47 @@ class DeleteKeepsCacheStore(MemoryStore):
 
     def put(self, key: str, value: bytes) -> None:
         super().put(key, value)
+        self.cache.pop(key, None)
+
+
+class LocalReadCacheStore(MemoryStore):
+    """Reads go through a client-local cache, filled on every hit and updated by this client's own puts and
+    deletes: alone it is correct. But another client of the same servers (another engine) that deletes or
+    overwrites a key, or the server's own eviction, never reaches this cache: `get`, `get_async`, `get_batch` and
+    `contains` keep answering a value that is gone."""
+
+    paths = ("get", "get_async", "get_batch", "contains")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        if key in self.cache:
+            return self.cache[key]
+        value = self.data.get(key)
+        if value is not None:
+            self.cache[key] = value
+        return value
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    def contains(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(self.get(key))
+        return future
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self.cache[key] = bytes(value)
+
+    def delete(self, key: str) -> None:
+        super().delete(key)
         self.cache.pop(key, None)
 
 
@@ -278,11 +320,23 @@ class JitterStore(MemoryStore):
         super().close()
 
 
-def _per_rank(cls: type) -> Callable[..., list]:
-    def factory(n_ranks: int, **options: Any) -> list:
-        return [cls() for _ in range(n_ranks)]
+def _per_rank(cls: type, *, shares: bool = True) -> Callable[..., list]:
+    """A factory of one `cls` per rank; with `urls` (in-memory servers, `model.store.memory_tier`), stores of those
+    servers, so that several calls make several clients of the same servers. `shares=False`: a factory that takes
+    no `urls` (one client per server: the racy demos, whose bug is meant to show under overlap alone)."""
+    def factory(n_ranks: int, *, urls: Any = None, **options: Any) -> list:
+        stores = []
+        for data in rank_data(n_ranks, urls):
+            store = cls()
+            if data is not None:
+                store.data = data
+            stores.append(store)
+        return stores
 
     factory.__name__ = factory.__qualname__ = f"{cls.__name__}_factory"
+    factory.tier = MEMORY_TIER  # type: ignore[attr-defined]  (their servers are in memory)
+    if not shares:
+        factory.options = ()  # type: ignore[attr-defined]  (no urls: never called again on the same servers)
     return factory
 
 
@@ -299,6 +353,7 @@ async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
 delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
 mget_drops_misses_factory = _per_rank(MgetDropsMissesStore)
+local_read_cache_factory = _per_rank(LocalReadCacheStore)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
@@ -306,9 +361,9 @@ BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
     for p in CATALOG if p.layer == "store" for ref in p.demos}
 
 
-lost_wakeup_factory = _per_rank(LostWakeupStore)
-crossed_replies_factory = _per_rank(CrossedRepliesStore)
-stale_cache_factory = _per_rank(StaleCacheStore)
+lost_wakeup_factory = _per_rank(LostWakeupStore, shares=False)
+crossed_replies_factory = _per_rank(CrossedRepliesStore, shares=False)
+stale_cache_factory = _per_rank(StaleCacheStore, shares=False)
 jitter_factory = _per_rank(JitterStore)
 
 class _Twice(concurrent.futures.Future):
@@ -331,7 +386,7 @@ class DoubleCompletionStore(MemoryStore):
         return fut
 
 
-double_completion_factory = _per_rank(DoubleCompletionStore)
+double_completion_factory = _per_rank(DoubleCompletionStore, shares=False)
 
 #: Every racy store (correct one call at a time, broken under overlap): its factory and the concurrent-layer
 #: property it violates (from `model.checks.CATALOG`; the double completion is no race, so not among them).

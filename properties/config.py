@@ -15,6 +15,7 @@ import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
+from runtime.tier import NotShared, open_shared
 
 __all__ = ["MAX_RANKS", "RunConfig", "CURRENT", "current", "using"]
 
@@ -32,9 +33,13 @@ class RunConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
+    #: Whether the store layer runs two clients of the same servers when the client can share them.
+    shared: bool = True
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
+    _shared: Any = attrs.field(default=None, init=False)
+    shared_note: str = attrs.field(default="", init=False)
 
     def resolved_protocol(self) -> Protocol:
         if self._protocol is None:
@@ -66,12 +71,30 @@ class RunConfig:
             self._stores = self.resolved_client().stores(MAX_RANKS, op_timeout=self.op_timeout)
         return self._stores[:n_ranks]
 
+    def store_clients(self, n_ranks: int) -> tuple[list[list], Any]:
+        """The store layer's clients: two clients of the same servers (`runtime.tier.open_shared`, the session's,
+        made on first use) and their `SharedStores`; or, for a client that cannot share servers, the session's
+        stores alone and None (`shared_note` says why)."""
+        if not self.shared:
+            return [self.stores(n_ranks)], None
+        if self._shared is None and not self.shared_note:
+            try:
+                self._shared = open_shared(self.resolved_client(), MAX_RANKS, op_timeout=self.op_timeout)
+            except NotShared as exc:
+                self.shared_note = f"shared-tier checks did not run: {exc}"
+        if self._shared is None:
+            return [self.stores(n_ranks)], None
+        return [stores[:n_ranks] for stores in self._shared.clients], self._shared
+
     def discard(self) -> None:
         """Close the session's stores (after a failure they may be unusable); the next use makes new ones."""
         stores, self._stores = self._stores, None
+        shared, self._shared = self._shared, None
         for s in stores or ():
             with contextlib.suppress(Exception):
                 s.close()
+        if shared is not None:
+            shared.close()
 
     close = discard
 
@@ -90,7 +113,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces", "minimise_seconds")}, **changes})
+                                                              "write_traces", "minimise_seconds", "shared")},
+                           **changes})
     try:
         yield CURRENT
     finally:

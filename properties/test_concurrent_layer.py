@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from engines.concurrency import Layout, measure, thread_safe
+from engines.concurrency import Layout, Target, measure, thread_safe
 from engines.racy import to_trace
 from model.contract import declared_paths
 from model.history import SINGLE_KEY_READS, lanes
@@ -16,8 +16,17 @@ from properties.strategies import concurrent_batches
 RUNS = 3
 
 
+def _target() -> Target:
+    """The session's clients of one server (two sharing it when the client can, `properties.config`), and the
+    server's own eviction; the session closes them."""
+    clients, shared = config.current().store_clients(1)
+    evict = (lambda key: shared.evict(0, key)) if shared is not None and shared.can_evict() else None
+    return Target([c[0] for c in clients], evict, closer=lambda: None)
+
+
 def _store():
-    return config.current().stores(1)[0]
+    """Client 0's store of the target (what the thread-safety declaration is read from)."""
+    return _target().clients[0]
 
 
 def _bound() -> float:
@@ -25,9 +34,11 @@ def _bound() -> float:
 
 
 def _assert_holds(store, layout: Layout) -> None:
-    """`RUNS` runs of `layout` show no violation; else the finding is written as a `concurrent` trace with its
-    measured rate (on Hypothesis's final run, as the other layers do) and the test fails naming it."""
-    rate = measure(store, layout, runs=RUNS, bound=_bound())
+    """`RUNS` runs of `layout` on `store` (a store, or a `Target` of several clients) show no violation; else the
+    finding is written as a `concurrent` trace with its measured rate (on Hypothesis's final run, as the other
+    layers do) and the test fails naming it."""
+    target = Target.of(store)
+    rate = measure(target, layout, runs=RUNS, bound=_bound())
     if not rate.k:
         return
     first = rate.first
@@ -35,12 +46,12 @@ def _assert_holds(store, layout: Layout) -> None:
     message = (f"{v['property']}: {v['summary']} (in {rate.k} of {rate.n} runs)\nlayout: {layout.to_ops()}\n"
                f"history: {lanes(first.history, verdict=first.verdict)}")
     if final_run():
-        path = _write(layout, rate)
+        path = _write(layout, rate, len(target.clients))
         if path is not None:
             note(f"counterexample trace: {path}")
             message += f"\ncounterexample trace: {path}"
     else:  # written by `_writes_a_trace` if Hypothesis's final run does not show it again (a race)
-        _UNWRITTEN[:] = [(layout, rate)]
+        _UNWRITTEN[:] = [(layout, rate, len(target.clients))]
     raise AssertionError(message)
 
 
@@ -48,13 +59,14 @@ def _assert_holds(store, layout: Layout) -> None:
 _UNWRITTEN: list = []
 
 
-def _write(layout: Layout, rate) -> object:
+def _write(layout: Layout, rate, clients: int = 1) -> object:
     cfg = config.current()
     _UNWRITTEN.clear()
     if not cfg.write_traces:
         return None
     trace = to_trace(layout, rate, client=cfg.client_label(), bound=_bound(), seeds=[layout.seed],
-                     origin="pytest properties/ (concurrent layer)", options={"op_timeout": cfg.op_timeout})
+                     origin="pytest properties/ (concurrent layer)", options={"op_timeout": cfg.op_timeout},
+                     clients=clients)
     return write_found(trace, cfg.found_dir, cfg.client_label(), "concurrent", rate.first.violations[0]["property"])
 
 
@@ -85,24 +97,31 @@ def test_client_declares_whether_it_is_thread_safe():
 
 def test_every_declared_path_runs_concurrently():
     """Each caller thread reads through every declared path while others put and delete the same keys; the callers
-    read different keys at once too (a reply crossed between callers shows only across keys)."""
-    store = _store()
+    read different keys at once too (a reply crossed between callers shows only across keys); with two clients of
+    the same server, one caller reads through the other client while the first writes, and the server evicts."""
+    target = _target()
+    store = target.clients[0]
     if not thread_safe(store):
         return  # (reported by the test above, not driven concurrently)
+    other = len(target.clients) - 1
 
-    def reads(key: str) -> list[dict]:
-        return [{"path": p, "keys": [key] if p in SINGLE_KEY_READS else [key, "k2"]} for p in declared_paths(store)]
+    def reads(key: str, client: int = 0) -> list[dict]:
+        return [{"path": p, "keys": [key] if p in SINGLE_KEY_READS else [key, "k2"],
+                 **({"client": client} if client else {})} for p in declared_paths(store)]
     writes = [{"path": "put", "keys": ["k0"], "pad": 4}, {"path": "put", "keys": ["k1"], "pad": 4},
               {"path": "delete", "keys": ["k0"]}]
-    _assert_holds(store, Layout([writes + reads("k0") * 2, reads("k1") * 2 + writes, reads("k0") + reads("k1")]))
+    evicts = [{"path": "evict", "keys": ["k1"]}] if target.evict is not None else []
+    _assert_holds(target, Layout([writes + reads("k0") * 2, reads("k1", other) * 2 + writes + evicts,
+                                  reads("k0", other) + reads("k1")]))
 
 
 @_writes_a_trace
 @given(data=st.data())
 def test_concurrent_batches_hold(data):
-    """Any batch of concurrent ops over the client's declared paths completes, reaches its own caller and is linearizable."""
-    store = _store()
-    if not thread_safe(store):
+    """Any batch of concurrent ops over the client's declared paths (through any client of the same server, with
+    the server's own evictions) completes, reaches its own caller and is linearizable."""
+    target = _target()
+    if not thread_safe(target.clients[0]):
         return
-    layout = Layout(data.draw(concurrent_batches(declared_paths(store)), label="threads"))
-    _assert_holds(store, layout)
+    batches = concurrent_batches(declared_paths(target.clients[0]), len(target.clients), target.evict is not None)
+    _assert_holds(target, Layout(data.draw(batches, label="threads")))

@@ -9,9 +9,13 @@
 A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
 `in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
 call bounds itself with the `op_timeout` option), `thread_safe` (may be driven from several threads at once),
-`options` (the factory options it accepts; None: any). A `MOD:ATTR` factory may declare them as attributes of
-the factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its
-stores say `thread_safe = False`.
+`options` (the factory options it accepts; None: any), `tier` (`MOD:ATTR` of what starts servers that several of
+its clients share, `runtime.tier`). A `MOD:ATTR` factory may declare them as attributes of the factory; otherwise
+it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores say
+`thread_safe = False`, a Valkey client (embedded Valkey servers for the shared-tier checks).
+
+`Client.given` holds the options a user gave (`--client-option`, one place): every `Client.stores` call passes
+them on, so every layer builds its stores with them; `Client.with_options` adds some.
 
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
@@ -29,10 +33,13 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of"]
+           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
+#: What starts the servers several clients share: embedded Valkey (a real client), in-memory servers (`model`).
+VALKEY_TIER = "adapters.shared_tier:valkey_tier"
+MEMORY_TIER = "model.store:memory_tier"
 
 #: Short protocol names accepted by `--protocol` (the reference protocols of `model.protocols`).
 PROTOCOLS: dict[str, str] = {
@@ -52,6 +59,7 @@ class ClientEntry:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    tier: str = VALKEY_TIER
 
 
 _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
@@ -59,7 +67,7 @@ _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "nu
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
     "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=()),
+                         in_memory=True, options=("urls",), tier=MEMORY_TIER),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
                            about="LMCache's RemoteBackend over resp://, one real Valkey server per rank"),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
@@ -94,6 +102,12 @@ class Client:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    tier: str = VALKEY_TIER
+    given: dict = attrs.field(factory=dict)
+
+    def with_options(self, **options: Any) -> "Client":
+        """This client with `options` added to the ones every `stores` call passes (`given`)."""
+        return attrs.evolve(self, given={**self.given, **options})
 
     def accepted(self, options: dict) -> dict:
         """The subset of `options` this client's factory accepts."""
@@ -101,9 +115,22 @@ class Client:
             return dict(options)
         return {k: v for k, v in options.items() if k in self.options}
 
+    def takes_urls(self) -> bool:
+        """Whether the factory accepts `urls` (declared in `options`, or a parameter named `urls`): then it may be
+        called several times with the same servers (CONTRACT.md), and the shared-tier checks run."""
+        if self.options is not None:
+            return "urls" in self.options
+        try:
+            params = inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):
+            return False
+        return "urls" in params and params["urls"].kind is not inspect.Parameter.POSITIONAL_ONLY
+
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
-        otherwise; what was made is closed). Options the factory does not accept are dropped."""
+        otherwise; what was made is closed). The `given` options come first, `options` add to them; options the
+        factory does not accept are dropped."""
+        options = {**self.given, **options}
         try:
             made = list(self.factory(n_ranks, **self.accepted(options)))
         except ResolveError:
@@ -216,5 +243,6 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if entry is not None:
         caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about"))
     else:
-        caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
+        caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options", "tier")
+                if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)

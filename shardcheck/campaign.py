@@ -38,8 +38,10 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
     phase_end = [start]
     stats.phase = "scenarios"  # the store client's fixed scenarios first: a client that fails one fails at once
     from engines.scenarios import run_scenarios
-    failed = run_scenarios(client, op_timeout=op_timeout)
+    notes: list[str] = []
+    failed = run_scenarios(client, op_timeout=op_timeout, notes=notes)
     stats.by_engine["scenarios"] = len(failed)
+    stats.store["shared_tier"] = "; ".join(notes) or "2 clients per server ran the shared-tier scenarios"
     if failed:
         return failed[0]
     budget -= time.monotonic() - start  # the phases share what is left of the budget
@@ -78,18 +80,18 @@ def _concurrency(client: Any, stop: Callable[[], bool], stats: SearchStats, seed
     """A `concurrent` trace from the concurrent layer on one fresh store of the client, or None. A finding is
     minimised and measured within the rest of the budget. A self-bounded (real) client gets its per-call timeout
     and a longer run bound."""
-    from engines.racy import search
+    from engines.racy import search, targets
     real = client.self_bounded
     options = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
     bound = CONCURRENT_BOUND["lmcache" if real else "model"]
-    stores = client.stores(1, **options)
+    fresh, note = targets(client, **options)
+    stats.store["concurrency"] = f"one client per server ({note})" if note else "2 clients of one server"
+    target = fresh()
     try:
-        trace = search(stores[0], client=client.name, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
-                       minimise_stop=lambda: time.monotonic() >= budget_end,
-                       fresh=lambda: client.stores(1, **options))
+        trace = search(target, client=client.name, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
+                       minimise_stop=lambda: time.monotonic() >= budget_end, fresh=fresh)
     finally:
-        for s in stores:
-            s.close()
+        target.close()
     if trace is not None:
         trace.config.update(options)
     return trace

@@ -105,10 +105,13 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                 if trace.kind == "store-ops":
                     row["outcome"], row["why"] = _store_ops_outcome(trace, client)
                 elif trace.kind == "concurrent":  # a racy finding, judged by its recorded rate (engines.racy)
-                    from engines.racy import replay
-                    options = {k: trace.config[k] for k in ("op_timeout",) if k in trace.config}
-                    row["outcome"], row["why"] = replay(trace, lambda n, **o: client.stores(n, **o),
-                                                        options=client.accepted(options))
+                    from engines.racy import needs_shared, replay, targets
+                    options = client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config})
+                    fresh, not_shared = targets(client, **options)
+                    if not_shared and needs_shared(trace):
+                        raise UsageError(f"the trace runs several clients of the same server, and {not_shared}")
+                    row["outcome"], row["why"] = replay(trace, lambda n, **o: client.stores(n, **o), options=options,
+                                                        shared=None if not_shared else fresh)
                 else:
                     protocol = protocol_of(protocol_spec or trace.protocol.get("ref") or trace.protocol["name"])
                     row["protocol"] = protocol_spec or protocol.ref

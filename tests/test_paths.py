@@ -12,7 +12,7 @@ from model.history import READ_PATHS
 from properties import bad_stores
 
 #: Public members that are not read/lookup operations: the contract's writes and close, key naming, diagnostics.
-NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_keys", "servers"}
+NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_key", "server_keys", "servers"}
 ADAPTERS = [lmcache_stores.BackendStore, lmcache_stores.ValkeyBackendStore, lmcache_stores.NativeStore,
             patched.PatchedBackendStore, patched.PatchedValkeyStore]
 

@@ -29,3 +29,29 @@ def test_an_mget_that_drops_its_misses_fails_batch_misses_as_wrong_key():
     assert [(t.origin, t.property) for t in found] == [("scenario:batch-misses", "wrong-key")]
     _, violations = run(found[0], bounded_factory(found[0], client))
     assert violations[0]["property"] == "wrong-key"
+
+
+def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(tmp_path):
+    """Correct alone (every single-client scenario passes), the local read cache fails the scenarios where another
+    client deletes or overwrites, or the server evicts, as `shared-tier`; each trace replays on fresh shared stores
+    (reproduces on it, fixed on the model), and on a client that cannot share its servers it cannot run."""
+    from shardcheck.replay import run_replay
+    client = resolve_client("properties.bad_stores:local_read_cache_factory")
+    found = run_scenarios(client, op_timeout=1.0)
+    assert {t.origin: t.property for t in found} == {
+        "scenario:another-client-deletes": "shared-tier", "scenario:another-client-overwrites": "shared-tier",
+        "scenario:server-evicts": "shared-tier"}
+    paths = [str(t.save_unique(tmp_path, "shared")) for t in found]
+    assert all(t.config["clients"] == 2 for t in found)
+    assert {r["outcome"] for r in run_replay(paths)} == {"reproduces"}
+    assert {r["outcome"] for r in run_replay(paths, "model")} == {"fixed"}
+    rows = run_replay(paths, "properties.bad_stores:shared_server_factory")
+    assert {r["outcome"] for r in rows} == {"error"} and all("takes no `urls`" in r["why"] for r in rows)
+
+
+def test_a_client_that_cannot_share_its_servers_is_told_so():
+    """A factory without `urls` runs the single-client scenarios; the notes say the shared-tier ones did not run."""
+    notes: list[str] = []
+    found = run_scenarios(resolve_client("properties.bad_stores:shared_server_factory"), op_timeout=1.0, notes=notes)
+    assert [t.origin for t in found] == ["scenario:rank-isolation"]
+    assert notes and "shared-tier scenarios did not run" in notes[0] and "urls" in notes[0]
