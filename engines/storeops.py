@@ -69,9 +69,16 @@ class _Register:
         self.held: list[dict[str, list[bytes]]] = [{} for _ in range(n_ranks)]
         self.by: list[dict[str, Any]] = [{} for _ in range(n_ranks)]
         self.seen: list[list[dict[str, bytes | None]]] = [[{} for _ in range(n_ranks)] for _ in range(n_clients)]
+        self.aged: list[dict[str, float]] = [{} for _ in range(n_ranks)]  # keys not written since an `age` op
+
+    def age(self, seconds: float) -> None:
+        for r, values in enumerate(self.values):
+            for key in values:
+                self.aged[r][key] = self.aged[r].get(key, 0.0) + seconds
 
     def write(self, r: int, op: dict, who: Any) -> None:
         key = op["key"]
+        self.aged[r].pop(key, None)
         if op["op"] == "put":
             self.values[r][key] = bytes(op["value"])
             self.held[r].setdefault(key, []).append(bytes(op["value"]))
@@ -107,23 +114,35 @@ class _Register:
             return Violation("shared-tier", f"{call} returned {_short(got)}, the oracle {_short(expected)}: {whom}, "
                              "and this client answered what it had seen before", {"index": i, "key": unseen[0],
                                                                                   "by": who})
+        aged = [k for k in keys if k in self.aged[r]]
+        if aged:
+            return Violation("retention", f"{call} returned {_short(got)}, the oracle {_short(expected)}: put "
+                             f"{self.aged[r][aged[0]]:g} s before and never deleted", {"index": i, "key": aged[0]})
         return Violation("store-roundtrip", f"{call} returned {_short(got)}, the oracle {_short(expected)}",
                          {"index": i})
 
 
 def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
             clock: Any = None, others: Sequence[Sequence[RankStore]] = (),
-            evict: Callable[[int, str], None] | None = None) -> tuple[list[dict], list[Violation]]:
+            evict: Callable[[int, str], None] | None = None,
+            done: Sequence[dict] = (), done_ago: float | None = None) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
     An op is `{"rank", "op", "key" | "keys", "value"?, "client"?}`; a value is bytes or a list of byte values; a
     `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). `others` are more
     clients of the same servers (op `client` c > 0 runs on `others[c - 1]`); an `evict` op is the server's own
-    eviction (`evict(rank, key)`), an `age` op waits `seconds` (what was put grows old). Returns one record per op
-    run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the violations.
+    eviction (`evict(rank, key)`), an `age` op waits `seconds` (what was put grows old). `done`: puts and deletes
+    that already ran on these stores (the oracle starts from them; `done_ago`: that many seconds ago, as after an
+    `age` op). Returns one record per op run (`result`,
+    `oracle`, `outcome`, and `seconds` when `clock` is given) and the violations.
     """
     clients = [stores, *others]
     oracle = _Register(len(stores), len(clients))
+    for op in done:
+        oracle.write(op["rank"], {**op, "value": bytes(op["value"]) if op.get("value") is not None else None},
+                     op.get("client", 0))
+    if done_ago is not None:
+        oracle.age(done_ago)
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
@@ -132,6 +151,7 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
         rec = {"index": i, **op}
         if op["op"] == "age":
             time.sleep(float(op["seconds"]))
+            oracle.age(float(op["seconds"]))
             records.append({**rec, "outcome": "ok"})
             continue
         r, c = op["rank"], op.get("client", 0)

@@ -149,6 +149,42 @@ class LocalReadCacheStore(MemoryStore):
         self.cache.pop(key, None)
 
 
+class ExpiringStore(MemoryStore):
+    """Writes every value with a 1 s TTL (as `SET key value EX 1`): every check that puts and reads at once passes,
+    and a minute later the cache holds nothing (a hit rate of zero in production)."""
+
+    TTL = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expires: dict[str, float] = {}
+
+    def _live(self, key: str) -> None:
+        self._check()
+        if self.expires.get(key, float("inf")) <= time.monotonic():
+            self.data.pop(key, None)
+            self.expires.pop(key, None)
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self.expires[key] = time.monotonic() + self.TTL
+
+    def get(self, key: str) -> bytes | None:
+        self._live(key)
+        return super().get(key)
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    def contains(self, key: str) -> bool:
+        self._live(key)
+        return super().contains(key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._live(key)
+        return super().get_async(key)
+
+
 class MgetDropsMissesStore(MemoryStore):
     """`get_batch` is one MGET whose reply is filtered of its nils and then paired with the keys in order: with a
     miss before a hit, the hit's value lands on the missed key (deterministic, one caller is enough)."""
@@ -354,6 +390,7 @@ unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
 delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
 mget_drops_misses_factory = _per_rank(MgetDropsMissesStore)
 local_read_cache_factory = _per_rank(LocalReadCacheStore)
+expiring_factory = _per_rank(ExpiringStore, shares=False)  # (its expiry times are the client's own, not the server's)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {

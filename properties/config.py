@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import attrs
 
+from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
 from runtime.tier import NotShared, open_shared
@@ -35,6 +36,8 @@ class RunConfig:
     minimise_seconds: float = 30.0
     #: Whether the store layer runs two clients of the same servers when the client can share them.
     shared: bool = True
+    #: The least age (seconds) a value nobody deleted is read back at (`engines.retention`; 0: not tested).
+    retention: float = DEFAULT_RETENTION
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -113,7 +116,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces", "minimise_seconds", "shared")},
+                                                              "write_traces", "minimise_seconds", "shared",
+                                                              "retention")},
                            **changes})
     try:
         yield CURRENT

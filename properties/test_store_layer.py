@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from engines.retention import RetentionRun
 from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, run_scenarios
 from engines.storeops import minimise_store_ops
 from properties import config
@@ -27,5 +28,21 @@ def test_store_client_scenario(scenario):
         if cfg.write_traces and not cfg.in_memory() and cfg.minimise_seconds > 0:  # cut down on fresh stores
             stop_at = time.monotonic() + cfg.minimise_seconds
             trace, _ = minimise_store_ops(trace, cfg.resolved_client(), should_stop=lambda: time.monotonic() >= stop_at)
+        path = write_found(trace, cfg.found_dir, cfg.client_label(), trace.property) if cfg.write_traces else None
+        pytest.fail(f"{trace.summary} (counterexample trace: {path})", pytrace=False)
+
+
+def test_values_nobody_deleted_are_kept():
+    """A sample of values put and never deleted reads back the same once `--retention` seconds old (or just before
+    the client's declared `retention` runs out), through every declared path (`engines.retention`)."""
+    cfg = config.current()
+    aged = RetentionRun(cfg.resolved_client(), retention=cfg.retention, op_timeout=cfg.op_timeout)
+    try:
+        if aged.sample is None:
+            pytest.skip(f"retention {aged.note}")  # not a failure: nothing to test (--retention 0, or no promise)
+        trace = aged.finish(time.monotonic() + aged.sample.age + 5 * cfg.op_timeout)
+    finally:
+        aged.close()
+    if trace is not None:
         path = write_found(trace, cfg.found_dir, cfg.client_label(), trace.property) if cfg.write_traces else None
         pytest.fail(f"{trace.summary} (counterexample trace: {path})", pytrace=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from engines.retention import DEFAULT_RETENTION, RetentionRun
 from engines.search import LEVELS, Found, SearchStats, search
 
 __all__ = ["MODEL_PHASES", "REAL_PHASES", "EXPLORE_SIZES", "run_engines"]
@@ -28,14 +29,15 @@ EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3,
 
 def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budget: float,
                 should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float,
-                multi_prompt: bool = True, explore_workers: int = 1, protocol_ref: str | None = None) -> Any:
+                multi_prompt: bool = True, explore_workers: int = 1, protocol_ref: str | None = None,
+                retention: float = DEFAULT_RETENTION) -> Any:
     """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None. `client` is a
     `runtime.registry.Client`: an in-memory one gets the explorer (it runs its own store model), a real one the
     store layer first. `multi_prompt=False`: no case with other prompts in the tier (a runner that cannot run them).
-    `explore_workers > 1`: the explorer's configurations run in that many local processes (by `protocol_ref`)."""
-    levels = LEVELS if multi_prompt else tuple(level for level in LEVELS if level != "prompts")
-    phases = MODEL_PHASES if client.in_memory else REAL_PHASES
-    phase_end = [start]
+    `explore_workers > 1`: the explorer's configurations run in that many local processes (by `protocol_ref`).
+    After the scenarios a retention sample is planted (`engines.retention`, ageing `retention` seconds) and read
+    back when due, while the engines run or at the end, within the budget."""
+    end = start + budget
     stats.phase = "scenarios"  # the store client's fixed scenarios first: a client that fails one fails at once
     from engines.scenarios import run_scenarios
     notes: list[str] = []
@@ -44,8 +46,30 @@ def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budg
     stats.store["shared_tier"] = "; ".join(notes) or "2 clients per server ran the shared-tier scenarios"
     if failed:
         return failed[0]
-    budget -= time.monotonic() - start  # the phases share what is left of the budget
+    aged = RetentionRun(client, retention=retention, op_timeout=op_timeout)
+    try:
+        def stop() -> bool:
+            return aged.poll() is not None or should_stop()
+
+        found = _phases(protocol, client, run, budget=end - time.monotonic(), should_stop=stop, stats=stats,
+                        seed=seed, op_timeout=op_timeout, multi_prompt=multi_prompt, explore_workers=explore_workers,
+                        protocol_ref=protocol_ref)
+        if aged.found is not None:
+            return aged.found
+        return found if found is not None else aged.finish(end)
+    finally:
+        aged.close()
+        stats.store["retention"] = aged.note
+
+
+def _phases(protocol: Any, client: Any, run: Callable, *, budget: float, should_stop: Callable[[], bool],
+            stats: SearchStats, seed: int, op_timeout: float, multi_prompt: bool, explore_workers: int,
+            protocol_ref: str | None) -> Any:
+    """The engines in turn, each in its share of `budget` (`MODEL_PHASES`, `REAL_PHASES`), then random cases."""
+    levels = LEVELS if multi_prompt else tuple(level for level in LEVELS if level != "prompts")
+    phases = MODEL_PHASES if client.in_memory else REAL_PHASES
     start = time.monotonic()
+    phase_end = [start]
 
     def phase_over() -> bool:
         return should_stop() or time.monotonic() >= phase_end[0]

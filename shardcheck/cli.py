@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
                    help="first enumerate every configuration up to this size, whatever the budget, then spend "
                         "--budget on the engines (default: off)")
+    c.add_argument("--retention", type=float, default=None, metavar="SECONDS",
+                   help="the least age a value put and never deleted is read back at (a client's own `retention` "
+                        "member lowers it; 0: not tested) (default: 3)")
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")

@@ -75,7 +75,7 @@ STORE_MINIMISE_SHARE = 0.5
 def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False,
               op_timeout: float | None = None, until_exhausted: tuple[int, int] | None = None,
-              runner: str = "sim", explore_workers: int = 1) -> dict:
+              runner: str = "sim", explore_workers: int = 1, retention: float | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.storeops import minimise_store_ops
     from engines.minimise import minimise
@@ -90,6 +90,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     op_timeout = DEFAULT_OP_TIMEOUT if op_timeout is None else op_timeout
     if not math.isfinite(op_timeout) or op_timeout <= 0:
         raise UsageError(f"--op-timeout must be a positive number of seconds, got {op_timeout:g}")
+    if retention is not None and (not math.isfinite(retention) or retention < 0):
+        raise UsageError(f"--retention must be a number of seconds >= 0, got {retention:g}")
     resolved, client = protocol_of(protocol_spec), client_of(client_spec)
     protocol = resolved.obj
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
@@ -116,7 +118,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
             found = run_engines(protocol, client, run, start=start, budget=budget, should_stop=should_stop,
                                 stats=stats, seed=seed, op_timeout=op_timeout,
                                 multi_prompt=runner == "sim", explore_workers=explore_workers,
-                                protocol_ref=resolved.ref)
+                                protocol_ref=resolved.ref,
+                                **({"retention": retention} if retention is not None else {}))
         if isinstance(found, Found):
             grace = deadline + MINIMISE_GRACE
             original = found
@@ -147,8 +150,11 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         trace = found
         ops_before = len(trace.ops)
         stop_at = time.monotonic() + max(MINIMISE_GRACE, budget * STORE_MINIMISE_SHARE)
-        trace, minimal = minimise_store_ops(trace, client, should_stop=lambda: time.monotonic() >= stop_at,
-                                            progress=_err if progress else None)
+        if trace.origin == "retention":  # (1-minimal as built; every replay of it ages the sample again)
+            minimal = True
+        else:
+            trace, minimal = minimise_store_ops(trace, client, should_stop=lambda: time.monotonic() >= stop_at,
+                                                progress=_err if progress else None)
         result["stats"]["counterexample_ops"] = {"found": ops_before, "saved": len(trace.ops),
                                                  "one_minimal": minimal}
         violations = violations_of(trace)
@@ -184,7 +190,7 @@ def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
-                       explore_workers=args.explore_workers)
+                       explore_workers=args.explore_workers, retention=args.retention)
     if args.json:
         print_json(result)
     else:

@@ -64,6 +64,13 @@ def run_verify(*, budget: float, as_json: bool) -> int:
         ref = f"{variant.__module__}:{variant.__name__}"
         _step(rows, f"check demo {variant.__name__} -> {prop}", "violated", check(ref, secs=min(budget, 10)))
 
+    from properties.bad_stores import BAD_STORES  # what one client's op-by-op checks cannot see: caught too
+    for bad, (_, prop) in BAD_STORES.items():
+        if prop not in ("wrong-key", "shared-tier", "retention"):
+            continue  # (the other store demos are caught by tests/test_properties_stores.py)
+        spec = f"properties.bad_stores:{bad.replace('-', '_')}_factory"
+        _step(rows, f"check store client {bad} -> {prop}", "violated", check(None, spec, secs=min(budget, 10)))
+
     from properties.bad_stores import RACY_STORES  # the concurrent layer: racy clients caught, a correct one holds
     for racy, (_, prop) in RACY_STORES.items():
         spec = f"properties.bad_stores:{racy.replace('-', '_')}_factory"
