@@ -32,6 +32,8 @@ class RunConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
+    #: Failures' traces collected in memory instead of written (`properties.reporting.write_found`), or None.
+    found: list | None = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -90,7 +92,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces", "minimise_seconds")}, **changes})
+                                                              "write_traces", "minimise_seconds", "found")}, **changes})
     try:
         yield CURRENT
     finally:
