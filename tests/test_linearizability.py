@@ -105,11 +105,16 @@ def test_model_answers_every_read_path():
 
 
 def test_search_bound_makes_it_undecided():
-    """A search cut off by its step bound answers None (undecided), not a verdict."""
+    """A search cut off by its memory bound answers None (undecided), says why and names the part left; the
+    zones decide the same history at once."""
     h = [op(i, f"c{i}", "put", "k", 0, 100, value=bytes([i])) for i in range(10)]
     h.append(op(10, "r", "get", "k", 101, 102, b"nothing-wrote-this"))
-    assert check(h, max_steps=50).linearizable is None
-    assert check(h).linearizable is False
+    v = check(h, max_states=50, fast=False)
+    assert v.linearizable is None and "memory bound" in v.why and v.undecided == [("k",)]
+    assert v.to_json()["undecided"] == [["k"]]
+    assert check(h, fast=False).linearizable is False
+    fast = check(h, max_states=50)
+    assert fast.linearizable is False and fast.unplaceable == 10 and fast.methods == {"register": 1}
 
 
 def test_lanes_data_form():
