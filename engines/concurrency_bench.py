@@ -130,15 +130,16 @@ def read_history_file(path: str) -> tuple[dict, History]:
     return dict(data.get("spec") or {}), History.from_json(data["history"])
 
 
-def check_directory(directory: str, **check_options) -> list[dict]:
+def check_directory(directory: str, *, seconds: float = 60.0, **check_options) -> list[dict]:
     """Run the checker on every `*.json` history in `directory` (sorted by name): one row per file with the
-    spec, the verdict and the checker's seconds (reading the file not included)."""
+    spec, the verdict and the checker's seconds (reading the file not included); each file is bounded by `seconds`
+    (then undecided)."""
     names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     rows = []
     for name in names:
         spec, history = read_history_file(os.path.join(directory, name))
         t = time.perf_counter()
-        verdict = check(history, **check_options)
+        verdict = check(history, seconds=seconds, **check_options)
         seconds = time.perf_counter() - t
         rows.append({"file": name, "spec": spec, "n_ops": len(history.ops), "seconds": round(seconds, 4),
                      "verdict": verdict.to_json()})

@@ -150,6 +150,7 @@ def test_bench_reports_both_concurrency_figures():
     from engines.concurrency_bench import bench
     got = bench(0.2)
     assert got["checker_linearizable"] is True and got["checker_10k_s"] > 0 and got["driver_ops_per_s"] > 0
+    assert got["checker_100k_linearizable"] is True and got["checker_100k_s"] > 0
 
 
 # -- the register path (zones, exact simplifications) and the search against a brute force -------------------
@@ -267,3 +268,16 @@ def test_misses_and_deletes():
     assert check(g).linearizable is True  # the delete that never completed is seen by the miss
     g.append(op(3, "b", "get", "k", 4, 5, V))
     assert check(g).linearizable is False  # ... and then nothing wrote V again
+
+
+def test_history_files_feed_the_checker_and_are_never_overwritten(tmp_path):
+    """`write_histories` writes the files `check_directory` (and `shardcheck bench --histories`) reads; the stale
+    one is rejected, the others accepted; writing again into the same place refuses to overwrite."""
+    from engines.concurrency_bench import check_directory, write_histories
+    specs = [("a", 300, 4, 4, 0.0, False), ("b", 300, 4, 4, 0.05, True)]
+    write_histories(str(tmp_path), specs)
+    rows = check_directory(str(tmp_path))
+    assert [(r["file"], r["verdict"]["linearizable"]) for r in rows] == [("a.json", True), ("b.json", False)]
+    assert rows[1]["spec"]["pending"] == 0.05 and rows[1]["spec"]["violation"] is True
+    with pytest.raises(ValueError, match="not overwritten"):
+        write_histories(str(tmp_path), specs)
