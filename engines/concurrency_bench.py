@@ -140,8 +140,8 @@ def check_directory(directory: str, *, seconds: float = 60.0, **check_options) -
         spec, history = read_history_file(os.path.join(directory, name))
         t = time.perf_counter()
         verdict = check(history, seconds=seconds, **check_options)
-        seconds = time.perf_counter() - t
-        rows.append({"file": name, "spec": spec, "n_ops": len(history.ops), "seconds": round(seconds, 4),
+        took = time.perf_counter() - t
+        rows.append({"file": name, "spec": spec, "n_ops": len(history.ops), "seconds": round(took, 4),
                      "verdict": verdict.to_json()})
     return rows
 
