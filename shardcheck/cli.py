@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
     b.add_argument("--json", action="store_true", help="print the figures as JSON (default: a table)")
     b.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default: 5)")
+    b.add_argument("--histories", default=None, metavar="DIR",
+                   help="instead: run the linearizability checker on every *.json history in DIR, one row per file "
+                        "(default: off)")
+    b.add_argument("--write-histories", default=None, metavar="DIR",
+                   help="write the side-by-side histories (engines.concurrency_bench.SPECS) into DIR first; an "
+                        "existing file is not overwritten (default: off)")
 
     s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
     s.add_argument("trace", help="a trace file")

@@ -51,7 +51,9 @@ def cmd_show(args: Any) -> int:
 
 # -- bench ------------------------------------------------------------------------------------------
 def cmd_bench(args: Any) -> int:
-    from shardcheck.bench import run_bench
+    from shardcheck.bench import histories_command, run_bench
+    if args.histories or args.write_histories:
+        return histories_command(args.histories, args.write_histories, as_json=args.json)
     result = run_bench(seconds=args.seconds, progress=None if args.json else _err)
     if args.json:
         print(json.dumps(result, indent=2))
