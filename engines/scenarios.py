@@ -70,10 +70,11 @@ def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True)
 
 def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS,
                   options: dict | None = None, coverage: "ScenarioCoverage | None" = None,
-                  n_ranks: int = 2) -> list[Trace]:
+                  n_ranks: int = 2, first_only: bool = False) -> list[Trace]:
     """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
     its own keys; `options`: the factory's, besides `op_timeout`): the store-ops trace of each one that fails
-    (`replay` re-runs it on fresh stores). With `n_ranks=1` the scenarios that need two ranks do not run."""
+    (`replay` re-runs it on fresh stores), or of the first one with `first_only`. With `n_ranks=1` the scenarios
+    that need two ranks do not run."""
     cov = coverage if coverage is not None else ScenarioCoverage()
     stores: list = []
     found = []
@@ -103,6 +104,8 @@ def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] =
                                    config={"n_ranks": n_ranks, "op_timeout": op_timeout}, ops=ops,
                                    verdict={"violations": [v.to_json()]},
                                    expect={client.name: "reproduces"}, origin=f"scenario:{name}"))
+                if first_only:
+                    break
     finally:
         for s in stores:
             s.close()
@@ -137,7 +140,8 @@ class Scenarios:
     def search(self, ctx: SearchContext) -> Finding | None:
         t = ctx.target
         failed = run_scenarios(t.client, op_timeout=ctx.op_timeout, options=dict(t.client_options),
-                               coverage=ctx.coverage.of(self.name, ScenarioCoverage), n_ranks=t.rank_cap(2))
+                               coverage=ctx.coverage.of(self.name, ScenarioCoverage), n_ranks=t.rank_cap(2),
+                               first_only=True)
         if not failed:
             return None
         trace = failed[0]

@@ -66,7 +66,8 @@ class HypothesisCoverage:
 
 def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], bool], seed: int = 0,
                       store_layer: bool = False, op_timeout: float = DEFAULT_OP_TIMEOUT,
-                      coverage: HypothesisCoverage | None = None) -> list[Trace]:
+                      coverage: HypothesisCoverage | None = None, client_options: dict | None = None,
+                      max_ranks: int | None = None) -> list[Trace]:
     """Run the machines in seeded batches until `should_stop()` or a failure: the traces of the failure (kept in
     memory, not written), and the rule steps counted in `coverage`."""
     cov = coverage if coverage is not None else HypothesisCoverage()
@@ -74,7 +75,8 @@ def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], b
     found: list[Trace] = []
     paths0 = dict(PATH_CALLS)
     # minimise_seconds=0: `check` minimises the finding itself, within its own budget
-    with config.using(protocol=protocol, client=client, op_timeout=op_timeout, minimise_seconds=0, found=found):
+    with config.using(protocol=protocol, client=client, op_timeout=op_timeout, minimise_seconds=0, found=found,
+                      client_options=dict(client_options or {}), max_ranks=max_ranks):
         try:
             while not should_stop():
                 for machine in machines:
@@ -110,7 +112,8 @@ class HypothesisMachines:
         t = ctx.target
         traces = hypothesis_search(t.protocol, t.client, should_stop=ctx.should_stop, seed=ctx.seed,
                                    store_layer=not t.client.in_memory, op_timeout=ctx.op_timeout,
-                                   coverage=ctx.coverage.of(self.name, HypothesisCoverage))
+                                   coverage=ctx.coverage.of(self.name, HypothesisCoverage),
+                                   client_options=dict(t.client_options), max_ranks=t.ranks or t.max_ranks)
         for trace in traces:
             if trace.kind == "store-ops":
                 trace.client, trace.expect = t.client.name, {t.client.name: "reproduces"}

@@ -40,6 +40,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.sizes: tuple[int, int, str, tuple] = (1, 0, "s0", ())
 
     def _open(self, n_ranks: int, n_chunks: int, salt: str, others: tuple = ()) -> Episode:
+        n_ranks = self.cfg.rank_cap(n_ranks)  # (within the servers the user has: --max-ranks)
         self.sizes = (n_ranks, n_chunks, salt, others)
         # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
         stores = self.cfg.stores(n_ranks)

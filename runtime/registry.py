@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import sys
 from typing import Any, Callable
@@ -29,7 +30,7 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine",
+           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options",
            "load_attr", "ref_of"]
 
 DEFAULT_PROTOCOL = "paper"
@@ -254,6 +255,29 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
+
+
+def parse_options(items: list[str]) -> dict:
+    """`KEY=VALUE` items (`--client-option`) as factory options: JSON values as JSON, `urls` split on commas, other
+    text as text; `ResolveError` naming a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ResolveError(f"--client-option {item!r}: expected KEY=VALUE")
+        if key in out:
+            raise ResolveError(f"--client-option {key}: given twice")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        if key == "urls" and isinstance(parsed, str):
+            parsed = [u.strip() for u in parsed.split(",") if u.strip()]
+        if key == "urls" and (not isinstance(parsed, list) or not parsed or not all(isinstance(u, str) for u in parsed)):
+            raise ResolveError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
+        out[key] = parsed
+    return out
 
 
 def resolve_engine(name: str) -> Any:

@@ -4,7 +4,6 @@ runners over its client (`--runner sim|processes`)."""
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any, Callable, ContextManager, Iterator
 
 from shardcheck.errors import UsageError
@@ -28,26 +27,12 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
 
 
 def parse_options(items: list[str]) -> dict:
-    """`KEY=VALUE` items as factory options: JSON values as JSON, `urls` split on commas, other text as text."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--client-option {item!r}: expected KEY=VALUE")
-        key = key.strip()
-        if key in out:
-            raise UsageError(f"--client-option {key}: given twice")
-        try:
-            parsed: Any = json.loads(value)
-        except ValueError:
-            parsed = value
-        if key == "urls" and isinstance(parsed, str):
-            parsed = [u.strip() for u in parsed.split(",") if u.strip()]
-        if key == "urls" and (not isinstance(parsed, list) or not parsed or
-                              not all(isinstance(u, str) for u in parsed)):
-            raise UsageError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
-        out[key] = parsed
-    return out
+    """`runtime.registry.parse_options`, a bad item being unusable input (exit 2)."""
+    from runtime.registry import ResolveError, parse_options as parse
+    try:
+        return parse(items)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | dict | None = None,
