@@ -40,7 +40,6 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.check import run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
-    from runtime.watchdog import forget
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
@@ -51,7 +50,6 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError(f"--explore-workers must be at least 1, got {explore_workers}")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
-    forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     bar = Progress(budget, enabled=progress)
     with case_runner_of(target, op_timeout) as run, bar:
         try:
