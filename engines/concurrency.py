@@ -33,7 +33,7 @@ from engines.linearizability import check
 from model.contract import StoreCallTimeout
 from model.history import MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 
-__all__ = ["Layout", "Run", "Rate", "Target", "make_layout", "run_layout", "judge", "measure", "tag_value",
+__all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
            "CONCURRENT_PROPERTIES", "thread_safe"]
 
 CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
@@ -47,7 +47,7 @@ def thread_safe(store: Any) -> bool:
 
 
 @attrs.define
-class Target:
+class ServerClients:
     """What a layout runs on: `clients[c]`, client c's store of one server (several clients of the same server
     when the client can share it, `runtime.tier`), and `evict(key)`, the server's own eviction (None: it cannot).
     `close()` closes what was made for it."""
@@ -57,12 +57,12 @@ class Target:
     closer: Callable[[], None] | None = None
 
     @classmethod
-    def of(cls, target: Any) -> "Target":
-        """A `Target`, or one store as the target of one client."""
-        return target if isinstance(target, Target) else cls([target])
+    def of(cls, target: Any) -> "ServerClients":
+        """A `ServerClients`, or one store as the target of one client."""
+        return target if isinstance(target, ServerClients) else cls([target])
 
     @classmethod
-    def shared(cls, shared: Any, rank: int = 0) -> "Target":
+    def shared(cls, shared: Any, rank: int = 0) -> "ServerClients":
         """Rank `rank`'s server of a `runtime.tier.SharedStores`: its clients there, and its eviction."""
         evict = (lambda key: shared.evict(rank, key)) if shared.can_evict() else None
         return cls([stores[rank] for stores in shared.clients], evict, shared.close)
@@ -140,11 +140,9 @@ class Run:
     prefix: str = ""
 
 
-def _call(target: Target, op: Op) -> Any:
+def _call(target: ServerClients, op: Op) -> Any:
     path = op.path
-    if path == "evict":
-        if target.evict is None:
-            raise ValueError("the layout has a server eviction, but this server cannot evict by itself")
+    if op.server:  # the server's own eviction: a delete no client made
         return target.evict(op.key)
     store = target.clients[op.client]
     if path == "put":
@@ -157,10 +155,10 @@ def _call(target: Target, op: Op) -> Any:
 
 def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
                clock: Callable[[], float] = time.monotonic) -> History:
-    """Run `layout` on `store` (a store, or a `Target`: several clients of one server; every caller at once); at
+    """Run `layout` on `store` (a store, or a `ServerClients`: several clients of one server; every caller at once); at
     most `bound` seconds for the whole run. Keys are prefixed with `prefix` (default: a fresh one per run, so runs
     on one store never see each other's keys)."""
-    target = Target.of(store)
+    target = ServerClients.of(store)
     prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
     lock = threading.Lock()
     ops: list[Op] = []
@@ -171,10 +169,13 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         for i, spec in enumerate(mine):
             keys = tuple(prefix + k for k in spec["keys"])
             value = tag_value(keys[0], caller, i, int(spec.get("pad", 0))) if spec["path"] == "put" else None
-            client = int(spec.get("client", 0))
+            client, server = int(spec.get("client", 0)), spec["path"] == "evict"
             if not 0 <= client < len(target.clients):
                 raise ValueError(f"the layout names client {client}; the target has {len(target.clients)}")
-            plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value, client=client))
+            if server and target.evict is None:
+                raise ValueError("the layout has a server eviction, but this server cannot evict by itself")
+            plan.append(Op(len(ops) + len(plan), caller, "delete" if server else spec["path"], keys, value,
+                           client=client, server=server))
         ops.extend(plan)
         plans.append(plan)
     started: list[Op] = []
@@ -250,7 +251,7 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
     return (None, exc) if exc is not None else (fut.result(), None)
 
 
-def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], dict]:
+def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data."""
     out: list[dict] = []
     for op in history.ops:
@@ -265,7 +266,7 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
     for op in history.ops:
         if op.error and not op.pending:
             out.append({"property": "store-error", "op": op.id, "summary": f"{op.label()} raised {op.error}"})
-    verdict = check(history, max_steps=max_steps).to_json()
+    verdict = check(history, max_states=max_states).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
         out.append({"property": "linearizability", "op": bad.id,

@@ -1,57 +1,61 @@
-"""Racy findings: searched for, judged by their rate, minimised, written and replayed as `concurrent` traces.
+"""Racy findings: searched for, minimised and written as `concurrent` traces with their measured rate; the
+concurrent layer's engine of `check` (`Concurrency`).
 
-A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs. With the
-recorded rate `p = k / n`, at 99% confidence:
-
-- `tries_to_reproduce(k, n)`: the runs after which a bug still at rate `p` has shown at least once
-  (`(1 - p)^N <= 0.01`);
-- `tries_to_clear(k, n)`: the clean runs after which the rate is below `p / 10` (`(1 - p/10)^M <= 0.01`).
-
-`replay` runs a trace's layout up to `tries_to_clear` times: `reproduces` as soon as the trace's property
-shows, `fixed` only after that many clean runs.
+A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs on fresh stores
+(`model.finding.Rate`); its replay is judged by that rate (`engines.replay.judge`).
 """
 from __future__ import annotations
 
-import math
+import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 
-from engines.concurrency import Layout, Rate, Target, make_layout, measure, thread_safe
+from engines.api import SearchContext
+from engines.concurrency import Layout, Rate, ServerClients, make_layout, measure, thread_safe
 from model.contract import declared_paths
+from model.finding import Finding, Rate as FindingRate
 from model.history import lanes
+from model.outcome import Violation
+from model.trace import Trace, violations_of
 from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
-from model.trace import Trace
 
-__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search",
-           "fresh_target", "needs_shared", "targets"]
+__all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "layout_runs", "search", "Concurrency",
+           "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT", "fresh_target", "needs_shared",
+           "targets"]
 
-CONFIDENCE = 0.99
 #: The most runs a minimisation step spends on one candidate.
 MAX_CANDIDATE_RUNS = 20
+#: Seconds one run of a layout may take in `check` (a real client gets longer), and the per-call timeout given to a
+#: client that bounds its own calls.
+CONCURRENT_BOUND = {"in-memory": 1.0, "real": 3.0}
+CONCURRENT_OP_TIMEOUT = 1.0
 
 
-def tries_to_reproduce(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
-    """Runs within which a bug of rate k/n shows at least once with probability `confidence`."""
-    p = k / n
-    if p >= 1.0:
-        return 1
-    return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
-
-
-def tries_to_clear(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
-    """Clean runs after which the rate is below a tenth of k/n with `confidence`."""
-    p = k / n / 10
-    return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
-
-
-def fresh_target(made: Any) -> Target:
-    """What a maker of fresh stores made, as a `Target`: a `Target` (several clients of one server), or a list of
-    rank stores whose first one is run (all closed with it)."""
-    if isinstance(made, Target):
+def fresh_target(made: Any) -> ServerClients:
+    """What a maker of fresh stores made, as a `ServerClients`: one already (several clients of one server), or a
+    list of rank stores whose first one is run (all closed with it)."""
+    if isinstance(made, ServerClients):
         return made
-    return Target([made[0]], closer=lambda: [s.close() for s in made])
+    return ServerClients([made[0]], closer=lambda: [s.close() for s in made])
+
+
+def targets(client: Any, **options: Any) -> tuple[Callable[..., ServerClients], str]:
+    """A maker of fresh targets of `client` (a `runtime.registry.Client`; `options`: its factory's) and a note: two
+    clients of the same server (`runtime.tier.open_shared`) and '' when the client can share servers, else one
+    store and why not."""
+    if not client.takes_urls():
+        return (lambda *_: fresh_target(client.stores(1, **options))), NotShared.reason(client)
+
+    def shared(clients: int = SHARED_CLIENTS) -> ServerClients:
+        return ServerClients.shared(open_shared(client, 1, clients=clients, **options))
+    return shared, ""
+
+
+def needs_shared(trace: Trace) -> bool:
+    """Whether a concurrent trace runs several clients of the same server, or the server's own evictions."""
+    return int(trace.config.get("clients", 1)) > 1 or any(op.get("path") == "evict" for op in trace.ops)
 
 
 def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) -> Rate:
@@ -71,7 +75,7 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
     """Fewest threads, then fewest ops, then the shortest values, keeping the `want` violation showing within
     the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate), each candidate on a fresh
     store when `fresh` makes them."""
-    runs = min(MAX_CANDIDATE_RUNS, tries_to_reproduce(rate.k, rate.n))
+    runs = min(MAX_CANDIDATE_RUNS, FindingRate(rate.k, rate.n).runs_to_show())
 
     def fails(candidate: Layout) -> bool:
         return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop,
@@ -128,95 +132,130 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
                  expect={client: "reproduces"}, origin=origin)
 
 
-def needs_shared(trace: Trace) -> bool:
-    """Whether a concurrent trace runs several clients of the same server, or the server's own evictions."""
-    return int(trace.config.get("clients", 1)) > 1 or any(op.get("path") == "evict" for op in trace.ops)
-
-
-def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None,
-           shared: Callable[[int], Target] | None = None) -> tuple[str, str]:
-    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring), or, for a
-    trace of several clients of one server (`needs_shared`), on a fresh `shared(clients)` target."""
-    rate = trace.config["rate"]
-    k, n = int(rate["k"]), int(rate["n"])
-    need, clear = tries_to_reproduce(k, n), tries_to_clear(k, n)
+@contextlib.contextmanager
+def layout_runs(trace: Trace, stores: Any) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """`once()`: one run of a concurrent trace's layout on `stores[0]` (or on a `ServerClients`: several clients of
+    one server; closed at the end), under a fresh key prefix each time: its violations (of any property) and a
+    note. A layout that uses a path the client does not offer cannot run: no violation, and the note says so."""
+    target = fresh_target(stores)
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
-    if needs_shared(trace):
-        if shared is None:
-            raise ValueError("the trace runs several clients of the same server; this client makes one")
-        target = shared(int(trace.config.get("clients", 2)))
-        if any(op.get("path") == "evict" for op in trace.ops) and target.evict is None:
-            target.close()
-            raise ValueError("the trace has the server's own evictions; these servers cannot evict by themselves")
-    else:
-        target = fresh_target(factory(1, **(options or {})))
-    try:
-        missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
-                          and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
+    missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
+                      and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
+
+    def once() -> tuple[list[Violation], str]:
         if missing:  # nothing to run: the race lives on a path this client does not offer
-            return "fixed", f"the client offers no {', '.join(missing)}: the layout cannot run on it"
-        for i in range(clear):
-            got = measure(target, layout, runs=1, bound=bound, want=trace.property)
-            if got.k:
-                return "reproduces", (f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): "
-                                      f"{got.first.violations[0]['summary']}")
+            return [], f"the client offers no {', '.join(missing)}: the layout cannot run on it"
+        got = measure(target, layout, runs=1, bound=bound)
+        if not got.k:
+            return [], ""
+        return [Violation(v["property"], v["summary"], {"op": v["op"]}) for v in got.first.violations], ""
+    try:
+        yield once
     finally:
         target.close()
-    return "fixed", f"{clear} clean runs: the rate is below a tenth of the recorded {k}/{n} (99%)"
 
 
-def targets(client: Any, **options: Any) -> tuple[Callable[[], Target], str]:
-    """A maker of fresh targets of `client` (a `runtime.registry.Client`) and a note: two clients of the same
-    server (`runtime.tier.open_shared`) and '' when the client can share servers, else one store and why not."""
-    if not client.takes_urls():
-        return (lambda: fresh_target(client.stores(1, **options))), NotShared.reason(client)
+@attrs.define
+class ConcurrencyCoverage:
+    """What the concurrent layer ran: layouts, runs and ops, over which declared paths; layouts whose violation did not
+    show again on a fresh store (left by earlier layouts); why it did not run, when it did not."""
 
-    def shared(clients: int = SHARED_CLIENTS) -> Target:
-        return Target.shared(open_shared(client, 1, clients=clients, **options))
-    return shared, ""
+    layouts: int = 0
+    runs: int = 0
+    ops: int = 0
+    paths: tuple[str, ...] = ()
+    not_on_a_fresh_store: int = 0
+    skipped: str = ""
+    #: Clients of the one server the layouts ran on, whether the server evicted by itself, and why one client only.
+    clients: int = 1
+    evictions: bool = False
+    not_shared: str = ""
+
+    def text(self) -> str:
+        if self.skipped:
+            return f"not run: {self.skipped}"
+        stale = f"; {self.not_on_a_fresh_store} layout(s) not shown again on a fresh store" \
+            if self.not_on_a_fresh_store else ""
+        tier = (f"; {self.clients} clients of one server{', and its own evictions' if self.evictions else ''}"
+                if self.clients > 1 else f"; one client per server ({self.not_shared})" if self.not_shared else "")
+        return (f"{self.layouts:,} layouts, {self.runs:,} runs, {self.ops:,} ops over "
+                f"{', '.join(self.paths) or 'no path'}{stale}{tier}")
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
 
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,
-           stats: dict, runs_per_layout: int = 3, measure_runs: int = 20,
+           coverage: ConcurrencyCoverage | None = None, runs_per_layout: int = 3, measure_runs: int = 20,
            minimise_stop: Callable[[], bool] | None = None, fresh: Callable[[], list] | None = None) -> Trace | None:
     """Seeded layouts over the store's declared paths, growing in threads and ops, until a run shows a
     violation or `should_stop()`. With `fresh` (a maker of fresh stores), a finding must show again on a fresh
     store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
     measured on fresh stores, as a replay runs it; it is returned as a trace."""
-    target = Target.of(store)
+    cov = coverage if coverage is not None else ConcurrencyCoverage()
+    target = ServerClients.of(store)
     if not thread_safe(target.clients[0]):
-        stats["concurrency"] = "skipped: the client declares thread_safe = False"
+        cov.skipped = "the client declares thread_safe = False"
         return None
-    paths = declared_paths(target.clients[0])
+    cov.paths = paths = declared_paths(target.clients[0])
+    cov.clients, cov.evictions = len(target.clients), target.evict is not None
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
-    i = layouts = total = stale = 0
+    i = 0
     while not should_stop():
         threads, ops, keys = sizes[min(i // 4, len(sizes) - 1)]
         layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths,
                              clients=len(target.clients), evictions=target.evict is not None)
         i += 1
-        layouts += 1
+        cov.layouts += 1
         rate = measure(store, layout, runs=runs_per_layout, bound=bound, should_stop=should_stop)
-        total += rate.n
-        stats["concurrency"] = {"layouts": layouts, "runs": total, "paths": list(paths), "not_on_a_fresh_store": stale}
+        cov.runs += rate.n
+        cov.ops += rate.n * layout.n_ops
         if not rate.k:
             continue
         want = rate.first.violations[0]["property"]
         stop = minimise_stop or should_stop
-        t0 = time.monotonic()
         if fresh is not None:
             rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
             if not rate.k:
-                stale += 1
-                stats["concurrency"]["not_on_a_fresh_store"] = stale
+                cov.not_on_a_fresh_store += 1
                 continue
         small = minimise(store, layout, want, rate, bound=bound, should_stop=stop, fresh=fresh)
         final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
         if not final.k:  # the minimised layout lost its rate before we could measure it: keep the original
             small, final = layout, rate
-        stats["concurrency"].update(found=want, minimise_seconds=round(time.monotonic() - t0, 3),
-                                    rate=[final.k, final.n])
         return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency",
                         clients=len(target.clients))
     return None
+
+
+class Concurrency:
+    """`check`'s concurrent layer: many ops at once on one fresh server of the client (two clients of it when the
+    client can share servers, and the server's own evictions); a finding comes minimised and measured on fresh
+    stores. A run is never cut short (a pending op would read as lost): one starts only when its
+    whole bound fits in the phase."""
+
+    name = "concurrency"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        client = ctx.target.client
+        real = client.self_bounded
+        bound = CONCURRENT_BOUND["real" if real else "in-memory"]
+        ours = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
+        options = ctx.target.store_options(**ours)
+        phase_stop, whole_stop = ctx.should_stop, ctx.deadline - bound
+        coverage = ctx.coverage.of(self.name, ConcurrencyCoverage)
+        fresh, coverage.not_shared = targets(client, **options)
+        target = fresh()
+        try:
+            trace = search(target, client=client.name, seed=ctx.seed, bound=bound,
+                           should_stop=lambda: phase_stop() or time.monotonic() + bound >= ctx.phase_end,
+                           coverage=coverage, minimise_stop=lambda: time.monotonic() >= whole_stop, fresh=fresh)
+        finally:
+            target.close()
+        if trace is None:
+            return None
+        trace.config.update(client.accepted(ours))
+        rate = trace.config["rate"]
+        return Finding(engine=self.name, violations=violations_of(trace), trace=trace,
+                       rate=FindingRate(rate["k"], rate["n"]))

@@ -20,17 +20,17 @@ from typing import Any, Sequence
 
 import attrs
 
+from engines.api import DEFAULT_RETENTION, SearchContext
 from engines.storeops import run_ops
+from model.finding import Finding
 from runtime.bounded import BoundedStore
 from model.contract import declared_paths
 from model.history import SINGLE_KEY_READS
 from model.outcome import Violation
-from model.trace import Trace, encode
+from model.trace import Trace, encode, violations_of
 
-__all__ = ["DEFAULT_RETENTION", "MARGIN", "plan", "Sample", "RetentionRun"]
+__all__ = ["DEFAULT_RETENTION", "MARGIN", "plan", "Sample", "RetentionRun", "Retention", "RetentionCoverage"]
 
-#: Default `--retention`: the least age (seconds) a value nobody deleted is read back at.
-DEFAULT_RETENTION = 3.0
 #: A declared retention is tested this much (at most) before it runs out.
 MARGIN = 0.25
 #: Value lengths of the sample (cut to the client's `max_value_bytes`).
@@ -123,11 +123,13 @@ class RetentionRun:
     returns the trace of a violation, `finish(deadline)` waits for it if that fits before `deadline`, `note` says
     what was tested, `close()` closes the stores."""
 
-    def __init__(self, client: Any, *, retention: float, op_timeout: float) -> None:
+    def __init__(self, client: Any, *, retention: float, op_timeout: float, options: dict | None = None,
+                 n_ranks: int = 2) -> None:
         self.client, self.op_timeout = client, op_timeout
         self.sample: Sample | None = None
         self.found: Trace | None = None
-        stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
+        made = client.stores(n_ranks, **{**client.accepted({"op_timeout": op_timeout}), **(options or {})})
+        stores = [BoundedStore(s, op_timeout) for s in made]
         age, self.note = plan([s.inner for s in stores], retention)
         if age is None:
             for s in stores:
@@ -168,3 +170,55 @@ class RetentionRun:
         if self.sample is not None:
             for s in self.sample.stores:
                 s.close()
+
+
+@attrs.define
+class RetentionCoverage:
+    """What retention tested: the age and the sample, or why nothing (in words, from `RetentionRun.note`)."""
+
+    tested: str = ""
+
+    def text(self) -> str:
+        return self.tested or "not started"
+
+    def to_json(self) -> dict:
+        return {"tested": self.tested}
+
+
+class _Due:
+    """A planted sample as `check`'s `engines.api.Later`: its finding once due; the coverage kept in words."""
+
+    def __init__(self, run: RetentionRun, coverage: RetentionCoverage, client: str) -> None:
+        self.run, self.coverage, self.client = run, coverage, client
+        coverage.tested = run.note
+
+    def _finding(self, trace: Trace | None) -> Finding | None:
+        self.coverage.tested = self.run.note
+        if trace is None:
+            return None
+        return Finding(engine="retention", violations=violations_of(trace), trace=trace,
+                       notes=["1-minimal as built (the put, the age, the read)"])
+
+    def poll(self) -> Finding | None:
+        return self._finding(self.run.poll())
+
+    def finish(self, deadline: float) -> Finding | None:
+        return self._finding(self.run.finish(deadline))
+
+    def close(self) -> None:
+        self.coverage.tested = self.run.note
+        self.run.close()
+
+
+class Retention:
+    """`check`'s retention engine: plants a sample (`RetentionRun`) and returns at once; the sample comes due while
+    the engines after it run (`SearchContext.later`), or at the end if that fits the budget."""
+
+    name = "retention"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        run = RetentionRun(t.client, retention=ctx.retention, op_timeout=ctx.op_timeout,
+                           options=dict(t.client_options), n_ranks=t.rank_cap(2))
+        ctx.later.append(_Due(run, ctx.coverage.of(self.name, RetentionCoverage), t.client.name))
+        return None

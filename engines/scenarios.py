@@ -14,16 +14,20 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import attrs
+
+from engines.api import SearchContext
 from engines.storeops import run_ops
 from model.contract import declared_paths
+from model.finding import Finding
 from model.history import MULTI_KEY_READS, SINGLE_KEY_READS
-from model.trace import Trace, encode
+from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 from runtime.tier import NotShared, open_shared
 
-__all__ = ["SCENARIOS", "SHARED_SCENARIOS", "scenario_ops", "shared_scenario_ops", "run_scenarios", "LENGTHS",
-           "DEFAULT_READS"]
+__all__ = ["SCENARIOS", "SHARED_SCENARIOS", "TWO_RANKS", "scenario_ops", "shared_scenario_ops", "run_scenarios",
+           "LENGTHS", "DEFAULT_READS", "Scenarios", "ScenarioCoverage"]
 
 _runs = itertools.count()
 
@@ -115,49 +119,66 @@ def _tagged(ops: list[dict], tag: str) -> list[dict]:
             for op in ops]
 
 
-def _trace(client: Client, name: str, ops: list[dict], v: Any, op_timeout: float, clients: int = 1) -> Trace:
+def _trace(client: Client, name: str, ops: list[dict], v: Any, op_timeout: float, n_ranks: int,
+           clients: int = 1) -> Trace:
     return Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
                  protocol={"name": "-", "ref": None}, client=client.name,
-                 config={"n_ranks": 2, "op_timeout": op_timeout, **({"clients": clients} if clients > 1 else {})},
-                 ops=ops, verdict={"violations": [{"property": v.property, "summary": v.summary,
-                                                   "detail": encode(v.detail)}]},
-                 expect={client.name: "reproduces"}, origin=f"scenario:{name}")
+                 config={"n_ranks": n_ranks, "op_timeout": op_timeout, **({"clients": clients} if clients > 1 else {})},
+                 ops=ops, verdict={"violations": [v.to_json()]}, expect={client.name: "reproduces"},
+                 origin=f"scenario:{name}")
 
 
 def _common_paths(stores: list) -> tuple[str, ...]:
     return tuple(p for p in declared_paths(stores[0].inner) if all(p in s.paths for s in stores))
 
 
+#: The scenarios that need two ranks' stores.
+TWO_RANKS = ("rank-isolation",)
+
+
 def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS + SHARED_SCENARIOS,
-                  notes: list[str] | None = None) -> list[Trace]:
+                  options: dict | None = None, coverage: "ScenarioCoverage | None" = None,
+                  n_ranks: int = 2, first_only: bool = False) -> list[Trace]:
     """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
-    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores). The
-    shared-tier scenarios run on two clients of the same servers (`runtime.tier.open_shared`); when the client
-    cannot share servers (or its servers cannot evict by themselves) `notes` gets why they did not run."""
+    its own keys; `options`: the factory's, besides `op_timeout`): the store-ops trace of each one that fails
+    (`replay` re-runs it on fresh stores), or of the first one with `first_only`. With `n_ranks=1` the scenarios
+    that need two ranks do not run. The shared-tier scenarios run on two clients of the same servers
+    (`runtime.tier.open_shared`); when the client cannot share servers (or its servers cannot evict by themselves)
+    the coverage says why they did not run."""
+    cov = coverage if coverage is not None else ScenarioCoverage()
     stores: list = []
-    found = []
+    found: list[Trace] = []
+    factory_options = {**client.accepted({"op_timeout": op_timeout}), **(options or {})}
     try:
         for name in (n for n in names if n in SCENARIOS):
+            if n_ranks < 2 and name in TWO_RANKS:
+                cov.not_run.append(name)
+                continue
             if not stores or any(s.broken for s in stores):
                 for s in stores:
                     s.close()
-                stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
+                stores = [BoundedStore(s, op_timeout) for s in client.stores(n_ranks, **factory_options)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
             ops = scenario_ops(name, max_value=max_value, paths=_common_paths(stores))
             _, violations = run_ops(stores, _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout)
+            cov.scenarios.append(name)
+            cov.ops += len(ops)
             if violations:
-                found.append(_trace(client, name, ops, violations[0], op_timeout))
+                found.append(_trace(client, name, ops, violations[0], op_timeout, n_ranks))
+                if first_only:
+                    return found
     finally:
         for s in stores:
             s.close()
     shared_names = tuple(n for n in names if n in SHARED_SCENARIOS)
     if shared_names:
-        found += _run_shared(client, shared_names, op_timeout, notes if notes is not None else [])
+        found += _run_shared(client, shared_names, op_timeout, factory_options, cov, first_only)
     return found
 
 
-def _run_shared(client: Client, names: tuple[str, ...], op_timeout: float, notes: list[str]) -> list[Trace]:
-    """The shared-tier scenarios on two clients of the same two servers, made anew after a call hung."""
+def _run_shared(client: Client, names: tuple[str, ...], op_timeout: float, options: dict, cov: "ScenarioCoverage",
+                first_only: bool) -> list[Trace]:
+    """The shared-tier scenarios on two clients of the same servers (one rank each), made anew after a call hung."""
     found: list[Trace] = []
     shared = None
     try:
@@ -166,21 +187,70 @@ def _run_shared(client: Client, names: tuple[str, ...], op_timeout: float, notes
                 if shared is not None:
                     shared.close()
                 try:
-                    shared = open_shared(client, 2, wrap=lambda s: BoundedStore(s, op_timeout), op_timeout=op_timeout)
+                    shared = open_shared(client, 1, wrap=lambda s: BoundedStore(s, op_timeout), **options)
                 except NotShared as exc:
-                    notes.append(f"shared-tier scenarios did not run: {exc}")
+                    cov.shared_not_run = str(exc)
                     return found
             if name == "server-evicts" and not shared.can_evict():
-                notes.append(f"scenario server-evicts did not run: {shared.evict_note}")
+                cov.not_run.append(name)
+                cov.shared_not_run = shared.evict_note
                 continue
             every = [s for stores in shared.clients for s in stores]
             ops = shared_scenario_ops(name, max_value=min((s.max_value_bytes or 1 << 30) for s in every),
                                       paths=_common_paths(every))
             _, violations = run_ops(shared.clients[0], _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout,
                                     others=shared.clients[1:], evict=shared.evict)
+            cov.scenarios.append(name)
+            cov.ops += len(ops)
+            cov.clients = shared.n_clients
             if violations:
-                found.append(_trace(client, name, ops, violations[0], op_timeout, clients=shared.n_clients))
+                found.append(_trace(client, name, ops, violations[0], op_timeout, 1, clients=shared.n_clients))
+                if first_only:
+                    break
     finally:
         if shared is not None:
             shared.close()
     return found
+
+
+@attrs.define
+class ScenarioCoverage:
+    """The fixed scenarios that ran, their ops, and those that could not run; the clients per server the
+    shared-tier ones ran with (0: they did not run, `shared_not_run` says why)."""
+
+    scenarios: list[str] = attrs.field(factory=list)
+    ops: int = 0
+    not_run: list[str] = attrs.field(factory=list)
+    clients: int = 0
+    shared_not_run: str = ""
+
+    def text(self) -> str:
+        total = len(SCENARIOS) + len(SHARED_SCENARIOS)
+        skipped = f" ({', '.join(self.not_run)} not run)" if self.not_run else ""
+        if self.clients:
+            shared = f"; the shared-tier ones with {self.clients} clients per server"
+        else:
+            shared = f"; the shared-tier ones did not run: {self.shared_not_run or 'not asked'}"
+        if self.clients and self.shared_not_run:
+            shared += f" ({self.shared_not_run})"
+        return f"{len(self.scenarios)} of {total} fixed scenarios, {self.ops:,} ops{skipped}{shared}"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+
+class Scenarios:
+    """`check`'s first engine: the client's fixed scenarios (a client that fails one fails at once)."""
+
+    name = "scenarios"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        failed = run_scenarios(t.client, op_timeout=ctx.op_timeout, options=dict(t.client_options),
+                               coverage=ctx.coverage.of(self.name, ScenarioCoverage), n_ranks=t.rank_cap(2),
+                               first_only=True)
+        if not failed:
+            return None
+        trace = failed[0]
+        return Finding(engine=f"scenario:{trace.origin.partition(':')[2]}", violations=violations_of(trace),
+                       trace=trace)

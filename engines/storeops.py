@@ -221,11 +221,12 @@ def needs_shared(trace: Trace) -> bool:
     return int(trace.config.get("clients", 1)) > 1 or any(op.get("op") == "evict" for op in trace.ops)
 
 
-def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
+def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[Violation]]:
     """Run the trace's ops with `engines.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
     trace recorded), or, for a trace of several clients of the same servers (`needs_shared`), on
-    `factory.shared(n_ranks, clients, **options)` (`bounded_factory`); returns (records, violations as dicts) —
-    at most one violation, the first. `ValueError` when the trace cannot run on this factory."""
+    `factory.shared(n_ranks, clients, **options)` (`bounded_factory`); returns (records, violations) — at most one
+    violation, the first (a factory that raised is `store-error` at op index -1). `CannotRun` when the trace
+    cannot run on this factory."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))
@@ -247,8 +248,8 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[di
     except CannotRun:
         raise
     except Exception as e:
-        return [], [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
-                     f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
+        return [], [Violation("store-error", f"factory({n}, **{options}) raised {type(e).__name__}: {e}",
+                              {"index": -1})]
     try:
         others = shared.clients[1:] if shared is not None else ()
         evict = shared.evict if shared is not None and shared.can_evict() else None
@@ -263,16 +264,16 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[di
                     s.close()
     records = [encode(r) for r in records]
     records.append({"total_seconds": round(time.monotonic() - t0, 3)})
-    return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
+    return records, violations
 
 
-def violation_key(trace: Trace, violations: list[dict]) -> tuple[str, str] | None:
+def violation_key(trace: Trace, violations: list[Violation]) -> tuple[str, str] | None:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
     when building the client failed); None without a violation."""
     if not violations:
         return None
-    index = violations[0]["detail"].get("index", -1)
-    return violations[0]["property"], trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+    index = violations[0].detail.get("index", -1)
+    return violations[0].property, trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
 
 
 def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
@@ -290,31 +291,37 @@ def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
 
 
 class _BoundedFactory:
-    """`make(n, **options)`: fresh stores of a client, every call bounded; `make.shared(n, clients, **options)`:
-    several clients of the same servers (`runtime.tier.open_shared`), bounded the same way."""
+    """`make(n, **recorded)`: fresh stores of a client with the options a trace recorded (those it accepts) and the
+    user's, every call bounded; `make.shared(n, clients, **recorded)`: several clients of the same servers
+    (`runtime.tier.open_shared`), bounded the same way."""
 
-    def __init__(self, client: Client, timeout: float) -> None:
-        self.client, self.timeout = client, timeout
+    def __init__(self, client: Client, timeout: float, options: dict) -> None:
+        self.client, self.timeout, self.options = client, timeout, options
 
-    def __call__(self, n: int, **options: Any) -> list:
-        return [BoundedStore(s, self.timeout) for s in self.client.stores(n, **options)]
+    def _options(self, recorded: dict) -> dict:
+        return {**self.client.accepted(recorded), **self.options}
 
-    def shared(self, n: int, clients: int, **options: Any) -> SharedStores:
-        return open_shared(self.client, n, clients=clients, wrap=lambda s: BoundedStore(s, self.timeout), **options)
+    def __call__(self, n: int, **recorded: Any) -> list:
+        return [BoundedStore(s, self.timeout) for s in self.client.stores(n, **self._options(recorded))]
 
-
-def bounded_factory(trace: Any, client: Client) -> Any:
-    """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
-    none); every call bounded by the trace's op timeout (`_BoundedFactory`: one client, or several sharing servers)."""
-    return _BoundedFactory(client, float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT)))
+    def shared(self, n: int, clients: int, **recorded: Any) -> SharedStores:
+        return open_shared(self.client, n, clients=clients, wrap=lambda s: BoundedStore(s, self.timeout),
+                           **self._options(recorded))
 
 
-def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
-                       progress: Any = None) -> tuple[Any, bool]:
+def bounded_factory(trace: Any, client: Client, options: dict | None = None) -> Any:
+    """Fresh stores from the client factory, with the options the trace recorded and the user's `options` (the
+    in-memory model takes none); every call bounded by the trace's op timeout (`_BoundedFactory`: one client, or
+    several sharing servers)."""
+    return _BoundedFactory(client, float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT)), dict(options or {}))
+
+
+def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress: Any = None,
+                       options: dict | None = None) -> tuple[Any, bool]:
     """The trace with as few ops as still show its violation (the same property at the same kind of op) on
     fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
     (a flaky client) is returned as it is, not minimal."""
-    bounded = bounded_factory(trace, client)
+    bounded = bounded_factory(trace, client, options)
     first = run(trace, bounded)[1]
     want = violation_key(trace, first)
     if want is None or want[0] != trace.property:
@@ -335,16 +342,17 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
         progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
                  f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")
     note = f"minimised from {len(trace.ops)} ops ({'1-minimal' if minimal else 'stopped early'})"
-    summary = seen[0][0]["summary"] if ops != list(trace.ops) else trace.summary
-    return attrs.evolve(trace, ops=ops, verdict={"violations": seen[0]}, summary=summary,
+    summary = seen[0][0].summary if ops != list(trace.ops) else trace.summary
+    return attrs.evolve(trace, ops=ops, verdict={"violations": [v.to_json() for v in seen[0]]}, summary=summary,
                         notes=f"{trace.notes} | {note}" if trace.notes else note), minimal
 
 
 def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
+    """One run of a store-ops trace on `factory`: `reproduces` or `fixed`, and why."""
     _, violations = run(trace, factory)
-    props = [v["property"] for v in violations]
+    props = [v.property for v in violations]
     if trace.property in props:
-        return "reproduces", violations[0]["summary"]
-    return "fixed", "no violation" if not props else f"other violation: {violations[0]['summary']}"
+        return "reproduces", violations[0].summary
+    return "fixed", "no violation" if not props else f"other violation: {violations[0].summary}"
 
 

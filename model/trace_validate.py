@@ -9,9 +9,11 @@ import binascii
 from pathlib import Path
 from typing import Any
 
+from model.codec import TraceError
 from model.history import MULTI_KEY_READS, READ_PATHS, SINGLE_KEY_READS, WRITE_PATHS
 
-__all__ = ["TraceError", "need", "validate_store_ops", "validate_concurrent", "validate_rate", "STORE_OPS",
+__all__ = ["TraceError", "need", "validate_store_ops", "validate_concurrent", "validate_rate", "rate_problem",
+           "STORE_OPS",
            "MAX_RANKS", "MAX_OPS", "MAX_PAD", "MAX_AGE"]
 
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
@@ -24,14 +26,8 @@ STORE_OPS = ("put", "delete") + READ_PATHS + ("evict", "age")
 _STORE_OP_FIELDS = {"rank", "op", "key", "keys", "value", "wait", "client", "seconds", "result", "oracle", "outcome",
                     "index"}
 _CONCURRENT_OP_FIELDS = {"thread", "path", "keys", "pad", "client"}
-
-
-class TraceError(Exception):
-    """A trace file that cannot be used: names the file and the field."""
-
-    def __init__(self, path: str | Path | None, field: str, message: str) -> None:
-        self.path, self.field = str(path) if path else "<trace>", field
-        super().__init__(f"{self.path}: field '{field}': {message}")
+#: The paths of a concurrent trace's ops: every read and write path, and the server's own eviction (`evict`).
+CONCURRENT_PATHS = READ_PATHS + WRITE_PATHS + ("evict",)
 
 
 def _is_int(v: Any) -> bool:
@@ -62,17 +58,32 @@ def _positive(cfg: dict, name: str, path: Any) -> None:
         raise TraceError(path, f"config.{name}", f"expected a positive number of seconds, got {cfg[name]!r}")
 
 
-def validate_rate(rate: Any, path: Any, field: str = "config.rate") -> None:
-    """A measured rate: `{"k", "n", "seeds"}` with integers 0 < k <= n and a list of integer seeds."""
-    if not isinstance(rate, dict) or not _is_int(rate.get("k")) or not _is_int(rate.get("n")) \
-            or not 0 < rate["k"] <= rate["n"]:
-        raise TraceError(path, field, f"expected {{'k', 'n', 'seeds'}} with integers 0 < k <= n, got {rate!r}")
+def rate_problem(rate: Any) -> tuple[str, str] | None:
+    """What is wrong with a measured rate (`model.finding.Rate`'s JSON: `{"k", "n", "seeds"?, "deterministic"?}`
+    with integers 0 < k <= n, integer seeds, deterministic true only when k == n): (the field under the rate,
+    the problem), or None. The one rule, for traces and for `Rate.from_json`."""
+    if not isinstance(rate, dict):
+        return "", f"expected an object {{'k', 'n'}}, got {type(rate).__name__}"
+    k, n = rate.get("k"), rate.get("n")
+    if not _is_int(k) or not _is_int(n) or not 0 < k <= n:
+        return "", f"expected integers with 0 < k <= n, got k={k!r}, n={n!r}"
     seeds = rate.get("seeds", [])
     if not isinstance(seeds, list) or not all(_is_int(s) for s in seeds):
-        raise TraceError(path, f"{field}.seeds", f"expected a list of integers, got {seeds!r}")
-    unknown = set(rate) - {"k", "n", "seeds"}
+        return ".seeds", f"expected a list of integers, got {seeds!r}"
+    flag = rate.get("deterministic", False)
+    if not isinstance(flag, bool) or (flag and k != n):
+        return ".deterministic", f"must be true or false, and true only when k == n (got {flag!r})"
+    unknown = set(rate) - {"k", "n", "seeds", "deterministic"}
     if unknown:
-        raise TraceError(path, f"{field}.{sorted(unknown)[0]}", "unknown field")
+        return f".{sorted(unknown)[0]}", "unknown field"
+    return None
+
+
+def validate_rate(rate: Any, path: Any, field: str = "config.rate") -> None:
+    """A measured rate (`rate_problem`), or `TraceError` naming the field."""
+    problem = rate_problem(rate)
+    if problem is not None:
+        raise TraceError(path, field + problem[0], problem[1])
 
 
 def _keys(op: dict, path: Any, f: str, *, multi: bool) -> None:
@@ -166,12 +177,12 @@ def validate_concurrent(data: dict, path: Any) -> None:
         if unknown:
             raise TraceError(path, f"{f}.{sorted(unknown)[0]}", "unknown field")
         threads.add(_int_in(op.get("thread"), 0, MAX_OPS, path, f"{f}.thread"))
-        if op.get("path") not in READ_PATHS + WRITE_PATHS:
+        if op.get("path") not in CONCURRENT_PATHS:
             raise TraceError(path, f"{f}.path", f"unknown path {op.get('path')!r} (known: "
-                             f"{', '.join(READ_PATHS + WRITE_PATHS)})")
+                             f"{', '.join(CONCURRENT_PATHS)})")
         _keys(op, path, f, multi=True)
         if op["path"] not in MULTI_KEY_READS and len(op["keys"]) != 1:
-            single = "a write" if op["path"] in WRITE_PATHS else "a read of one key" if op["path"] in SINGLE_KEY_READS \
+            single = "a write" if op["path"] in WRITE_PATHS + ("evict",) else "a read of one key" if op["path"] in SINGLE_KEY_READS \
                 else "this path"
             raise TraceError(path, f"{f}.keys", f"{single} names exactly one key, got {len(op['keys'])}")
         if "pad" in op:

@@ -34,12 +34,17 @@ class RunConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
+    #: Failures' traces collected in memory instead of written (`properties.reporting.write_found`), or None.
+    found: list | None = None
+    #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
+    client_options: dict = attrs.field(factory=dict)
+    max_ranks: int | None = None
+    _protocol: Protocol | None = attrs.field(default=None, init=False)
+    _client: Client | None = attrs.field(default=None, init=False)
     #: Whether the store layer runs two clients of the same servers when the client can share them.
     shared: bool = True
     #: The least age (seconds) a value nobody deleted is read back at (`engines.retention`; 0: not tested).
     retention: float = DEFAULT_RETENTION
-    _protocol: Protocol | None = attrs.field(default=None, init=False)
-    _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
     _shared: Any = attrs.field(default=None, init=False)
     shared_note: str = attrs.field(default="", init=False)
@@ -68,10 +73,21 @@ class RunConfig:
         """Whether the client is in memory (calls cannot block: no bounding, no thread hop)."""
         return self.resolved_client().in_memory
 
+    def factory_options(self) -> dict:
+        """The options of a factory call: the user's, and the op timeout where the client takes it."""
+        return {**self.resolved_client().accepted({"op_timeout": self.op_timeout}), **self.client_options}
+
+    def rank_cap(self, n_ranks: int) -> int:
+        """`n_ranks`, or fewer when the user keeps the machines within fewer servers (`--max-ranks`)."""
+        return min(n_ranks, self.max_ranks or MAX_RANKS)
+
     def stores(self, n_ranks: int) -> list:
         """The first `n_ranks` of the session's stores (created on first use, validated)."""
         if self._stores is None:
-            self._stores = self.resolved_client().stores(MAX_RANKS, op_timeout=self.op_timeout)
+            self._stores = self.resolved_client().stores(self.rank_cap(MAX_RANKS), **self.factory_options())
+        if n_ranks > len(self._stores):
+            raise ValueError(f"{n_ranks} ranks asked for, but the session has {len(self._stores)} stores "
+                             "(--max-ranks); use rank_cap()")
         return self._stores[:n_ranks]
 
     def store_clients(self, n_ranks: int) -> tuple[list[list], Any]:
@@ -82,11 +98,14 @@ class RunConfig:
             return [self.stores(n_ranks)], None
         if self._shared is None and not self.shared_note:
             try:
-                self._shared = open_shared(self.resolved_client(), MAX_RANKS, op_timeout=self.op_timeout)
+                self._shared = open_shared(self.resolved_client(), self.rank_cap(MAX_RANKS), **self.factory_options())
             except NotShared as exc:
                 self.shared_note = f"shared-tier checks did not run: {exc}"
         if self._shared is None:
             return [self.stores(n_ranks)], None
+        if n_ranks > len(self._shared.clients[0]):
+            raise ValueError(f"{n_ranks} ranks asked for, but the session has {len(self._shared.clients[0])} "
+                             "stores (--max-ranks); use rank_cap()")
         return [stores[:n_ranks] for stores in self._shared.clients], self._shared
 
     def discard(self) -> None:
@@ -116,8 +135,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces", "minimise_seconds", "shared",
-                                                              "retention")},
+                                                              "write_traces", "minimise_seconds", "found", "client_options",
+                                                              "max_ranks", "shared", "retention")},
                            **changes})
     try:
         yield CURRENT

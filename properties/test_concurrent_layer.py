@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from engines.concurrency import Layout, Target, measure, thread_safe
+from engines.concurrency import Layout, ServerClients, measure, thread_safe
 from engines.racy import to_trace
 from model.contract import declared_paths
 from model.history import SINGLE_KEY_READS, lanes
@@ -16,12 +16,12 @@ from properties.strategies import concurrent_batches
 RUNS = 3
 
 
-def _target() -> Target:
+def _target() -> ServerClients:
     """The session's clients of one server (two sharing it when the client can, `properties.config`), and the
     server's own eviction; the session closes them."""
     clients, shared = config.current().store_clients(1)
     evict = (lambda key: shared.evict(0, key)) if shared is not None and shared.can_evict() else None
-    return Target([c[0] for c in clients], evict, closer=lambda: None)
+    return ServerClients([c[0] for c in clients], evict, closer=lambda: None)
 
 
 def _store():
@@ -34,10 +34,10 @@ def _bound() -> float:
 
 
 def _assert_holds(store, layout: Layout) -> None:
-    """`RUNS` runs of `layout` on `store` (a store, or a `Target` of several clients) show no violation; else the
+    """`RUNS` runs of `layout` on `store` (a store, or a `ServerClients` of several clients) show no violation; else the
     finding is written as a `concurrent` trace with its measured rate (on Hypothesis's final run, as the other
     layers do) and the test fails naming it."""
-    target = Target.of(store)
+    target = ServerClients.of(store)
     rate = measure(target, layout, runs=RUNS, bound=_bound())
     if not rate.k:
         return
@@ -67,7 +67,7 @@ def _write(layout: Layout, rate, clients: int = 1) -> object:
     trace = to_trace(layout, rate, client=cfg.client_label(), bound=_bound(), seeds=[layout.seed],
                      origin="pytest properties/ (concurrent layer)", options={"op_timeout": cfg.op_timeout},
                      clients=clients)
-    return write_found(trace, cfg.found_dir, cfg.client_label(), "concurrent", rate.first.violations[0]["property"])
+    return write_found(trace, cfg, cfg.client_label(), "concurrent", rate.first.violations[0]["property"])
 
 
 def _writes_a_trace(test):

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from engines.retention import RetentionRun
-from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, run_scenarios
+from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
 from engines.storeops import minimise_store_ops
 from properties import config
 from properties.machines import StoreMachine, write_found
@@ -20,15 +20,17 @@ def test_store_client_scenario(scenario):
     shared-tier ones on two clients of the same servers (reported as not run, with the reason, for a client that
     cannot share its servers)."""
     cfg = config.current()
-    notes: list[str] = []
-    found = run_scenarios(cfg.resolved_client(), op_timeout=cfg.op_timeout, names=(scenario,), notes=notes)
-    if not found and notes:
-        pytest.skip(notes[0])  # not a failure: the scenario cannot run on this client, and the reason is shown
+    ran = ScenarioCoverage()
+    found = run_scenarios(cfg.resolved_client(), op_timeout=cfg.op_timeout, names=(scenario,),
+                          options=cfg.client_options, coverage=ran, n_ranks=cfg.rank_cap(2))
+    if not found and scenario not in ran.scenarios:  # not a failure: it cannot run on this client; the reason shown
+        pytest.skip(f"scenario {scenario} did not run: {ran.shared_not_run or 'it needs 2 ranks (--max-ranks)'}")
     for trace in found:
         if cfg.write_traces and not cfg.in_memory() and cfg.minimise_seconds > 0:  # cut down on fresh stores
             stop_at = time.monotonic() + cfg.minimise_seconds
-            trace, _ = minimise_store_ops(trace, cfg.resolved_client(), should_stop=lambda: time.monotonic() >= stop_at)
-        path = write_found(trace, cfg.found_dir, cfg.client_label(), trace.property) if cfg.write_traces else None
+            trace, _ = minimise_store_ops(trace, cfg.resolved_client(), should_stop=lambda: time.monotonic() >= stop_at,
+                                          options=cfg.client_options)
+        path = write_found(trace, cfg, cfg.client_label(), trace.property) if cfg.write_traces else None
         pytest.fail(f"{trace.summary} (counterexample trace: {path})", pytrace=False)
 
 
@@ -36,7 +38,8 @@ def test_values_nobody_deleted_are_kept():
     """A sample of values put and never deleted reads back the same once `--retention` seconds old (or just before
     the client's declared `retention` runs out), through every declared path (`engines.retention`)."""
     cfg = config.current()
-    aged = RetentionRun(cfg.resolved_client(), retention=cfg.retention, op_timeout=cfg.op_timeout)
+    aged = RetentionRun(cfg.resolved_client(), retention=cfg.retention, op_timeout=cfg.op_timeout,
+                        options=cfg.client_options, n_ranks=cfg.rank_cap(2))
     try:
         if aged.sample is None:
             pytest.skip(f"retention {aged.note}")  # not a failure: nothing to test (--retention 0, or no promise)
@@ -44,5 +47,5 @@ def test_values_nobody_deleted_are_kept():
     finally:
         aged.close()
     if trace is not None:
-        path = write_found(trace, cfg.found_dir, cfg.client_label(), trace.property) if cfg.write_traces else None
+        path = write_found(trace, cfg, cfg.client_label(), trace.property) if cfg.write_traces else None
         pytest.fail(f"{trace.summary} (counterexample trace: {path})", pytrace=False)

@@ -14,9 +14,6 @@ its clients share, `runtime.tier`). A `MOD:ATTR` factory may declare them as att
 it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores say
 `thread_safe = False`, a Valkey client (embedded Valkey servers for the shared-tier checks).
 
-`Client.given` holds the options a user gave (`--client-option`, one place): every `Client.stores` call passes
-them on, so every layer builds its stores with them; `Client.with_options` adds some.
-
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
 """
@@ -24,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import sys
 from typing import Any, Callable
@@ -33,7 +31,8 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER"]
+           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect", "DEMO_MODULES", "demo_refs",
+           "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
@@ -59,6 +58,8 @@ class ClientEntry:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
+    corpus: bool = False
     tier: str = VALKEY_TIER
 
 
@@ -67,16 +68,40 @@ _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "nu
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
     "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=("urls",), tier=MEMORY_TIER),
+                         in_memory=True, options=("urls",), corpus=True, tier=MEMORY_TIER),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
-                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank"),
+                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
     "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
-                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied"),
+                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
+                                   corpus=True),
 }
+
+
+#: The search engines of `check` (`engines.api.Engine`), by name.
+CHECK_ENGINES: dict[str, str] = {
+    "scenarios": "engines.scenarios:Scenarios",
+    "retention": "engines.retention:Retention",
+    "concurrency": "engines.racy:Concurrency",
+    "enumerate": "engines.search:Enumeration",
+    "explore": "engines.explore.engine:Explorer",
+    "hypothesis": "properties.engine:HypothesisMachines",
+    "random": "engines.search:RandomCases",
+}
+#: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
+#: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
+CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
+    "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
+    "real": (("scenarios", None), ("retention", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35), ("random", "rest")),
+}
+
+
+#: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
+DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
+                                "concurrency": "properties.bad_stores"}
 
 
 class ResolveError(ValueError):
@@ -103,17 +128,21 @@ class Client:
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
     tier: str = VALKEY_TIER
-    given: dict = attrs.field(factory=dict)
-
-    def with_options(self, **options: Any) -> "Client":
-        """This client with `options` added to the ones every `stores` call passes (`given`)."""
-        return attrs.evolve(self, given={**self.given, **options})
 
     def accepted(self, options: dict) -> dict:
         """The subset of `options` this client's factory accepts."""
         if self.options is None:
             return dict(options)
         return {k: v for k, v in options.items() if k in self.options}
+
+    def check_options(self, options: dict) -> None:
+        """`ResolveError` naming an option of the user's that this client's factory does not take."""
+        if self.options is None:
+            return
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            takes = ", ".join(self.options) or "none"
+            raise ResolveError(f"client {self.name!r}: unknown option {unknown[0]!r} (it takes: {takes})")
 
     def takes_urls(self) -> bool:
         """Whether the factory accepts `urls` (declared in `options`, or a parameter named `urls`): then it may be
@@ -128,15 +157,14 @@ class Client:
 
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
-        otherwise; what was made is closed). The `given` options come first, `options` add to them; options the
-        factory does not accept are dropped."""
-        options = {**self.given, **options}
+        otherwise; what was made is closed). Options the factory does not accept are dropped."""
         try:
             made = list(self.factory(n_ranks, **self.accepted(options)))
         except ResolveError:
             raise
-        except (OSError, RuntimeError, ValueError, TypeError, ImportError) as exc:
-            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a factory that cannot make stores is unusable input, never a crash
+            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
         lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
         if len(made) != n_ranks or lacking:
             for s in made:
@@ -151,6 +179,17 @@ class Client:
                 what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (CONTRACT.md)")
             raise ResolveError(f"client {self.name!r}: factory {'; '.join(what)}")
         return made
+
+
+class PerRank:
+    """The factory of a `RankStore` class: one instance per rank (picklable, so the client travels to rank processes)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.thread_safe = getattr(cls, "thread_safe", True)
+
+    def __call__(self, n_ranks: int, **options: Any) -> list:
+        return [self.cls(**options) for _ in range(n_ranks)]
 
 
 def _importable_cwd() -> None:
@@ -228,10 +267,7 @@ def resolve_client(spec: Any = None) -> Client:
 def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if inspect.isclass(obj):
         if not missing_members(obj, STORE_METHODS):
-            cls = obj
-            factory: Any = lambda n_ranks, **options: [cls(**options) for _ in range(n_ranks)]  # noqa: E731
-            factory.thread_safe = getattr(cls, "thread_safe", True)
-            obj = factory
+            obj = PerRank(obj)
         else:
             try:
                 obj = obj()
@@ -241,8 +277,61 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if not callable(obj):
         raise ResolveError(f"client {name!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
     if entry is not None:
-        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about"))
+        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus"))
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options", "tier")
                 if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
+
+
+def demo_refs(prop: Any) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
+    return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+
+
+def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
+    """The clients the curated corpus records expectations on (`real=True`: only those not in memory)."""
+    return tuple(name for name, e in CLIENTS.items() if e.corpus and (real is None or real != e.in_memory))
+
+
+def real_clients() -> tuple[str, ...]:
+    """Every named client that is not in memory (the real ones findings are measured on)."""
+    return tuple(name for name, e in CLIENTS.items() if not e.in_memory)
+
+
+def protocol_bug_expect() -> dict[str, str]:
+    """A protocol bug's expectation on every corpus client: it reproduces on the in-memory model whatever the client;
+    on a real client the expectation is measured (`shardcheck regen` replays there) and replaces this one."""
+    return {name: "reproduces" for name in corpus_clients()}
+
+
+def parse_options(items: list[str]) -> dict:
+    """`KEY=VALUE` items (`--client-option`) as factory options: JSON values as JSON, `urls` split on commas, other
+    text as text; `ResolveError` naming a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ResolveError(f"--client-option {item!r}: expected KEY=VALUE")
+        if key in out:
+            raise ResolveError(f"--client-option {key}: given twice")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        if key == "urls" and isinstance(parsed, str):
+            parsed = [u.strip() for u in parsed.split(",") if u.strip()]
+        if key == "urls" and (not isinstance(parsed, list) or not parsed or not all(isinstance(u, str) for u in parsed)):
+            raise ResolveError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
+        out[key] = parsed
+    return out
+
+
+def resolve_engine(name: str) -> Any:
+    """A fresh instance of `check`'s search engine `name` (`CHECK_ENGINES`)."""
+    try:
+        ref = CHECK_ENGINES[name]
+    except KeyError:
+        raise ResolveError(f"engine {name!r}: expected one of {', '.join(CHECK_ENGINES)}") from None
+    return load_attr(ref, "engine")()

@@ -70,12 +70,12 @@ class SharedStores:
 def open_shared(client: Client, n_ranks: int, *, clients: int = SHARED_CLIENTS,
                 wrap: Callable[[Any], Any] | None = None, **options: Any) -> SharedStores:
     """`clients` clients of `n_ranks` shared servers (see the module doc); `wrap` wraps every store (e.g.
-    `BoundedStore`). `NotShared` when the factory takes no `urls`; `ResolveError` when the servers cannot be had."""
+    `BoundedStore`); `options`: the factory's (the user's `urls` and `password` name the servers to share).
+    `NotShared` when the factory takes no `urls`; `ResolveError` when the servers cannot be had."""
     if not client.takes_urls():
         raise NotShared(NotShared.reason(client))
-    given = {**client.given, **options}
     try:
-        tier = load_attr(client.tier, "tier")(n_ranks, **{k: v for k, v in given.items()
+        tier = load_attr(client.tier, "tier")(n_ranks, **{k: v for k, v in options.items()
                                                           if k in ("urls", "password")})
     except ResolveError:
         raise

@@ -45,10 +45,10 @@ def test_a_racy_client_failure_writes_a_concurrent_trace_that_replays(tmp_path):
     assert {t.property for t in traces} <= {"wrong-caller", "linearizability", "wrong-key"}
     rate = traces[0].config["rate"]
     assert 0 < rate["k"] <= rate["n"] and "counterexample trace:" in done.stdout
-    from engines.racy import replay
+    from engines.replay import ReplayOn, judge
     from runtime.registry import resolve_client
-    client = resolve_client("properties.bad_stores:crossed_replies_factory")
-    assert replay(traces[0], lambda n, **o: client.stores(n, **o))[0] == "reproduces"
+    on = ReplayOn(client=resolve_client("properties.bad_stores:crossed_replies_factory"))
+    assert judge(traces[0], on).outcome == "reproduces"
 
 
 def test_a_failure_that_does_not_show_again_still_writes_its_trace(tmp_path):

@@ -9,10 +9,17 @@ import pytest
 
 from engines.explore import explore
 from engines.minimise import minimise
-from engines.search import Found, random_case
+from engines.search import random_case
+from model.finding import Finding
+from model.trace import Trace
 from model import variants
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, run_case
+
+def _finding(case, out) -> Finding:
+    return Finding(engine="random", violations=list(out.violations), case=case, outcome=out,
+                   trace=Trace.from_outcome(out, protocol_ref=None))
+
 
 DEMOS = ["EarlyExitOnMiss", "SkipEmptyGather", "GiveUpOnLocalMiss", "GappyLoad", "UnboundedWaitAsync",
          "AlignedPlanGreedyLoad", "ByteOffByOne", "MaxCombine"]
@@ -35,7 +42,7 @@ def test_random_cases_shrink_to_the_explorers_smallest_shape(name):
         case = random_case(rng, max_ranks=6, max_chunks=12, others=False)
         out = run_case(protocol, case)
         if out.violations:
-            best = minimise(protocol, Found(case, out, "random"))
+            best = minimise(protocol, _finding(case, out))
             shrunk.append((out.violations[0].property, best))
             if len(shrunk) == 3:
                 break
@@ -50,7 +57,7 @@ def test_a_fault_on_a_chunk_the_smaller_shape_lacks_is_re_placed():
     the fault; re-placed on the last chunk with the same owner, the case shrinks to 2 x 1."""
     case = Case(2, 7, faults=FaultPlan(evict_after_lookup=(Eviction(6),)))
     out = run_case(variants.EarlyExitOnMiss(), case)
-    best = minimise(variants.EarlyExitOnMiss(), Found(case, out, "test"))
+    best = minimise(variants.EarlyExitOnMiss(), _finding(case, out))
     assert (best.case.n_ranks, best.case.n_chunks) == (2, 1)
     assert best.case.faults == FaultPlan(evict_after_lookup=(Eviction(0),))
 

@@ -41,7 +41,7 @@ def test_store_layer_catches_bad_client(name, tmp_path):
     trace = Trace.load(path)
     assert (trace.kind, trace.property) == ("store-ops", prop)
     _, violations = run(trace, bounded_factory(trace, resolve_client(factory)))
-    assert prop in {v["property"] for v in violations}
+    assert prop in {v.property for v in violations}
 
 
 @pytest.mark.parametrize("name", sorted(set(BAD_STORES) - CORRECT_ALONE - AGEING))

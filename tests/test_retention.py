@@ -49,7 +49,7 @@ def test_a_1s_ttl_passes_every_scenario_and_is_violated_by_retention():
     assert trace is not None and trace.property == "retention" and "VIOLATED" in note
     assert [op["op"] for op in trace.ops] == ["put", "age", "get"] and "never deleted" in trace.summary
     _, violations = run(trace, bounded_factory(trace, resolve_client(expiring_factory)))
-    assert violations[0]["property"] == "retention"
+    assert violations[0].property == "retention"
     assert run(trace, bounded_factory(trace, resolve_client("model")))[1] == []
 
 
@@ -72,8 +72,11 @@ def test_a_declared_retention_is_honoured_and_held_to():
 
 
 def test_check_says_what_retention_it_tested_or_why_not():
-    from shardcheck.commands import run_check
-    held = run_check(None, "model", budget=2.0, retention=0.5)["stats"]["coverage"]["store"]
-    assert "read back 0.5 s after their put" in held["retention"]
-    short = run_check(None, "model", budget=1.0, retention=30.0)["stats"]["coverage"]["store"]
-    assert short["retention"].startswith("not tested: the run ended")
+    from shardcheck.check_cmd import run_check
+    held = run_check(None, "model", budget=2.0, retention=0.5)["stats"]["coverage"]["retention"]
+    assert "read back 0.5 s after their put" in held["text"] and "held" in held["text"]
+    short = run_check(None, "model", budget=1.0, retention=30.0)["stats"]["coverage"]["retention"]
+    assert short["text"].startswith("not tested: the run ended")
+    found = run_check(None, "properties.bad_stores:expiring_factory", budget=4.0, retention=1.0)
+    assert found["verdict"] == "violated" and found["violations"][0]["property"] == "retention"
+    assert found["stats"]["seconds"] < 4.0 + 5.0 + 2.0  # (the budget, check's grace, and a margin for a slow box)

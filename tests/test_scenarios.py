@@ -2,7 +2,7 @@
 sequence over the client's declared read paths, and a failure is a trace that replays."""
 from __future__ import annotations
 
-from engines.scenarios import SCENARIOS, run_scenarios, scenario_ops
+from engines.scenarios import SCENARIOS, ScenarioCoverage, run_scenarios, scenario_ops
 from engines.storeops import bounded_factory, run
 from runtime.registry import resolve_client
 
@@ -28,7 +28,7 @@ def test_an_mget_that_drops_its_misses_fails_batch_misses_as_wrong_key():
     found = run_scenarios(client, op_timeout=1.0)
     assert [(t.origin, t.property) for t in found] == [("scenario:batch-misses", "wrong-key")]
     _, violations = run(found[0], bounded_factory(found[0], client))
-    assert violations[0]["property"] == "wrong-key"
+    assert violations[0].property == "wrong-key"
 
 
 def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(tmp_path):
@@ -50,8 +50,8 @@ def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(t
 
 
 def test_a_client_that_cannot_share_its_servers_is_told_so():
-    """A factory without `urls` runs the single-client scenarios; the notes say the shared-tier ones did not run."""
-    notes: list[str] = []
-    found = run_scenarios(resolve_client("properties.bad_stores:shared_server_factory"), op_timeout=1.0, notes=notes)
+    """A factory without `urls` runs the single-client scenarios; the coverage says the shared-tier ones did not run."""
+    ran = ScenarioCoverage()
+    found = run_scenarios(resolve_client("properties.bad_stores:shared_server_factory"), op_timeout=1.0, coverage=ran)
     assert [t.origin for t in found] == ["scenario:rank-isolation"]
-    assert notes and "shared-tier scenarios did not run" in notes[0] and "urls" in notes[0]
+    assert "urls" in ran.shared_not_run and "the shared-tier ones did not run" in ran.text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.concurrency import Layout, Target, judge, measure, run_layout
+from engines.concurrency import Layout, ServerClients, judge, measure, run_layout
 from model.store import MemoryStore, MemoryTier, memory_factory
 from runtime.registry import resolve_client
 from runtime.tier import NotShared, open_shared
@@ -57,7 +57,7 @@ def test_a_local_read_cache_is_not_linearizable_across_two_clients():
                       {"path": "delete", "keys": ["k"]}, {"path": "get", "keys": ["k"], "client": 1}]])
     shared = open_shared(resolve_client(local_read_cache_factory), 1)
     try:
-        violations, _ = judge(run_layout(Target.shared(shared), layout, bound=1.0))
+        violations, _ = judge(run_layout(ServerClients.shared(shared), layout, bound=1.0))
     finally:
         shared.close()
     assert [v["property"] for v in violations] == ["linearizability"]
