@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from engines.linearizability import check
+from runtime.bounded import call_bounded
 from model.contract import StoreCallTimeout
 from model.history import MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 
@@ -341,6 +342,30 @@ class Rate:
         return self.k / self.n if self.n else 0.0
 
 
+#: Seconds the removal of a run's keys may take in all (a client that hung is not waited on).
+CLEANUP_SECONDS = 2.0
+
+
+def remove_keys(store: Any, history: History, bound: float = CLEANUP_SECONDS) -> None:
+    """Delete the keys a run put (through client 0), so that runs leave nothing on a user's servers; skipped when
+    an op of the run never completed (the client may be wedged), bounded in all by `CLEANUP_SECONDS`."""
+    if any(op.pending for op in history.ops):
+        return
+    target = ServerClients.of(store)
+    keys = sorted({op.key for op in history.ops if op.path == "put"})
+    if not keys:
+        return
+    end = time.monotonic() + min(bound, CLEANUP_SECONDS)
+    for key in keys:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            call_bounded(left, "delete", key, target.clients[0].delete, key)
+        except Exception:  # noqa: BLE001 - cleaning up is best effort; the run's verdict is already taken
+            return
+
+
 def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
             should_stop: Callable[[], bool] = lambda: False, first_only: bool = False) -> Rate:
     """Run `layout` up to `runs` times on `store`; count the runs with a violation (of property `want`, when
@@ -353,6 +378,7 @@ def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: 
             break
         history = run_layout(store, layout, bound=bound)
         violations, verdict = judge(history)
+        remove_keys(store, history, bound)
         if want is not None:
             violations = [v for v in violations if v["property"] == want]
         rate.n += 1

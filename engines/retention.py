@@ -167,9 +167,18 @@ class RetentionRun:
         return self.poll()
 
     def close(self) -> None:
-        if self.sample is not None:
-            for s in self.sample.stores:
-                s.close()
+        """Delete the sample's keys (best effort: bounded stores, a client that hung is not waited on), close."""
+        if self.sample is None:
+            return
+        for op in self.sample._tagged(self.sample.ops):
+            store = self.sample.stores[op["rank"]]
+            if not store.broken:
+                try:
+                    store.delete(op["key"])
+                except Exception:  # noqa: BLE001 - cleaning up is best effort; the verdict is already taken
+                    break
+        for s in self.sample.stores:
+            s.close()
 
 
 @attrs.define

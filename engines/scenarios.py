@@ -128,6 +128,18 @@ def _trace(client: Client, name: str, ops: list[dict], v: Any, op_timeout: float
                  origin=f"scenario:{name}")
 
 
+def _remove(stores: list, ops: list[dict]) -> None:
+    """Delete the keys `ops` put (bounded stores: a client that hung is not waited on), so that the scenarios leave
+    nothing on a user's servers; best effort."""
+    for rank, key in sorted({(op["rank"], op["key"]) for op in ops if op["op"] == "put"}):
+        if stores[rank].broken:
+            return
+        try:
+            stores[rank].delete(key)
+        except Exception:  # noqa: BLE001 - cleaning up is best effort; the scenario's verdict is already taken
+            return
+
+
 def _common_paths(stores: list) -> tuple[str, ...]:
     return tuple(p for p in declared_paths(stores[0].inner) if all(p in s.paths for s in stores))
 
@@ -160,7 +172,9 @@ def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] =
                 stores = [BoundedStore(s, op_timeout) for s in client.stores(n_ranks, **factory_options)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
             ops = scenario_ops(name, max_value=max_value, paths=_common_paths(stores))
-            _, violations = run_ops(stores, _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout)
+            tagged = _tagged(ops, f"{name}:{next(_runs)}:")
+            _, violations = run_ops(stores, tagged, wait_bound=op_timeout)
+            _remove(stores, tagged)
             cov.scenarios.append(name)
             cov.ops += len(ops)
             if violations:
@@ -198,8 +212,10 @@ def _run_shared(client: Client, names: tuple[str, ...], op_timeout: float, optio
             every = [s for stores in shared.clients for s in stores]
             ops = shared_scenario_ops(name, max_value=min((s.max_value_bytes or 1 << 30) for s in every),
                                       paths=_common_paths(every))
-            _, violations = run_ops(shared.clients[0], _tagged(ops, f"{name}:{next(_runs)}:"), wait_bound=op_timeout,
-                                    others=shared.clients[1:], evict=shared.evict)
+            tagged = _tagged(ops, f"{name}:{next(_runs)}:")
+            _, violations = run_ops(shared.clients[0], tagged, wait_bound=op_timeout, others=shared.clients[1:],
+                                    evict=shared.evict)
+            _remove(shared.clients[0], tagged)
             cov.scenarios.append(name)
             cov.ops += len(ops)
             cov.clients = shared.n_clients
