@@ -176,7 +176,7 @@ class Client:
             what = [f"returned {len(made)} stores for {n_ranks} ranks"] if len(made) != n_ranks else []
             if lacking:
                 kinds = sorted({type(s).__name__ for s in made})
-                what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (CONTRACT.md)")
+                what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (docs/CONTRACT.md)")
             raise ResolveError(f"client {self.name!r}: factory {'; '.join(what)}")
         return made
 
@@ -247,7 +247,7 @@ def resolve_protocol(spec: Any = None) -> Protocol:
         raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} lacks the ShardingProtocol method(s) "
                            f"{', '.join(missing)}")
     if not isinstance(getattr(obj, "name", None), str):
-        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} has no string attribute 'name' (CONTRACT.md)")
+        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} has no string attribute 'name' (docs/CONTRACT.md)")
     return Protocol(obj=obj, name=obj.name, ref=ref)
 
 

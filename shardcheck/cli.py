@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
         traceback.print_exc()
         print(f"shardcheck {args.command}: error: the run could not complete (traceback above); "
-              "this is most often a protocol or client that does not follow CONTRACT.md", file=sys.stderr)
+              "this is most often a protocol or client that does not follow docs/CONTRACT.md", file=sys.stderr)
         return EXIT_USAGE
 
 
