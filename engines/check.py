@@ -187,7 +187,7 @@ def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Findin
             finding = finding.with_case(finding.case, out).lead_with(original.property) \
                 if original.property in out.violated() else original
         return finding
-    if kind == "store-ops":
+    if kind == "store-ops" and not finding.minimal:
         from engines.storeops import minimise_store_ops
         before = len(finding.trace.ops)
         trace, minimal = minimise_store_ops(finding.trace, ctx.target.client, should_stop=stop,

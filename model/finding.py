@@ -75,6 +75,8 @@ class Finding:
     rate: Rate | None = None
     #: What happened to it since it was found (minimised, confirmed...), in words.
     notes: list[str] = attrs.field(factory=list)
+    #: The engine built it 1-minimal (a retention finding: the put, the age, the read); the minimiser leaves it.
+    minimal: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.violations:
