@@ -34,7 +34,8 @@ from typing import Any, Sequence
 import attrs
 
 from engines.linearizability_search import SearchStopped, Verdict, search_part, unknown
-from engines.linearizability_sweep import Instance, SweepStopped, build, conflict, first_dead_end, sweep, witness
+from engines.linearizability_sweep import (Instance, OverBudget, SweepStopped, build, conflict, first_dead_end, sweep,
+                                           witness)
 from model.history import READ_ANY, Model, Op
 
 __all__ = ["decide_register", "simplify"]
@@ -58,14 +59,14 @@ def decide_register(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, m
     if inst is None:
         return _search(keys, ops, model, max_states, deadline), "search"
     try:
-        linearizable, _, bound, steps = _decide(inst, keys, ops, model, max_states, deadline)
+        linearizable, _, bounds, steps = _decide(inst, keys, ops, model, max_states, deadline)
     except SweepStopped as stop:
         raise SearchStopped(f"{stop.why} (part {', '.join(keys)})", stop.steps) from None
     except _Rejected:
         return _search(keys, ops, model, max_states, deadline), REJECTED
     if linearizable:
         return Verdict(True, steps, keys), "register"
-    v = _explain(keys, list(ops), model, bound, max_states, deadline)
+    v = _explain(keys, list(ops), model, bounds, max_states, deadline)
     v.steps += steps
     return v, "register"
 
@@ -80,20 +81,32 @@ def _search(keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: 
 
 
 def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: int,
-            deadline: float | None) -> tuple[bool, list[int] | None, tuple[str, tuple] | None, int]:
+            deadline: float | None, zones_first: bool = False) -> tuple[bool, list[int] | None, list[tuple[str, tuple]], int]:
     """(linearizable, the order of the op indices found, for a violation where it is known from: ("by", event) --
-    the cut at that return event is not linearizable -- or ("after", event) -- no cut before it is not; steps)."""
-    evidence = conflict(inst)
+    the cut at that return event is not linearizable -- or ("after", event) -- no cut before it is not; steps).
+    The zones' necessary condition is checked once the sweep takes longer than a linearizable part would (or
+    first, with `zones_first`, where a violation is likely)."""
     dead = first_dead_end(inst)
-    if evidence is not None or dead is not None:
-        return False, None, ("by", min(e for e in (evidence, dead) if e is not None)), 0
-    chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline)
+    if dead is not None:
+        return False, None, [("by", dead)], 0
+    evidence = conflict(inst) if zones_first else None
+    if evidence is not None:
+        return False, None, [("by", evidence)], 0
+    budget = len(inst.T) + len(inst.T) // 4 + 500  # linearizable parts backtrack little (about 10% more steps)
+    try:
+        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline, budget=budget)
+    except OverBudget:
+        evidence = conflict(inst)
+        if evidence is not None:
+            return False, None, [("by", evidence)], budget
+        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline)
     if chosen is None:
-        return False, None, ("after", inst.event(deepest)), steps
+        evidence = conflict(inst)
+        return False, None, [("after", inst.event(deepest))] + ([("by", evidence)] if evidence else []), steps
     order = witness(inst, chosen)
     if order is None or not linearization_holds(keys, ops, order, model):
         raise _Rejected()
-    return True, order, None, steps
+    return True, order, [], steps
 
 
 def linearization_holds(keys: tuple[str, ...], ops: Sequence[Op], order: Sequence[int], model: Model) -> bool:
@@ -134,7 +147,7 @@ def _cut(ops: Sequence[Op], event: tuple[float, int]) -> list[Op]:
     return out
 
 
-def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bound: tuple[str, tuple], max_states: int,
+def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tuple[str, tuple]], max_states: int,
              deadline: float | None) -> Verdict:
     """The violation's verdict: the op at the earliest return event whose cut is not linearizable, and the order
     found for the cut at the event before it. Probes cuts next to what is known (a cut is known not linearizable
@@ -144,26 +157,27 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bound: tuple[st
     orders: dict[int, list[Op]] = {-1: []}
     lo, hi = -1, len(events) - 1  # cut(lo) is linearizable, cut(hi) is not
 
-    def learn(p: int, found: tuple[str, tuple] | None) -> None:
+    def learn(p: int, found: list[tuple[str, tuple]]) -> None:
         nonlocal lo, hi
-        if found is None:
+        if not found:
             lo = max(lo, p)
             return
-        kind, event = found
-        at = bisect.bisect_left(events, event)
-        if kind == "by":
-            hi = min(hi, p, at)
-        else:
-            hi = min(hi, p)
-            lo = max(lo, at - 1)
+        hi = min(hi, p)
+        for kind, event in found:
+            at = bisect.bisect_left(events, event)
+            if kind == "by":
+                hi = min(hi, at)
+            else:
+                lo = max(lo, at - 1)
 
-    learn(len(events) - 1, bound)
+    learn(len(events) - 1, bounds)
     step = 1
     try:
         while hi - lo > 1:
             probe = max(lo + 1, hi - step) if step < hi - lo else (lo + hi) // 2
             cut = _cut(ops, events[probe])
-            ok, order, found, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
+            ok, order, found, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline,
+                                          zones_first=True)
             if ok:
                 orders[probe] = [cut[j] for j in order]
             before = hi

@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from model.history import READ_ANY, Op
 
-__all__ = ["Instance", "build", "conflict", "first_dead_end", "sweep", "witness", "two_cycle", "SweepStopped"]
+__all__ = ["Instance", "build", "conflict", "first_dead_end", "sweep", "witness", "two_cycle", "SweepStopped",
+           "OverBudget"]
 
 INF = math.inf
 _W, _R, _X = 0, 1, 2  # decisions: a mandatory write's deadline, a miss / contains-true read's return, a dead end
@@ -68,7 +69,7 @@ class Instance:
     that constrains something; `gets[w]`: the op indices of the gets of write w."""
 
     __slots__ = ("ops", "w_op", "w_call", "w_dl", "w_hold", "w_kind", "T", "DT", "DR", "decisions", "r_call",
-                 "r_kind", "new", "n_opt", "opt", "reads", "gets")
+                 "r_kind", "new", "n_opt", "opt", "reads", "gets", "dead_ends")
 
     def event(self, i: int) -> tuple[float, int]:
         return self.decisions[i][0], self.decisions[i][1]
@@ -117,8 +118,9 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     w_kind: list[int] = []
     w_gets: list[list[int]] = []
     decisions: list[tuple[float, int, int, int]] = []
-    reads: list[tuple[int, int, int]] = []
+    reads: list[tuple[float, int, int, int]] = []
     no_gets: list[int] = []
+    dead_ends = False
     for i, value in zip(writes, values):
         op = ops[i]
         kind = 0 if value is None else 1
@@ -144,7 +146,11 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
         w_kind.append(kind)
         w_gets.append(g)
         if dl < INF:
-            decisions.append((dl, tie, _W if op.invoked <= dl else _X, w))
+            if op.invoked <= dl:
+                decisions.append((dl, tie, _W, w))
+            else:  # a get of its value returned before it was called
+                decisions.append((dl, tie, _X, w))
+                dead_ends = True
     r_call: list[float] = []
     for r, (i, kind) in enumerate(zip(free, free_kind)):
         op = ops[i]
@@ -153,12 +159,11 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
         reads.append((op.invoked, i, -1, kind))
     for js in gets.values():  # gets of values no put wrote
         decisions += [(ops[j].completed, j, _X, j) for j in js]
+        dead_ends = True
     decisions.sort()
     inst.w_op, inst.w_call, inst.w_dl, inst.w_hold, inst.w_kind = w_op, w_call, w_dl, w_hold, w_kind
-    inst.gets, inst.decisions = w_gets, decisions
-    inst.T = [d[0] for d in decisions]
-    inst.DT = [d[2] for d in decisions]
-    inst.DR = [d[3] for d in decisions]
+    inst.gets, inst.decisions, inst.dead_ends = w_gets, decisions, dead_ends
+    inst.T, _, inst.DT, inst.DR = zip(*decisions) if decisions else ((), (), (), ())
     inst.r_call, inst.r_kind, inst.reads = r_call, free_kind, reads
     _index_calls(inst)
     return inst
@@ -209,9 +214,10 @@ def conflict(inst: Instance) -> tuple[float, int] | None:
 def first_dead_end(inst: Instance) -> tuple[float, int] | None:
     """The event of the first decision no configuration passes (a get of a value no put wrote, or one that
     returned before its put was called): the cut there is not linearizable. None if there is none."""
-    for i, typ in enumerate(inst.DT):
-        if typ == _X:
-            return inst.event(i)
+    if inst.dead_ends:
+        for i, typ in enumerate(inst.DT):
+            if typ == _X:
+                return inst.event(i)
     return None
 
 
@@ -245,13 +251,18 @@ def two_cycle(F: list[float], S: list[float]) -> tuple[int, int] | None:
     return None
 
 
-def sweep(inst: Instance, *, max_states: int, deadline: float | None = None) -> tuple[list | None, int, int]:
+class OverBudget(Exception):
+    """The sweep took more steps than it was given."""
+
+
+def sweep(inst: Instance, *, max_states: int, deadline: float | None = None,
+          budget: int | None = None) -> tuple[list | None, int, int]:
     """Depth first over the choices of the module doc: (the writes placed at each decision of a path found, or
     None; the first decision no configuration got past, len(T) when found; steps). A configuration is (current
     kind, its hold or -INF, mandatory writes called and not placed, optional deletes used, optional puts used,
     when the other kind was last seen). A configuration is remembered once every choice from it failed (then any
     it dominates is not tried again); the likeliest choice is tried first, the others only when it fails. Raises
-    `SweepStopped` at a bound (`max_states`: configurations remembered)."""
+    `SweepStopped` at a bound (`max_states`: configurations remembered), `OverBudget` after `budget` steps."""
     n = len(inst.T)
     T, DT, DR, NEW = inst.T, inst.DT, inst.DR, inst.new
     w_hold, w_kind, r_kind, r_call = inst.w_hold, inst.w_kind, inst.r_kind, inst.r_call
@@ -300,6 +311,8 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None) -> 
                 cfg, i = nxt, i + 1
                 continue
         # decision i's next choice not tried yet, or back to the decision before it
+        if budget is not None and steps > budget:
+            raise OverBudget()
         if deadline is not None and not steps & 1023 and time.monotonic() > deadline:
             raise SweepStopped(f"the time bound ran out in the sweep after {steps:,} steps", steps)
         it = others.get(i)
