@@ -81,7 +81,8 @@ def _search(keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: 
 
 
 def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: int,
-            deadline: float | None, zones_first: bool = False) -> tuple[bool, list[int] | None, list[tuple[str, tuple]], int]:
+            deadline: float | None, zones_first: bool = False
+            ) -> tuple[bool, list[int] | None, list[tuple[str, tuple]], int]:
     """(linearizable, the order of the op indices found, for a violation where it is known from: ("by", event) --
     the cut at that return event is not linearizable -- or ("after", event) -- no cut before it is not; steps).
     The zones' necessary condition is checked once the sweep takes longer than a linearizable part would (or
