@@ -94,15 +94,19 @@ def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Mod
     if evidence is not None:
         return False, None, [("by", evidence)], 0
     budget = len(inst.T) + len(inst.T) // 4 + 500  # linearizable parts backtrack little (about 10% more steps)
+    found: list = []
+
+    def zones_say_stop() -> bool:
+        found.append(conflict(inst))
+        return found[0] is not None
+
     try:
-        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline, budget=budget)
+        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline, budget=budget,
+                                       over_budget=zones_say_stop)
     except OverBudget:
-        evidence = conflict(inst)
-        if evidence is not None:
-            return False, None, [("by", evidence)], budget
-        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline)
+        return False, None, [("by", found[0])], budget
     if chosen is None:
-        evidence = conflict(inst)
+        evidence = found[0] if found else conflict(inst)
         return False, None, [("after", inst.event(deepest))] + ([("by", evidence)] if evidence else []), steps
     order = witness(inst, chosen)
     if order is None or not linearization_holds(keys, ops, order, model):

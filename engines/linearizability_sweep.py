@@ -22,8 +22,10 @@ satisfied iff in some gap of its interval the register was absent (present) at s
 2. What the future needs to know. After a gap, the future depends only on: the current write's kind (absent or
    present) and, while it lasts, its hold; which mandatory writes already called are still to be placed; how many
    optional writes of each kind were used; and when the *other* kind was last seen (a read is satisfied iff its
-   kind is current, or was seen at a gap after its call). Two such configurations differing only in that last
-   time: the later one serves every read the earlier does (it is kept, the other dropped).
+   kind is current, or was seen at a gap after its call). Of two configurations differing only in that time
+   and in the optional writes used, one that saw the other kind no earlier and used no more optional writes of
+   either kind can do all the other can (optional writes of a kind are interchangeable and stay available once
+   called): once a configuration failed, none it dominates is tried.
 3. One gap. Writes placed in one gap in a row: every one but the last must have its hold over (a holding write
    can only be last); their order among themselves changes nothing but which kinds were seen in that gap.
 4. Interchangeable writes. At a gap, a write whose hold is over (a delete, a put nobody reads, a put whose gets
@@ -41,6 +43,7 @@ reads, without the misses and contains reads, must already order (Gibbons & Kora
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -64,15 +67,19 @@ class Instance:
     """One key's part in the sweep's terms. Writes are numbered: `w_op` (index into `ops`), `w_call`, `w_dl`
     (deadline; INF: optional), `w_hold` (-INF: none), `w_kind` (0 delete, 1 put). Decisions, in event order:
     time `T`, kind `DT` and `DR` (a write, a read or an op); `event(i)` is decision i's return event (time, op
-    index). `new[i]`: mandatory writes called since the previous decision; `n_opt[k][i]`: optional writes of kind
+    index). `new[i]`: mandatory writes called since the previous decision; `optional(k, i)`: optional writes of kind
     k called by then; `opt[k]` those by call. `reads`: (op index, write its get reads or -1, kind) of every read
     that constrains something; `gets[w]`: the op indices of the gets of write w."""
 
     __slots__ = ("ops", "w_op", "w_call", "w_dl", "w_hold", "w_kind", "T", "DT", "DR", "decisions", "r_call",
-                 "r_kind", "new", "n_opt", "opt", "reads", "gets", "dead_ends")
+                 "r_kind", "new", "opt_calls", "opt", "reads", "gets", "dead_ends")
 
     def event(self, i: int) -> tuple[float, int]:
         return self.decisions[i][0], self.decisions[i][1]
+
+    def optional(self, k: int, i: int) -> int:
+        """How many optional writes of kind k were called by decision i."""
+        return bisect.bisect_right(self.opt_calls[k], self.T[i]) if self.opt_calls[k] else 0
 
 
 def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
@@ -81,9 +88,12 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     put_of: dict[Any, int] = {}
     writes: list[int] = []
     values: list[Any] = []
-    gets: dict[Any, list[int]] = {}
-    free: list[int] = []
-    free_kind: list[int] = []
+    gets: collections.defaultdict[Any, list[int]] = collections.defaultdict(list)
+    decisions: list[tuple[float, int, int, int]] = []
+    reads: list[tuple[float, int, int, int]] = []
+    r_call: list[float] = []
+    r_kind: list[int] = []
+    last_free = [-INF, -INF]
     for i, op in enumerate(ops):
         v = view(op)
         if v is None:
@@ -96,19 +106,20 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
                 put_of[value] = i
             writes.append(i)
             values.append(value)
-        elif op.completed is None or op.error is not None:
+            continue
+        ret = op.completed
+        if ret is None or op.error is not None:
             continue  # a read that never answered (or raised) constrains nothing
-        elif value is None:
-            free.append(i)
-            free_kind.append(1 if kind == READ_ANY else 0)
-        elif value in gets:
+        if value is not None:
             gets[value].append(i)
-        else:
-            gets[value] = [i]
-    last_free = [-INF, -INF]
-    for i, k in zip(free, free_kind):
-        if ops[i].completed > last_free[k]:
-            last_free[k] = ops[i].completed
+            continue
+        k = 1 if kind == READ_ANY else 0  # a miss (0) or a contains-true read (1): a decision at its return
+        decisions.append((ret, i, _R, len(r_call)))
+        r_call.append(op.invoked)
+        r_kind.append(k)
+        reads.append((op.invoked, i, -1, k))
+        if ret > last_free[k]:
+            last_free[k] = ret
     inst = Instance()
     inst.ops = ops
     w_op: list[int] = []
@@ -117,8 +128,6 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     w_hold: list[float] = []
     w_kind: list[int] = []
     w_gets: list[list[int]] = []
-    decisions: list[tuple[float, int, int, int]] = []
-    reads: list[tuple[float, int, int, int]] = []
     no_gets: list[int] = []
     dead_ends = False
     for i, value in zip(writes, values):
@@ -151,12 +160,6 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
             else:  # a get of its value returned before it was called
                 decisions.append((dl, tie, _X, w))
                 dead_ends = True
-    r_call: list[float] = []
-    for r, (i, kind) in enumerate(zip(free, free_kind)):
-        op = ops[i]
-        decisions.append((op.completed, i, _R, r))
-        r_call.append(op.invoked)
-        reads.append((op.invoked, i, -1, kind))
     for js in gets.values():  # gets of values no put wrote
         decisions += [(ops[j].completed, j, _X, j) for j in js]
         dead_ends = True
@@ -164,13 +167,13 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     inst.w_op, inst.w_call, inst.w_dl, inst.w_hold, inst.w_kind = w_op, w_call, w_dl, w_hold, w_kind
     inst.gets, inst.decisions, inst.dead_ends = w_gets, decisions, dead_ends
     inst.T, _, inst.DT, inst.DR = zip(*decisions) if decisions else ((), (), (), ())
-    inst.r_call, inst.r_kind, inst.reads = r_call, free_kind, reads
+    inst.r_call, inst.r_kind, inst.reads = r_call, r_kind, reads
     _index_calls(inst)
     return inst
 
 
 def _index_calls(inst: Instance) -> None:
-    """`new`, `n_opt` and `opt` of `inst` (see `Instance`): a write is new at the first decision not before its
+    """`new`, `opt_calls` and `opt` of `inst` (see `Instance`): a write is new at the first decision not before its
     call (a call is before a return at the same time)."""
     T, w_call, w_dl = inst.T, inst.w_call, inst.w_dl
     n = len(T)
@@ -186,11 +189,9 @@ def _index_calls(inst: Instance) -> None:
             row = new[i]
             new[i] = (w,) if not row else row + (w,)
     inst.new = new
-    inst.n_opt = []
     for k in (0, 1):
         opt[k].sort(key=w_call.__getitem__)
-        calls = [w_call[w] for w in opt[k]]
-        inst.n_opt.append([bisect.bisect_right(calls, t) for t in T] if calls else [0] * n)
+    inst.opt_calls = [[w_call[w] for w in opt[k]] for k in (0, 1)]
     inst.opt = opt
 
 
@@ -252,21 +253,23 @@ def two_cycle(F: list[float], S: list[float]) -> tuple[int, int] | None:
 
 
 class OverBudget(Exception):
-    """The sweep took more steps than it was given."""
+    """The sweep took more steps than it was given, and `over_budget` said to stop."""
 
 
-def sweep(inst: Instance, *, max_states: int, deadline: float | None = None,
-          budget: int | None = None) -> tuple[list | None, int, int]:
+def sweep(inst: Instance, *, max_states: int, deadline: float | None = None, budget: int | None = None,
+          over_budget: Callable[[], bool] | None = None) -> tuple[list | None, int, int]:
     """Depth first over the choices of the module doc: (the writes placed at each decision of a path found, or
     None; the first decision no configuration got past, len(T) when found; steps). A configuration is (current
     kind, its hold or -INF, mandatory writes called and not placed, optional deletes used, optional puts used,
     when the other kind was last seen). A configuration is remembered once every choice from it failed (then any
-    it dominates is not tried again); the likeliest choice is tried first, the others only when it fails. Raises
-    `SweepStopped` at a bound (`max_states`: configurations remembered), `OverBudget` after `budget` steps."""
+    it dominates -- the same but for fewer optional writes used or the other kind seen later -- is not tried again);
+    the likeliest choice is tried first, the others only when it fails. Raises `SweepStopped` at a bound
+    (`max_states`: configurations remembered). After `budget` steps `over_budget()` is asked once whether to stop
+    (then `OverBudget`) or go on."""
     n = len(inst.T)
     T, DT, DR, NEW = inst.T, inst.DT, inst.DR, inst.new
     w_hold, w_kind, r_kind, r_call = inst.w_hold, inst.w_kind, inst.r_kind, inst.r_call
-    dead: dict[int, dict[tuple, float]] = {}
+    dead: dict[int, dict[tuple, list[tuple[int, int, float]]]] = {}
     path: list[Any] = [None] * n  # the configuration before each decision of the path
     placed_at: list[tuple] = [()] * n  # the writes placed at each decision of the path
     others: dict[int, Iterator] = {}  # the choices not yet tried at a decision of the path
@@ -312,7 +315,9 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None,
                 continue
         # decision i's next choice not tried yet, or back to the decision before it
         if budget is not None and steps > budget:
-            raise OverBudget()
+            if over_budget is None or over_budget():
+                raise OverBudget()
+            budget = None
         if deadline is not None and not steps & 1023 and time.monotonic() > deadline:
             raise SweepStopped(f"the time bound ran out in the sweep after {steps:,} steps", steps)
         it = others.get(i)
@@ -327,11 +332,12 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None,
             del others[i]
             c = path[i]
             row = dead.setdefault(i, {})
-            key = c[:5]
-            if key not in row:
-                kept += 1
-            if row.get(key, -INF) < c[5]:
-                row[key] = c[5]
+            known = row.get(c[:3])
+            if known is None:
+                row[c[:3]] = [c[3:]]
+            else:
+                known.append(c[3:])
+            kept += 1
             if kept > max_states:
                 raise SweepStopped(f"the sweep kept {max_states:,} configurations (its memory bound, max_states) "
                                    "without a verdict", steps)
@@ -340,10 +346,17 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None,
             cfg, i = None, i - 1
 
 
-def _is_dead(dead: dict[int, dict[tuple, float]], i: int, cfg: tuple) -> bool:
-    """Whether `cfg` at decision i is dominated by one every choice from which already failed."""
+def _is_dead(dead: dict[int, dict[tuple, list[tuple[int, int, float]]]], i: int, cfg: tuple) -> bool:
+    """Whether `cfg` at decision i is dominated by one every choice from which already failed: the same current
+    kind, hold and writes to place, no more optional writes of either kind used, the other kind seen no earlier."""
     row = dead.get(i)
-    return row is not None and row.get(cfg[:5], -INF) >= cfg[5]
+    if row is None:
+        return False
+    known = row.get(cfg[:3])
+    if known is None:
+        return False
+    _, _, _, uA, uP, L = cfg
+    return any(a <= uA and p <= uP and seen >= L for a, p, seen in known)
 
 
 def _options(inst: Instance, i: int, cfg: tuple) -> Iterator[tuple[tuple, tuple]]:
@@ -389,7 +402,7 @@ def _first_choice(inst: Instance, i: int, t: float, kind: int, U: frozenset, uA:
             best = w
     if best >= 0:
         return (need_k, -INF, U - {best}, uA, uP, t), (best,)
-    if inst.n_opt[need_k][i] > (uP if need_k else uA):
+    if inst.optional(need_k, i) > (uP if need_k else uA):
         return (need_k, -INF, U, uA + (need_k == 0), uP + need_k, t), (-1 - need_k,)
     for w in U:
         if need_k == 1 and inst.w_kind[w] == 1:
@@ -430,7 +443,7 @@ def _every_choice(inst: Instance, i: int, t: float, kind: int, U: frozenset, uA:
     for k in (0, 1):
         plain[k].sort(key=w_dl.__getitem__)
         choices = [tuple(plain[k][:c]) for c in range(len(plain[k]) + 1)]
-        if inst.n_opt[k][i] > (uP if k else uA):
+        if inst.optional(k, i) > (uP if k else uA):
             choices.append((-1 - k,))
         per_kind.append(choices)
     forced_plain = need_w >= 0 and w_hold[need_w] <= t
