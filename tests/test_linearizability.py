@@ -247,7 +247,7 @@ def test_pending_put_is_taken_exactly_when_a_read_returns_its_value():
 def test_duplicate_values_fall_back_to_the_search():
     """Two puts of one value: not the sweep's case; the search decides, both ways."""
     h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "a", "put", "k", 2, 3, value=W), op(2, "a", "put", "k", 4, 5, value=V),
-         op(3, "b", "get", "k", 6, 7, V)]
+         op(3, "b", "get", "k", 4.5, 7, V)]
     v = check(h)
     assert v.linearizable is True and v.methods == {"search": 1}
     h[3].invoked, h[3].completed = 3.5, 3.8  # between the W put and the second V put: sees W only

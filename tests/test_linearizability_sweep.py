@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engines import linearizability_register, linearizability_sweep
 from engines.linearizability import check
-from engines.linearizability_register import REJECTED, linearization_holds
+from engines.linearizability_register import REJECTED, decide_register, linearization_holds
 from model.history import KV_MODEL, Op
 from tests.test_linearizability import _brute_force, op
 
@@ -70,15 +70,24 @@ def _assert_explained(ops: list[Op], verdict) -> None:
     assert linearization_holds(("k",), before, [index[i] for i in verdict.prefix], KV_MODEL)
 
 
+def _sweep(ops: list[Op]):
+    """The register path's own verdict on a one-key history (whatever `check` would take first)."""
+    v, method = decide_register(("k",), ops, KV_MODEL, max_states=1_000_000, deadline=None)
+    assert method == "register"
+    return v
+
+
 def test_sweep_agrees_with_a_brute_force():
-    """Small unique-value histories: the sweep (never the search) gives the brute force's verdict."""
+    """Small unique-value histories: the sweep (never the search) gives the brute force's verdict, and so does
+    `check` (which replays a history whose ops do not overlap in call order instead)."""
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(st.data())
     def run(data):
         ops = _history(data.draw, 7, 8, 3)
+        want = _brute_force(ops)
+        assert _sweep(ops).linearizable is want
         v = check(ops)
-        assert v.methods == {"register": 1}
-        assert v.linearizable is _brute_force(ops)
+        assert v.linearizable is want and set(v.methods) <= {"register", "sequential"}
 
     run()
 
@@ -92,9 +101,8 @@ def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
     def run(data):
         ops = _history(data.draw, 16, 20, 8)
         want = check(ops, fast=False, max_states=1_000_000).linearizable
-        v = check(ops)
-        assert v.methods == {"register": 1}
-        assert v.linearizable is want
+        v = _sweep(ops)
+        assert v.linearizable is want and check(ops).linearizable is want
         if want is False:
             _assert_explained(ops, v)
 
@@ -132,8 +140,23 @@ def test_pending_writes_explain_reads_only_when_they_can():
 def test_a_rejected_path_goes_to_the_search_and_says_so(monkeypatch):
     """If the sweep's path ever failed its check against the model, the search decides and the verdict's
     methods say the path was rejected (never a silent "linearizable")."""
-    h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x")]
+    h = [op(0, "a", "put", "k", 0, 2, value=b"x"), op(1, "b", "get", "k", 1, 3, b"x")]
     monkeypatch.setattr(linearizability_sweep, "witness", lambda inst, chosen: [1, 0])
     monkeypatch.setattr(linearizability_register, "witness", linearizability_sweep.witness)
     v = check(h)
     assert v.linearizable is True and v.methods == {REJECTED: 1}
+
+
+def test_ops_that_follow_one_another_are_replayed_in_call_order():
+    """No two ops overlap (each returned before the next was called): the call order is the only linearization,
+    and replaying it decides; a wrong answer falls through to the register path, which names it."""
+    h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x"),
+         op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 6, 7, False)]
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"sequential": 1}
+    h[3].result = True
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
+    h[3].invoked = 4.5  # overlapping the delete: not sequential any more, and fine (it went first)
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"register": 1}
