@@ -94,6 +94,7 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     r_call: list[float] = []
     r_kind: list[int] = []
     last_free = [-INF, -INF]
+    n_free = 0
     for i, op in enumerate(ops):
         v = view(op)
         if v is None:
@@ -114,7 +115,8 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
             gets[value].append(i)
             continue
         k = 1 if kind == READ_ANY else 0  # a miss (0) or a contains-true read (1): a decision at its return
-        decisions.append((ret, i, _R, len(r_call)))
+        decisions.append((ret, i, _R, n_free))
+        n_free += 1
         r_call.append(op.invoked)
         r_kind.append(k)
         reads.append((op.invoked, i, -1, k))
@@ -130,6 +132,7 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
     w_gets: list[list[int]] = []
     no_gets: list[int] = []
     dead_ends = False
+    n_w = 0
     for i, value in zip(writes, values):
         op = ops[i]
         kind = 0 if value is None else 1
@@ -137,7 +140,8 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
         unknown = op.completed is None or op.error is not None
         if unknown and not g and op.invoked > last_free[kind]:
             continue  # an optional write no read could follow: it never needs to take effect
-        w = len(w_op)
+        w = n_w
+        n_w += 1
         dl = INF if unknown else op.completed
         tie, hold = i, -INF
         for j in g:

@@ -269,7 +269,7 @@ def _kv_step(keys: tuple[str, ...], state: tuple, op: Op) -> tuple[bool, tuple]:
             return True, (bytes(op.value),)
         if path == "delete":
             return True, (None,)
-        if op.pending or op.error is not None:
+        if op.completed is None or op.error is not None:  # (op.pending, without the property call)
             return True, state
         if path == "contains":
             return (state[0] is not None) == op.result, state

@@ -222,8 +222,8 @@ def test_register_path_and_search_agree_with_a_brute_force():
 
 def test_unique_value_histories_are_decided_by_the_register_path_both_ways():
     """Unique values: the register path decides (no search); a stale read is rejected and named."""
-    h = [op(0, "a", "put", "k", 0, 2, value=V), op(1, "b", "get", "k", 1, 3, V), op(2, "a", "put", "k", 4, 5, value=W),
-         op(3, "b", "get", "k", 6, 7, W), op(4, "c", "get", "k", 0, 1, None)]
+    h = [op(0, "a", "put", "k", 0, 4, value=V), op(1, "b", "get", "k", 1, 2, V), op(2, "a", "put", "k", 5, 6, value=W),
+         op(3, "b", "get", "k", 7, 8, W), op(4, "c", "get", "k", 0, 0.5, None)]  # V seen before V's midpoint
     v = check(h)
     assert v.linearizable is True and v.methods == {"register": 1}
     h[3].result = V  # V was overwritten by W, which completed before the read was called
@@ -246,8 +246,8 @@ def test_pending_put_is_taken_exactly_when_a_read_returns_its_value():
 
 def test_duplicate_values_fall_back_to_the_search():
     """Two puts of one value: not the sweep's case; the search decides, both ways."""
-    h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "a", "put", "k", 2, 3, value=W), op(2, "a", "put", "k", 4, 5, value=V),
-         op(3, "b", "get", "k", 4.5, 7, V)]
+    h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "a", "put", "k", 2, 3, value=W), op(2, "a", "put", "k", 4, 8, value=V),
+         op(3, "b", "get", "k", 4.5, 7, V)]  # the second V seen before its midpoint
     v = check(h)
     assert v.linearizable is True and v.methods == {"search": 1}
     h[3].invoked, h[3].completed = 3.5, 3.8  # between the W put and the second V put: sees W only

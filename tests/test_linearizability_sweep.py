@@ -79,7 +79,7 @@ def _sweep(ops: list[Op]):
 
 def test_sweep_agrees_with_a_brute_force():
     """Small unique-value histories: the sweep (never the search) gives the brute force's verdict, and so does
-    `check` (which replays a history whose ops do not overlap in call order instead)."""
+    `check` (which first tries to replay the ops in the order of their midpoints)."""
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(st.data())
     def run(data):
@@ -87,7 +87,7 @@ def test_sweep_agrees_with_a_brute_force():
         want = _brute_force(ops)
         assert _sweep(ops).linearizable is want
         v = check(ops)
-        assert v.linearizable is want and set(v.methods) <= {"register", "sequential"}
+        assert v.linearizable is want and set(v.methods) <= {"register", "replay"}
 
     run()
 
@@ -115,11 +115,10 @@ def test_ambiguous_misses_and_contains_are_decided_without_search():
     h = [op(0, "a", "get", "k", 0, 3, None), op(1, "b", "put", "k", 1, 2, value=b"x"), op(2, "c", "delete", "k", 1, 4),
          op(3, "d", "delete", "k", 3, 6), op(4, "a", "get", "k", 5, 7, None), op(5, "b", "put", "k", 5, 8, value=b"y"),
          op(6, "c", "contains", "k", 6, 9, True), op(7, "d", "contains", "k", 9, 10, True)]
-    v = check(h)
-    assert v.linearizable is True and v.methods == {"register": 1}
+    assert _sweep(h).linearizable is True and check(h).linearizable is True
     h.append(op(8, "a", "get", "k", 11, 12, None))  # y completed at 8 and nothing deleted it since
-    v = check(h)
-    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 8
+    v = _sweep(h)
+    assert v.linearizable is False and v.unplaceable == 8 and check(h).unplaceable == 8
     _assert_explained(h, v)
 
 
@@ -140,23 +139,23 @@ def test_pending_writes_explain_reads_only_when_they_can():
 def test_a_rejected_path_goes_to_the_search_and_says_so(monkeypatch):
     """If the sweep's path ever failed its check against the model, the search decides and the verdict's
     methods say the path was rejected (never a silent "linearizable")."""
-    h = [op(0, "a", "put", "k", 0, 2, value=b"x"), op(1, "b", "get", "k", 1, 3, b"x")]
+    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]  # (no midpoint replay)
     monkeypatch.setattr(linearizability_sweep, "witness", lambda inst, chosen: [1, 0])
     monkeypatch.setattr(linearizability_register, "witness", linearizability_sweep.witness)
     v = check(h)
     assert v.linearizable is True and v.methods == {REJECTED: 1}
 
 
-def test_ops_that_follow_one_another_are_replayed_in_call_order():
-    """No two ops overlap (each returned before the next was called): the call order is the only linearization,
-    and replaying it decides; a wrong answer falls through to the register path, which names it."""
+def test_a_replay_in_midpoint_order_that_the_model_accepts_decides():
+    """Ops replayed in the order of their midpoints keep real time; when the model accepts them so, that is a
+    linearization (even with ops overlapping); when it does not, the register path decides and names the op."""
     h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x"),
-         op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 6, 7, False)]
+         op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 4.5, 7, False)]
     v = check(h)
-    assert v.linearizable is True and v.methods == {"sequential": 1}
-    h[3].result = True
-    v = check(h)
-    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
-    h[3].invoked = 4.5  # overlapping the delete: not sequential any more, and fine (it went first)
+    assert v.linearizable is True and v.methods == {"replay": 1}
+    h[3].result = True  # possible (it may go before the delete), but not in midpoint order
     v = check(h)
     assert v.linearizable is True and v.methods == {"register": 1}
+    h[3].invoked = 6  # after the delete returned: a violation
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
