@@ -8,8 +8,10 @@ must instead see one instant of all its keys, and it joins them into one part.
 
 Each part is decided by one of two paths:
 - the register path (`engines.linearizability_register`), for a model with a `register_view`: when every put
-  of the key writes its own value, the part is decided without search in O(n log n) (the zones of Gibbons &
-  Korach); otherwise it only simplifies the part (exactly) for the search;
+  of the key writes its own value, the part is decided by an exact sweep over the writes' instants
+  (`engines.linearizability_sweep`, where the argument is), misses, `contains` reads, deletes and writes that
+  never completed included, whose answer is checked against the model before "linearizable" is given;
+  otherwise it only simplifies the part (exactly) for the search;
 - the search: Wing & Gong's, with Lowe's memo of (set of linearized ops, model state) pairs already tried.
   Call and return events sit in one doubly linked list ordered by time (a call before a return at equal
   times: they overlap); the search linearizes the first call it can, removes that op's two events, and
@@ -20,14 +22,16 @@ Each part is decided by one of two paths:
 
 An op that never completed returns at +infinity: it may take effect at any point after its call, or never
 (a read that never answered constrains nothing and is dropped). A write that raised is treated the same way.
-The search is bounded by memory (`max_states` memo entries per part) and optionally by time (`seconds` in
-all); when a bound stops it the verdict is undecided (`linearizable` None), says why, and names the parts
-left undecided.
+The search and the sweep are bounded by memory (`max_states` memo entries per part) and optionally by time
+(`seconds` in all); when a bound stops one the verdict is undecided (`linearizable` None), says why, and names
+the parts left undecided.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from engines.linearizability_register import decide_register
 from engines.linearizability_search import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
@@ -41,6 +45,18 @@ per_key = split_per_key
 
 def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
     """The independent parts of `ops`: (keys, ops touching them), keys joined by multi-key ops."""
+    by_key: dict[str, list[Op]] = {}
+    for op in ops:
+        keys = op.keys
+        if len(keys) != 1:
+            break
+        part = by_key.get(keys[0])
+        if part is None:
+            by_key[keys[0]] = [op]
+        else:
+            part.append(op)
+    else:  # every op of one key (the common case): no joining
+        return [((k,), by_key[k]) for k in sorted(by_key)]
     parent: dict[str, str] = {}
 
     def find(k: str) -> str:
@@ -66,9 +82,46 @@ def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
 
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
                  fast: bool) -> tuple[Verdict, str]:
+    if fast and len(ops) <= _REPLAY_AT_MOST and _replays_in_point_order(keys, ops, model):
+        return Verdict(True, 0, keys), "replay"
     if fast and model.register_view is not None and len(keys) == 1:
         return decide_register(keys, ops, model, max_states=max_states, deadline=deadline)
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
+
+
+#: Parts longer than this are not replayed first: a long part is rarely sparse enough to replay as it is.
+_REPLAY_AT_MOST = 4096
+
+
+def _replays_in_point_order(keys: tuple[str, ...], ops: list[Op], model: Model) -> bool:
+    """Whether the model accepts the part's ops one after another in the order of their midpoints (an op that
+    never returned: its call). Any order by one instant inside each op's interval keeps real time (an op that
+    returned before another was called has the earlier instant), so an accepted replay is a linearization; a
+    write that never completed, or raised, takes effect at its call. False is no verdict: the other paths decide
+    (and name the op of a violation)."""
+    def instant(op: Op) -> float:
+        return op.invoked if op.completed is None else (op.invoked + op.completed) / 2
+
+    state = model.init(keys)
+    step = model.step
+    for op in sorted(ops, key=instant):
+        ok, state = step(keys, state, op)
+        if not ok:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the duration: the checker makes no reference cycles, but it makes many
+    small tuples, and each collection would walk every live op of the history again (about half the time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def check(history: History | Sequence[Op], model: Model = KV_MODEL, *, max_states: int = DEFAULT_MAX_STATES,
@@ -78,6 +131,12 @@ def check(history: History | Sequence[Op], model: Model = KV_MODEL, *, max_state
     `max_states`: the search's memory bound per part; `seconds`: a time bound for the whole check (None: none;
     a time bound makes the verdict depend on the machine's load, the memory bound does not). `fast=False`
     decides every part by search (for cross-checks)."""
+    with _collector_paused():
+        return _check(history, model, max_states=max_states, seconds=seconds, snapshot=snapshot, fast=fast)
+
+
+def _check(history: History | Sequence[Op], model: Model, *, max_states: int, seconds: float | None, snapshot: bool,
+           fast: bool) -> Verdict:
     ops = history.ops if isinstance(history, History) else list(history)
     if not snapshot and model.split is not None:
         ops = model.split(ops)

@@ -1,6 +1,18 @@
 """The register path of `engines.linearizability`: one key's part, for a model with a `register_view`.
 
-# Exact simplifications (each keeps the verdict; they also feed the search when the zones do not apply)
+When every put of the key writes its own value, the part is decided by the exact sweep of
+`engines.linearizability_sweep` (see there for why it is exact): first its necessary condition (the zones of the
+puts with their gets, the deletes and the puts nobody reads); then the sweep itself, whose path is turned into an
+order of the ops that is checked against the model's own `step` and real-time order before "linearizable" is
+answered (a path that failed that check would be a bug: the part then goes to the search, and the verdict's
+methods say so). Otherwise (two puts of one value) the part is simplified exactly, as below, for the search.
+
+A violation names the op whose return first makes the history non-linearizable (the earliest return event whose
+cut -- the ops called by then, those not returned by then left unanswered -- is not linearizable) and a
+linearization of the cut just before it as the longest linearizable prefix. Cuts only grow more constrained, so
+that op is found by probing cuts from where the sweep or the zones located the violation.
+
+# Exact simplifications for the search (two puts of one value)
 - A read that never answered (or raised) constrains nothing: dropped.
 - A put that may or may not have taken effect (never completed, or raised) whose value (unique to it) some
   completed get returned must have taken effect before that get returned: it returns at the earliest such
@@ -12,20 +24,6 @@
   value in every linearization: dropped.
 - Any other optional write that remains is interchangeable with every other of its kind (deletes with deletes;
   unobserved puts, which get one shared value, with each other), so the search tries them in call order only.
-
-# The zones (Gibbons & Korach; Golab, Li & Shah)
-When every put writes its own value and each read of a miss (`get` None, `contains` false) and each
-`contains`-true read has exactly one write it can read from (its one non-excluded candidate), every write w
-is a block with its reads (the initial miss is a write at -infinity). In a linearization the blocks are
-contiguous, write first; so the part is linearizable iff no read returns before its write is called and the
-blocks can be ordered: with F(B) the earliest return and S(B) the latest call in B, B must precede C iff
-F(B) < S(C), and that relation has a cycle iff it has one of length two (a shorter cycle always exists; see
-`_two_cycle`). Sorting by F and a prefix maximum of S find one in O(n log n). Otherwise (an ambiguous read, an
-optional write left), the simplified part goes to the search.
-
-For a violation the verdict names the op whose completion made the history non-linearizable (the earliest
-return time at which the history cut there, later ops unanswered, is not) and a linearization of the history
-cut just before it as the longest linearizable prefix.
 """
 from __future__ import annotations
 
@@ -36,30 +34,178 @@ from typing import Any, Sequence
 import attrs
 
 from engines.linearizability_search import SearchStopped, Verdict, search_part, unknown
+from engines.linearizability_sweep import (Instance, OverBudget, SweepStopped, build, conflict, first_dead_end, sweep,
+                                           witness)
 from model.history import READ_ANY, Model, Op
 
-__all__ = ["decide_register", "simplify", "zones"]
+__all__ = ["decide_register", "simplify"]
 
 INF = math.inf
 #: The value every unobserved optional put is given (so they are interchangeable); no get returned it.
 _UNSEEN = b"\x00shardcheck: a put nobody observed\x00"
-#: The memo bound of the searches that explain a violation (a cut history is usually decided by the zones).
-_EXPLAIN_STATES = 200_000
+#: The method a part is counted under when the sweep's path failed its check and the search decided instead.
+REJECTED = "search (sweep witness rejected)"
+
+
+class _Rejected(Exception):
+    """The sweep found a path whose order of the ops the model does not accept (a bug of the sweep)."""
+
+
+def decide_register(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, max_states: int,
+                    deadline: float | None) -> tuple[Verdict, str]:
+    """Decide one key's part: by the sweep when every put writes its own value, else by the search on the part
+    simplified. Raises `SearchStopped` when a bound stops it."""
+    inst = build(ops, model.register_view)
+    if inst is None:
+        return _search(keys, ops, model, max_states, deadline), "search"
+    try:
+        linearizable, _, bounds, steps = _decide(inst, keys, ops, model, max_states, deadline)
+    except SweepStopped as stop:
+        raise SearchStopped(f"{stop.why} (part {', '.join(keys)})", stop.steps) from None
+    except _Rejected:
+        return _search(keys, ops, model, max_states, deadline), REJECTED
+    if linearizable:
+        return Verdict(True, steps, keys), "register"
+    v = _explain(keys, list(ops), model, bounds, max_states, deadline)
+    v.steps += steps
+    return v, "register"
+
+
+def _search(keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: int,
+            deadline: float | None) -> Verdict:
+    s = simplify(ops, model.register_view)
+    if s is None:
+        return search_part(keys, list(ops), model, max_states=max_states, deadline=deadline)
+    return search_part(keys, s.ops, model, max_states=max_states, deadline=deadline, classes=s.classes,
+                       returns=s.returns, reads=s.reads())
+
+
+def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Model, max_states: int,
+            deadline: float | None, zones_first: bool = False
+            ) -> tuple[bool, list[int] | None, list[tuple[str, tuple]], int]:
+    """(linearizable, the order of the op indices found, for a violation where it is known from: ("by", event) --
+    the cut at that return event is not linearizable -- or ("after", event) -- no cut before it is not; steps).
+    The zones' necessary condition is checked once the sweep takes longer than a linearizable part would (or
+    first, with `zones_first`, where a violation is likely)."""
+    dead = first_dead_end(inst)
+    if dead is not None:
+        return False, None, [("by", dead)], 0
+    evidence = conflict(inst) if zones_first else None
+    if evidence is not None:
+        return False, None, [("by", evidence)], 0
+    budget = len(inst.T) + len(inst.T) // 4 + 500  # linearizable parts backtrack little (about 10% more steps)
+    found: list = []
+
+    def zones_say_stop() -> bool:
+        found.append(conflict(inst))
+        return found[0] is not None
+
+    try:
+        chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline, budget=budget,
+                                       over_budget=zones_say_stop)
+    except OverBudget:
+        return False, None, [("by", found[0])], budget
+    if chosen is None:
+        evidence = found[0] if found else conflict(inst)
+        return False, None, [("after", inst.event(deepest))] + ([("by", evidence)] if evidence else []), steps
+    order = witness(inst, chosen)
+    if order is None or not linearization_holds(keys, ops, order, model):
+        raise _Rejected()
+    return True, order, [], steps
+
+
+def linearization_holds(keys: tuple[str, ...], ops: Sequence[Op], order: Sequence[int], model: Model) -> bool:
+    """Whether `order` (indices into `ops`) is a linearization: every op that completed without error exactly
+    once (others at most once), no op before one that returned before it was called, and each op legal in the
+    model's state before it."""
+    if len(set(order)) != len(order):
+        return False
+    done = 0
+    latest_call = -INF
+    state = model.init(keys)
+    step = model.step
+    for j in order:
+        op = ops[j]
+        end = op.completed
+        if end is not None:
+            if end < latest_call:
+                return False  # it returned before an op placed earlier was called
+            done += op.error is None
+        if op.invoked > latest_call:
+            latest_call = op.invoked
+        ok, state = step(keys, state, op)
+        if not ok:
+            return False
+    return done == sum(1 for op in ops if op.completed is not None and op.error is None)
+
+
+def _cut(ops: Sequence[Op], event: tuple[float, int]) -> list[Op]:
+    """The part as it stood at a return event: the ops called by then, those not returned by then unanswered."""
+    t = event[0]
+    out = []
+    for j, op in enumerate(ops):
+        if op.invoked > t:
+            continue
+        if op.completed is not None and (op.completed, j) > event:
+            op = attrs.evolve(op, completed=None, completions=0)
+        out.append(op)
+    return out
+
+
+def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tuple[str, tuple]], max_states: int,
+             deadline: float | None) -> Verdict:
+    """The violation's verdict: the op at the earliest return event whose cut is not linearizable, and the order
+    found for the cut at the event before it. Probes cuts next to what is known (a cut is known not linearizable
+    at a bound "by" an event, and linearizable before a bound "after" one); each probe that is not linearizable
+    says by which event already, each that is gives the order."""
+    events = sorted((op.completed, j) for j, op in enumerate(ops) if op.completed is not None)
+    orders: dict[int, list[Op]] = {-1: []}
+    lo, hi = -1, len(events) - 1  # cut(lo) is linearizable, cut(hi) is not
+
+    def learn(p: int, found: list[tuple[str, tuple]]) -> None:
+        nonlocal lo, hi
+        if not found:
+            lo = max(lo, p)
+            return
+        hi = min(hi, p)
+        for kind, event in found:
+            at = bisect.bisect_left(events, event)
+            if kind == "by":
+                hi = min(hi, at)
+            else:
+                lo = max(lo, at - 1)
+
+    learn(len(events) - 1, bounds)
+    step = 1
+    try:
+        while hi - lo > 1:
+            probe = max(lo + 1, hi - step) if step < hi - lo else (lo + hi) // 2
+            cut = _cut(ops, events[probe])
+            ok, order, found, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline,
+                                          zones_first=True)
+            if ok:
+                orders[probe] = [cut[j] for j in order]
+            before = hi
+            learn(probe, found)
+            step = 1 if hi < probe else step * 2  # the evidence moved: look right next to it first
+        if lo not in orders:
+            cut = _cut(ops, events[lo])
+            ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
+            orders[lo] = [cut[j] for j in order] if ok else []
+    except (SweepStopped, _Rejected):
+        pass  # not narrowed further: the op at `hi` is one whose cut is not linearizable
+    return Verdict(False, 0, keys, [op.id for op in orders.get(lo, [])], ops[events[hi][1]].id)
 
 
 @attrs.define
 class Simplified:
     """A part after `simplify`: `ops` (some evolved), each one's effective return time (+inf: may or may not take
-    effect), `classes` of interchangeable optional writes for the search, `unique`: every put has its own value and no optional write is left;
-    `bad`: an op already known to be unplaceable, with the time its completion is known (a get of a value no put
-    wrote)."""
+    effect), `classes` of interchangeable optional writes for the search, and each op's register view."""
 
     ops: list[Op]
     returns: list[float]
     classes: list[int]
-    unique: bool
     views: list[tuple[str, Any]]
-    bad: tuple[int, float] | None = None
 
     def reads(self) -> list[bool]:
         return [v[0] != "write" for v in self.views]
@@ -97,23 +243,17 @@ def simplify(ops: Sequence[Op], view: Any) -> Simplified | None:
     unseen = _UNSEEN
     while unseen in readers or unseen in writers:
         unseen += b"'"
-    out_ops, out_ret, out_views, optional = [], [], [], 0
+    out_ops, out_ret, out_views = [], [], []
     for i in keep:
         op, (kind, value) = ops[i], views[i]
         if kind == "write" and value is not None and ret[i] == INF and value not in readers:
             if latest_any < op.invoked:
                 continue  # an unobserved put nobody could follow
             op, value = attrs.evolve(op, value=unseen), unseen
-        optional += kind == "write" and ret[i] == INF
         out_ops.append(op)
         out_ret.append(ret[i])
         out_views.append((kind, value))
-    classes = _classes(out_ret, out_views)
-    bad = None
-    for j, (kind, value) in enumerate(out_views):
-        if kind == "read" and value is not None and value not in writers and (bad is None or out_ops[j].completed < bad[1]):
-            bad = (j, out_ops[j].completed)
-    return Simplified(out_ops, out_ret, classes, unique and not optional, out_views, bad)
+    return Simplified(out_ops, out_ret, _classes(out_ret, out_views), out_views)
 
 
 def _classes(returns: list[float], views: list[tuple[str, Any]]) -> list[int]:
@@ -166,150 +306,3 @@ class _Candidates:
 def _always_present(op: Op, excl: _Exclusion, deletes: _Candidates) -> bool:
     m = excl.latest_call_before(op.invoked)
     return m > -INF and not deletes.of(op.invoked, op.completed, m, 1)
-
-
-def zones(s: Simplified) -> tuple[str, Any]:
-    """("linearizable", blocks in a linearization order) | ("violation", time its evidence is complete) |
-    ("search", None) when the zones do not apply (see the module doc). Blocks: [write index or -1, reads...]."""
-    if not s.unique:
-        return "search", None
-    ops, rets, views = s.ops, s.returns, s.views
-    if s.bad is not None:
-        return "violation", s.bad[1]
-    writes = [j for j, v in enumerate(views) if v[0] == "write"]
-    excl = _Exclusion([(ops[j].invoked, rets[j]) for j in writes])
-    dels = _Candidates([(ops[j].invoked, rets[j], j) for j in writes if views[j][1] is None])
-    puts = _Candidates([(ops[j].invoked, rets[j], j) for j in writes if views[j][1] is not None])
-    writer = {views[j][1]: j for j in writes if views[j][1] is not None}
-    block_of: dict[int, list[int]] = {j: [] for j in writes}
-    block_of[-1] = []
-    for j, (kind, value) in enumerate(views):
-        if kind == "write":
-            continue
-        op = ops[j]
-        if kind == "read" and value is not None:
-            w = writer[value]
-        else:
-            m = excl.latest_call_before(op.invoked)
-            cands = (dels if kind == "read" else puts).of(op.invoked, op.completed, m)
-            if kind == "read" and m == -INF:
-                cands.append(-1)
-            if len(cands) > 1:
-                return "search", None
-            if not cands:
-                return "violation", op.completed
-            w = cands[0]
-        if w >= 0 and op.completed < ops[w].invoked:
-            return "violation", op.completed  # the read returned before its write was called
-        block_of[w].append(j)
-    blocks = list(block_of.items())
-    F = [min([-INF if w < 0 else rets[w]] + [ops[r].completed for r in rs]) for w, rs in blocks]
-    S = [max([-INF if w < 0 else ops[w].invoked] + [ops[r].invoked for r in rs]) for w, rs in blocks]
-    pair = _two_cycle(F, S)
-    if pair is not None:
-        a, b = pair
-        evidence = [rets[w] if w >= 0 else -INF for w in (blocks[a][0], blocks[b][0])]
-        evidence += [ops[r].completed for x in (a, b) for r in blocks[x][1]]
-        return "violation", max(evidence)
-    order = sorted(range(len(blocks)), key=lambda x: (min(F[x], S[x]), 0 if S[x] <= F[x] else 1))
-    return "linearizable", [[blocks[x][0]] + sorted(blocks[x][1], key=lambda r: ops[r].completed) for x in order]
-
-
-def _two_cycle(F: list[float], S: list[float]) -> tuple[int, int] | None:
-    """Two blocks a != b with F(a) < S(b) and F(b) < S(a), or None. A cycle B0 -> B1 -> ... -> B0 has a
-    two-cycle: let m be its block with the least F and p its predecessor (F(p) < S(m)); if S(p) > F(p) >= F(m),
-    then m, p is one; else S(p) <= F(p) and p's own predecessor q has F(q) < S(p) <= F(p) < S(m): drop p."""
-    order = sorted(range(len(F)), key=F.__getitem__)
-    fs = [F[x] for x in order]
-    top1: list[tuple[float, int]] = []  # per prefix of `order`: the greatest S and the second greatest
-    top2: list[tuple[float, int]] = []
-    best, second = (-INF, -1), (-INF, -1)
-    for x in order:
-        cand = (S[x], x)
-        if cand > best:
-            best, second = cand, best
-        elif cand > second:
-            second = cand
-        top1.append(best)
-        top2.append(second)
-    for b in range(len(F)):
-        k = bisect.bisect_left(fs, S[b])  # the blocks with F < S(b)
-        if not k:
-            continue
-        s_a, a = top1[k - 1]
-        if a == b:
-            s_a, a = top2[k - 1]
-        if a >= 0 and s_a > F[b]:
-            return a, b
-    return None
-
-
-def _quick(keys: tuple[str, ...], ops: Sequence[Op], model: Model, witness: bool) -> Verdict | None:
-    """Decide `ops` (a cut of the part) by the zones or a small search; None when neither can."""
-    s = simplify(ops, model.register_view)
-    kind, data = zones(s) if s is not None else ("search", None)
-    if kind == "violation":
-        return Verdict(False, 0, keys)
-    if kind == "linearizable":
-        return Verdict(True, 0, keys, [s.ops[j].id for blk in data for j in blk if j >= 0] if witness else [])
-    part = s.ops if s is not None else list(ops)
-    try:
-        return search_part(keys, part, model, max_states=_EXPLAIN_STATES, classes=s and s.classes,
-                           returns=s and s.returns, reads=s and s.reads(), witness=witness)
-    except SearchStopped:
-        return None
-
-
-def _cut(ops: Sequence[Op], t: float) -> list[Op]:
-    """The history as it stood at time t: ops called by then, those that had not returned unanswered."""
-    return [op if op.completed is not None and op.completed <= t else attrs.evolve(op, completed=None, completions=0)
-            for op in ops if op.invoked <= t]
-
-
-def explain(keys: tuple[str, ...], ops: Sequence[Op], model: Model, evidence: float) -> Verdict:
-    """The violation's verdict: the op whose return first makes a cut non-linearizable, and a linearization of
-    the cut just before it (searched back from `evidence`, a return time whose cut is not linearizable)."""
-    times = sorted({op.completed for op in ops if op.completed is not None and op.completed <= evidence})
-    hi = len(times) - 1  # cut(times[hi]) is not linearizable
-    lo = -1  # cut(times[lo]) is linearizable (-1: the empty cut)
-    if hi > 0:
-        v = _quick(keys, _cut(ops, times[hi - 1]), model, False)
-        lo = hi - 1 if v is not None and v.linearizable else -1
-        if v is not None and not v.linearizable:
-            hi -= 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        v = _quick(keys, _cut(ops, times[mid]), model, False)
-        if v is None:
-            break
-        lo, hi = (mid, hi) if v.linearizable else (lo, mid)
-    at = times[hi] if times else evidence
-    done = sorted((op for op in ops if op.completed == at), key=lambda op: (op.path in ("put", "delete"), op.id))
-    bad = done[0] if done else None
-    if len(done) > 1:  # several returned then: the one whose answer, left out, leaves the cut linearizable
-        cut = _cut(ops, at)
-        for cand in done:
-            v = _quick(keys, [op for op in cut if op.id != cand.id or op.path != cand.path], model, False)
-            if v is not None and v.linearizable:
-                bad = cand
-                break
-    prefix: list[int] = []
-    if lo >= 0:
-        v = _quick(keys, _cut(ops, times[lo]), model, True)
-        prefix = v.prefix if v is not None and v.linearizable else []
-    return Verdict(False, 0, keys, prefix, None if bad is None else bad.id)
-
-
-def decide_register(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, max_states: int,
-                    deadline: float | None) -> tuple[Verdict, str]:
-    """Decide one key's part: by the zones when they apply, else by the search on the simplified part."""
-    s = simplify(ops, model.register_view)
-    if s is None:
-        return search_part(keys, list(ops), model, max_states=max_states, deadline=deadline), "search"
-    kind, data = zones(s)
-    if kind == "linearizable":
-        return Verdict(True, 0, keys), "register"
-    if kind == "violation":
-        return explain(keys, ops, model, data), "register"
-    return search_part(keys, s.ops, model, max_states=max_states, deadline=deadline, classes=s.classes,
-                       returns=s.returns, reads=s.reads()), "search"

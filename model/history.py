@@ -180,19 +180,21 @@ class KVModel:
         callers drop such reads first (they constrain nothing)."""
         if len(op.keys) != 1:
             return None
-        if op.path == "put":
-            return ("write", bytes(op.value) if op.value is not None else b"")
-        if op.path == "delete":
-            return ("write", None)
-        if op.path == "contains":
-            if op.result == True:  # noqa: E712 -- as `step` compares: 1 is True there too
-                return (READ_ANY, None)
-            return ("read", None) if op.result == False else ("read", ("$malformed", repr(op.result)))  # noqa: E712
-        if op.path in ("get", "get_async", "get_sync"):
+        path = op.path
+        if path == "put":
+            v = op.value
+            return ("write", v if type(v) is bytes else b"" if v is None else bytes(v))
+        if path in _GETS:
             res = op.result
-            if res is None or isinstance(res, (bytes, bytearray)):
-                return ("read", None if res is None else bytes(res))
-            return ("read", ("$malformed", repr(res)))
+            if res is None or type(res) is bytes:
+                return ("read", res)
+            return ("read", bytes(res)) if isinstance(res, bytearray) else ("read", ("$malformed", repr(res)))
+        if path == "delete":
+            return _DELETE_VIEW
+        if path == "contains":
+            if op.result == True:  # noqa: E712 -- as `step` compares: 1 is True there too
+                return _ANY_VIEW
+            return ("read", None) if op.result == False else ("read", ("$malformed", repr(op.result)))  # noqa: E712
         return None
 
     def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
@@ -237,6 +239,9 @@ def wrong_key(keys: Sequence[str], got: Any, expected: Any, held: Mapping[str, I
 
 #: What `KVModel.register_view` answers for a read that only says the key holds some value (`contains` True).
 READ_ANY = "read-any"
+_GETS = frozenset(("get", "get_async", "get_sync"))
+_DELETE_VIEW = ("write", None)
+_ANY_VIEW = (READ_ANY, None)
 
 
 def _describe_value(v: Any) -> str:
@@ -317,7 +322,8 @@ def split_per_key(ops: Sequence[Op]) -> list[Op]:
             if 0 <= hits < len(op.keys):
                 parts.append(("contains", op.keys[hits], False))
         for path, key, result in parts:
-            out.append(attrs.evolve(op, path=path, keys=(key,), result=result))
+            out.append(Op(op.id, op.caller, path, (key,), op.value, op.invoked, op.completed, result, op.error,
+                          op.completions))
     return out
 
 
@@ -335,7 +341,7 @@ def _kv_step(keys: tuple[str, ...], state: tuple, op: Op) -> tuple[bool, tuple]:
             return True, (bytes(op.value),)
         if path == "delete":
             return True, (None,)
-        if op.pending or op.error is not None:
+        if op.completed is None or op.error is not None:  # (op.pending, without the property call)
             return True, state
         if path == "contains":
             return (state[0] is not None) == op.result, state

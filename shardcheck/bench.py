@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 __all__ = ["TARGETS", "run_bench", "format_bench", "histories_command"]
 
-TARGETS = {"explorer.states_per_s": 150_000, "hypothesis.protocol_steps_per_s": 5_000,
-           "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0,
-           "concurrency.checker_10k_s": 1.0, "concurrency.checker_100k_s": 1.0,
+TARGETS = {"explorer.states_per_s": 500_000, "hypothesis.protocol_steps_per_s": 5_000,
+           "hypothesis.protocol_of_ceiling": 0.6, "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0,
+           "concurrency.checker_10k_s": 1.0, "concurrency.checker_100k_s": 1.0, "concurrency.checker_1m_s": 10.0,
            "concurrency.driver_ops_per_s": 2_000}
 
 
@@ -28,8 +28,8 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     results = proofs.run_all(seeds=10)
     z3 = {"max_theorem_s": max(r["seconds"] for r in results), "theorems": len(results),
           "wall_s": round(time.monotonic() - t, 3)}
-    say("concurrency: the linearizability checker on 10,000- and 100,000-op histories, the driver on the in-memory "
-        "client ...")
+    say("concurrency: the linearizability checker on 10,000-, 100,000- and 1,000,000-op histories, the driver on "
+        "the in-memory client ...")
     from engines.concurrency_bench import bench as concurrency_bench
     concurrency = concurrency_bench(min(seconds, 2.0))
     say("scale: the explorer at N=8, K=16, 1 fault on 1 and 2 worker processes ...")
@@ -44,12 +44,15 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
 def format_bench(r: dict[str, Any]) -> str:
     rows = [("explorer.states_per_s", r["explorer"]["states_per_s"]),
             ("hypothesis.protocol_steps_per_s", r["hypothesis"]["protocol_steps_per_s"]),
+            ("hypothesis.protocol_of_ceiling", r["hypothesis"].get("protocol_of_ceiling", 0.0)),
             ("hypothesis.store_steps_per_s", r["hypothesis"]["store_steps_per_s"]),
             ("z3.max_theorem_s", r["z3"]["max_theorem_s"])]
     if "concurrency" in r:
         rows += [("concurrency.checker_10k_s", r["concurrency"]["checker_10k_s"]),
-                 ("concurrency.checker_100k_s", r["concurrency"]["checker_100k_s"]),
-                 ("concurrency.driver_ops_per_s", r["concurrency"]["driver_ops_per_s"])]
+                 ("concurrency.checker_100k_s", r["concurrency"]["checker_100k_s"])]
+        if r["concurrency"].get("checker_1m_s") is not None:
+            rows.append(("concurrency.checker_1m_s", r["concurrency"]["checker_1m_s"]))
+        rows.append(("concurrency.driver_ops_per_s", r["concurrency"]["driver_ops_per_s"]))
     rows += [(f"real.{k}", r["real"][k]) for k in ("processes_case_s", "tier_s")] if "real" in r else []
     out = [f"{'figure':<34} {'measured':>12} {'target':>10}  met"]
     from shardcheck.bench_real import TARGETS as REAL
@@ -57,7 +60,11 @@ def format_bench(r: dict[str, Any]) -> str:
         target = {**TARGETS, **REAL}[name]
         met = value <= target if name.startswith(("z3", "real", "concurrency.checker_")) else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
-    out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s)")
+    out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s, "
+               f"{r['explorer'].get('cpu_seconds', 0.0):.2f} s of CPU)")
+    if "protocol_ceiling_steps_per_s" in r["hypothesis"]:
+        out.append(f"(hypothesis: the same rules doing nothing run {r['hypothesis']['protocol_ceiling_steps_per_s']:,.0f} "
+                   "steps/s in the same run: the ceiling Hypothesis itself puts on the protocol layer)")
     for name, row in r.get("scale", {}).items():
         if isinstance(row, dict):
             out.append(f"scale.{name}: {row['verdict']}, {row['states']:,} states in {row['seconds']:.2f} s on "

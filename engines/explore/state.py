@@ -119,8 +119,12 @@ class Explorer:
         # per lid: [(cost, packed delta, new lid | Bad, kind)]; kind 0 move, 1 arrive, 2 bad, 3 move after which
         # the rank cannot move (the state may be terminal)
         self.L_fast: list = []
+        # per lid, when every branch of its move is a plain move (kind 0): per fault budget b, the packed deltas of
+        # the branches costing at most b, in branch order (the loop's fast path); False otherwise
+        self.L_plain: list = []
         self.L_evd: list = []  # per lid: packed deltas of its eager evictions
         self.L_sig: list[int] = []  # per lid: the id of the collective signature it waits in (-1: not arrived)
+        self.L_code: list[int] = []  # per lid: its L_sig if arrived, -1 if it can move, -2 otherwise (done, hung)
         self.sig_ids: dict = {}
         self.coll_packed: dict[int, int] = {}  # packed lids (no fc) all arrived -> packed lids after completion
         self.shift = [FB + LB * r for r in range(n)]
@@ -258,9 +262,11 @@ class Explorer:
             self.L_br.append(None)
             self.L_ev.append(None)
             self.L_fast.append(None)
+            self.L_plain.append(None)
             self.L_evd.append(None)
             self.L_sig.append(self.sig_ids.setdefault(collective_signature(node.effect), len(self.sig_ids))
                               if flag == ARRIVED else -1)
+            self.L_code.append(self.L_sig[-1] if flag == ARRIVED else -1 if self.L_run[-1] else -2)
             if got > LMASK:
                 raise ExploreError(f"more than {LMASK} local states of one rank: configuration too big")
         return got
@@ -288,6 +294,9 @@ class Explorer:
                     kind = 1 if label[0] == "arrive" else 0 if self.L_run[nl] else 3
                     out.append((cost, ((nl - lid) << sh) + cost, nl, kind))
             self.L_fast[lid] = out
+            plain = all(b[3] == 0 for b in out)
+            self.L_plain[lid] = plain and tuple(tuple(b[1] for b in out if b[0] <= budget)
+                                                for budget in range(self.maxf + 1))
         return out
 
     def fast_evictions(self, lid: int) -> list:

@@ -1,0 +1,161 @@
+"""The register path's exact sweep (`engines.linearizability_sweep`) against a brute force and against the search,
+on one-key histories where every put writes its own value: deletes (several), misses before any write, `contains`
+both ways, puts and deletes that never completed; and the violation it names."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from engines import linearizability_register, linearizability_sweep
+from engines.linearizability import check
+from engines.linearizability_register import REJECTED, decide_register, linearization_holds
+from model.history import KV_MODEL, Op
+from tests.test_linearizability import _brute_force, op
+
+PATHS = ["put", "put", "delete", "delete", "get", "get", "contains", "contains"]
+
+
+def _history(draw, n_max: int, span: int, lie: float) -> list[Op]:
+    """A one-key history with unique put values. Half the time the reads answer as some linearization says (each
+    op at a random instant of its interval, a pending write taking effect or not) and then one answer in about
+    1/lie is flipped; otherwise every answer is drawn at random."""
+    n = draw(st.integers(1, n_max))
+    ops = []
+    for i in range(n):
+        path = draw(st.sampled_from(PATHS))
+        inv = draw(st.integers(0, span))
+        pending = draw(st.integers(0, 6)) == 0
+        ret = None if pending else inv + draw(st.integers(0, 4))
+        ops.append(op(i, f"c{i}", path, "k", inv, ret, value=f"v{i}".encode() if path == "put" else None))
+    values = [o.value for o in ops if o.path == "put"]
+    if draw(st.booleans()):
+        at = {o.id: draw(st.floats(o.invoked, (o.completed if o.completed is not None else o.invoked + 10)))
+              for o in ops}
+        happens = {o.id: not (o.pending and draw(st.booleans())) for o in ops}
+        state = None
+        for o in sorted(ops, key=lambda o: at[o.id]):
+            if o.path == "put" and happens[o.id]:
+                state = o.value
+            elif o.path == "delete" and happens[o.id]:
+                state = None
+            elif o.path == "get":
+                o.result = state
+            elif o.path == "contains":
+                o.result = state is not None
+        for o in ops:
+            if o.path in ("get", "contains") and draw(st.integers(0, lie)) == 0:
+                o.result = draw(st.sampled_from([None, *values])) if o.path == "get" else not o.result
+    else:
+        for o in ops:
+            if o.path == "get":
+                o.result = draw(st.sampled_from([None, None, *values]))
+            elif o.path == "contains":
+                o.result = draw(st.booleans())
+    return ops
+
+
+def _cut_before(ops: list[Op], bad: int) -> tuple[list[Op], list[Op]]:
+    """The history cut at the return of op `bad` and just before it (as the register path cuts)."""
+    events = sorted((o.completed, j) for j, o in enumerate(ops) if o.completed is not None)
+    at = next(k for k, (_, j) in enumerate(events) if ops[j].id == bad)
+    cut = linearizability_register._cut
+    return cut(ops, events[at]), (cut(ops, events[at - 1]) if at else [])
+
+
+def _assert_explained(ops: list[Op], verdict) -> None:
+    """The op named is the first whose return makes the cut non-linearizable; the prefix linearizes the cut before."""
+    at_bad, before = _cut_before(ops, verdict.unplaceable)
+    assert check(at_bad, fast=False).linearizable is False
+    assert check(before, fast=False).linearizable is True
+    index = {o.id: j for j, o in enumerate(before)}
+    assert linearization_holds(("k",), before, [index[i] for i in verdict.prefix], KV_MODEL)
+
+
+def _sweep(ops: list[Op]):
+    """The register path's own verdict on a one-key history (whatever `check` would take first)."""
+    v, method = decide_register(("k",), ops, KV_MODEL, max_states=1_000_000, deadline=None)
+    assert method == "register"
+    return v
+
+
+def test_sweep_agrees_with_a_brute_force():
+    """Small unique-value histories: the sweep (never the search) gives the brute force's verdict, and so does
+    `check` (which first tries to replay the ops in the order of their midpoints)."""
+    @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(st.data())
+    def run(data):
+        ops = _history(data.draw, 7, 8, 3)
+        want = _brute_force(ops)
+        assert _sweep(ops).linearizable is want
+        v = check(ops)
+        assert v.linearizable is want and set(v.methods) <= {"register", "replay"}
+
+    run()
+
+
+def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
+    """Larger unique-value histories (up to 16 ops, much overlap): the sweep gives the search's verdict, and a
+    violation names the op at whose return the cut first stops being linearizable, with a linearization of the
+    cut before it."""
+    @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(st.data())
+    def run(data):
+        ops = _history(data.draw, 16, 20, 8)
+        want = check(ops, fast=False, max_states=1_000_000).linearizable
+        v = _sweep(ops)
+        assert v.linearizable is want and check(ops).linearizable is want
+        if want is False:
+            _assert_explained(ops, v)
+
+    run()
+
+
+def test_ambiguous_misses_and_contains_are_decided_without_search():
+    """Reads of a miss that two deletes (or the initial miss) could explain, and contains-true reads that two
+    puts could: the sweep decides, both ways."""
+    h = [op(0, "a", "get", "k", 0, 3, None), op(1, "b", "put", "k", 1, 2, value=b"x"), op(2, "c", "delete", "k", 1, 4),
+         op(3, "d", "delete", "k", 3, 6), op(4, "a", "get", "k", 5, 7, None), op(5, "b", "put", "k", 5, 8, value=b"y"),
+         op(6, "c", "contains", "k", 6, 9, True), op(7, "d", "contains", "k", 9, 10, True)]
+    assert _sweep(h).linearizable is True and check(h).linearizable is True
+    h.append(op(8, "a", "get", "k", 11, 12, None))  # y completed at 8 and nothing deleted it since
+    v = _sweep(h)
+    assert v.linearizable is False and v.unplaceable == 8 and check(h).unplaceable == 8
+    _assert_explained(h, v)
+
+
+def test_pending_writes_explain_reads_only_when_they_can():
+    """A delete that never completed explains a later miss; a put that never completed explains a contains-true;
+    neither can explain a read that returned before it was called."""
+    h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "delete", "k", 2, None),
+         op(2, "c", "get", "k", 3, 4, None), op(3, "b", "put", "k", 5, None, value=b"y"),
+         op(4, "c", "contains", "k", 6, 7, True)]
+    assert check(h).linearizable is True
+    h[1].invoked = 3.5  # called while the miss was in flight: it may still go first
+    assert check(h).linearizable is True
+    h[1].invoked = 4.5  # called after the miss returned: nothing deleted x before it
+    v = check(h)
+    assert v.linearizable is False and v.unplaceable == 2
+
+
+def test_a_rejected_path_goes_to_the_search_and_says_so(monkeypatch):
+    """If the sweep's path ever failed its check against the model, the search decides and the verdict's
+    methods say the path was rejected (never a silent "linearizable")."""
+    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]  # (no midpoint replay)
+    monkeypatch.setattr(linearizability_sweep, "witness", lambda inst, chosen: [1, 0])
+    monkeypatch.setattr(linearizability_register, "witness", linearizability_sweep.witness)
+    v = check(h)
+    assert v.linearizable is True and v.methods == {REJECTED: 1}
+
+
+def test_a_replay_in_midpoint_order_that_the_model_accepts_decides():
+    """Ops replayed in the order of their midpoints keep real time; when the model accepts them so, that is a
+    linearization (even with ops overlapping); when it does not, the register path decides and names the op."""
+    h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x"),
+         op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 4.5, 7, False)]
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"replay": 1}
+    h[3].result = True  # possible (it may go before the delete), but not in midpoint order
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"register": 1}
+    h[3].invoked = 6  # after the delete returned: a violation
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
