@@ -1,0 +1,10 @@
+"""LMCache's own lookup-and-load path as the thing under test (`--engine lmcache`, `--engine lmcache-patched`).
+
+- `deployment`: `LMCacheDeployment`, N real `LMCacheEngine` ranks per model on real Valkey, the real lookup servers
+  and the scheduler's real sync or async lookup client (`model.contract.EngineDeployment`);
+- `connector`: the CPU connector that copies real KV bytes;
+- `faults`: pause, resume, kill and restart a rank's Valkey server;
+- `zmq_paths`: LMCache's socket files in a private directory, removed after every case.
+
+Importing this package imports neither torch nor LMCache; building a deployment does.
+"""
