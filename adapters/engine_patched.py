@@ -62,6 +62,20 @@ def _engine_class() -> type:
         transport: Any = None  # the rank's sync lookup server transport (E4), set by apply_fixes
         lookup_timeout: float = 3.0
 
+        def _setup(self) -> None:
+            self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
+            self._released_early: set[str] = set()
+            sm, engine = self.storage_manager, self
+            original = sm.async_lookup_and_prefetch
+
+            async def tracked(lookup_id: str, *args: Any, **kwargs: Any) -> None:
+                try:
+                    return await original(lookup_id, *args, **kwargs)
+                finally:
+                    engine._prefetched(lookup_id)
+
+            sm.async_lookup_and_prefetch = tracked
+
         def _async_process_tokens_internal(self, tokens: Any, mask: Any, ret_mask: Any, **kwargs: Any) -> Any:
             req_id = kwargs.get("req_id")
             prefetched: list = []
@@ -81,14 +95,29 @@ def _engine_class() -> type:
             return chunks, size
 
         def _release_when_done(self, lookup_id: str) -> bool:
-            """E2: a prefetch still running is released when it completes; True when one was deferred."""
+            """E2: a prefetch not yet started or still running is released when it completes; True when deferred."""
+            if self._pending.get(lookup_id):
+                self._released_early.add(lookup_id)
             with self.event_manager.lock:
                 future = self.event_manager.events[EventType.LOADING][EventStatus.ONGOING].get(lookup_id)
             if future is None:
-                return False
+                return lookup_id in self._released_early
             loop = self.storage_manager.loop
             future.add_done_callback(lambda _f: loop.call_soon(LMCacheEngine.cleanup_memory_objs, self, lookup_id))
             return True
+
+        def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
+            self._pending[lookup_id] = self._pending.get(lookup_id, 0) + 1  # E2: from the moment it is scheduled
+            super().async_lookup_and_prefetch(lookup_id, *args, **kwargs)
+
+        def _prefetched(self, lookup_id: str) -> None:
+            """E2: the storage manager's prefetch of `lookup_id` has registered its event (or found nothing)."""
+            self._pending[lookup_id] = self._pending.get(lookup_id, 1) - 1
+            if not self._pending[lookup_id]:
+                del self._pending[lookup_id]
+            if lookup_id in self._released_early and not self._pending.get(lookup_id):
+                self._released_early.discard(lookup_id)
+                self.cleanup_memory_objs(lookup_id)
 
         def cleanup_memory_objs(self, lookup_id: str) -> None:
             if not self._release_when_done(lookup_id):
@@ -177,16 +206,25 @@ def _async_client_class() -> type:
 
         def lookup_cache(self, lookup_id: str) -> Any:
             with self.lock:
-                in_flight = self.reqs_status.get(lookup_id, -1) is None
+                status = self.reqs_status.get(lookup_id, -1)
                 started = self.first_lookup_time.get(lookup_id)
-            if in_flight and started is not None and (time.time() - started) * 1000 > self.config.lookup_timeout_ms:
-                with self.lock:  # give up on it: its missing answers are owed, the 0 answered is kept
-                    got = self._answers.pop(lookup_id, {})
-                    self._owed[lookup_id] = {r for r in range(self.world_size) if r not in got}
-                    self.reqs_status[lookup_id] = 0
-                    self.first_lookup_time.pop(lookup_id, None)
-                return 0
-            return super().lookup_cache(lookup_id)
+            if status is not None or started is None:
+                return super().lookup_cache(lookup_id)  # an answer, or no lookup yet (stock starts one)
+            self._cleanup_finished_aborted_lookups()
+            time.sleep(self.lookup_backoff_time)
+            with self.lock:
+                if self.reqs_status.get(lookup_id, -1) is not None:
+                    return self.reqs_status.get(lookup_id, -1)
+                if (time.time() - started) * 1000 <= self.config.lookup_timeout_ms:
+                    return None
+                # give up on it: its missing answers are owed (dropped when they come), the 0 answered is kept,
+                # and the workers are told to release its prefetch once it is done (stock's cleanup message)
+                got = self._answers.pop(lookup_id, {})
+                self._owed[lookup_id] = {r for r in range(self.world_size) if r not in got}
+                self.reqs_status[lookup_id] = 0
+                self.first_lookup_time.pop(lookup_id, None)
+                self.cancel_lookup(lookup_id)
+            return 0
 
         def process_responses_from_workers(self) -> None:
             while self.running:
@@ -247,6 +285,7 @@ def apply_fixes(deployment: LMCacheDeployment) -> LMCacheDeployment:
         for rank in ranks:
             engine = rank.engine
             engine.__class__ = _engine_class()
+            engine._setup()
             engine.lookup_timeout = deployment.lookup_timeout
             if deployment.lookup_mode == "sync" and rank.server is not None:
                 rank.server.transport.__class__ = _router_class()

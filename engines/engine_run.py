@@ -44,7 +44,7 @@ class Bounds:
     lookup_margin: float = 2.0
     store: float = 5.0
     retrieve: float = 5.0
-    close: float = 3.0
+    close: float = 2.0
     settle: float = 0.3
 
 
@@ -66,6 +66,7 @@ class _Request:
     answer_epoch: int = 0
     cached: int | None = None
     ended: bool = False
+    retrieved: bool = False
 
 
 @attrs.define
@@ -141,7 +142,7 @@ class EngineRun:
             for local, remote in observations:
                 seen.append([local[c] or bool(remote and remote[c]) for c in range(len(keys))])
             unknown = any(remote is None for _, remote in observations)
-            written = [bool(self.ledger.identities(r, k)) for k in keys]
+            written = [self.ledger.maybe_remote(r, k) for k in keys]
             hi_any = [a or b or (unknown and w) for a, b, w in zip(seen[0], seen[1], written)]
             lo = [a and b for a, b in zip(*seen)]
             own = [identities[c] in self.ledger.identities(r, k) for c, k in enumerate(keys)]
@@ -184,11 +185,17 @@ class EngineRun:
         req = self._engine_request(prompt, f"evict-{prompt.name}")
         self._call(f"rank {step.rank}: evict({prompt.name} chunk {step.chunk}, {step.tier})", self.bounds.call,
                    self.dep.evict, prompt.deployment, step.rank, req, step.chunk, step.tier)
+        if step.tier != "local" and self.dep.reachable(step.rank):
+            keys = self._call(f"chunk_keys(rank {step.rank})", self.bounds.call, self.dep.chunk_keys,
+                              prompt.deployment, step.rank, req)
+            self.ledger.evicted_remote(step.rank, keys[step.chunk])
         self.epoch += 1
         self._event(step)
 
     def _fault(self, step: Step) -> None:
         self._call(f"{step.action} rank {step.rank}'s server", self.bounds.store, self.dep.fault, step.rank, step.action)
+        if step.action in ("kill", "restart"):
+            self.ledger.server_lost(step.rank)
         self.epoch += 1
         self._event(step)
 
@@ -197,44 +204,51 @@ class EngineRun:
         req = self.requests.get(step.request)
         if req is None or req.ended:
             req = self.requests[step.request] = _Request(prompt, self._engine_request(prompt, step.request))
-        d = prompt.deployment
         if not req.in_flight:
             req.before = self._observe(req)
-            req.issued_epoch, req.issued_at = self.epoch, time.monotonic()
-            got = self._call(f"lookup_cache({step.request})", self.bounds.call, self.dep.lookup_cache, d, req.engine)
-            req.fresh = got == -1
-            if req.fresh:
-                got = self._call(f"lookup({step.request})", self.dep.lookup_timeout + self.bounds.lookup_margin,
-                                 self.dep.lookup, d, req.engine)
+            req.issued_epoch, req.issued_at, req.fresh = self.epoch, time.monotonic(), False
             req.in_flight = True
-            if got is not None:
-                self._answered(step, req, got)
-                return
         if step.wait:
             self._poll_until_answer(step, req)
+            return
+        got = self._matched(req)
+        if got is not None:
+            self._answered(step, req, got)
         else:
             self._event(step, answer=None, in_flight=True)
 
+    def _matched(self, req: _Request) -> int | None:
+        """One `get_num_new_matched_tokens` of vLLM's scheduler: the cached status, or (on -1) a lookup."""
+        d = req.prompt.deployment
+        got = self._call(f"lookup_cache({req.engine.id})", self.bounds.call, self.dep.lookup_cache, d, req.engine)
+        if got == -1:
+            req.fresh = True
+            got = self._call(f"lookup({req.engine.id})", self.dep.lookup_timeout + self.bounds.lookup_margin,
+                             self.dep.lookup, d, req.engine)
+        return got
+
     def _poll(self, step: Step) -> None:
         req = self.requests[step.request]
-        if req.in_flight:
+        if req.ended:  # vLLM asks nothing more about a finished request
+            self._event(step, skipped="the request ended")
+        elif req.in_flight:
             self._poll_until_answer(step, req)
         else:  # vLLM asks again for a request it has not scheduled yet
-            got = self._call(f"lookup_cache({step.request})", self.bounds.call, self.dep.lookup_cache,
-                             req.prompt.deployment, req.engine)
+            got = self._matched(req)
             self._event(step, answer=got)
 
     def _poll_until_answer(self, step: Step | None, req: _Request) -> None:
-        deadline = req.issued_at + self.dep.lookup_timeout + self.bounds.lookup_margin
+        """vLLM's scheduler asks again at every step until the lookup answers (each ask bounded, the whole within
+        the engine's lookup timeout plus a margin)."""
+        limit = self.dep.lookup_timeout + self.bounds.lookup_margin
         while True:
-            got = self._call(f"lookup_cache({req.engine.id})", self.bounds.call, self.dep.lookup_cache,
-                             req.prompt.deployment, req.engine)
-            if got is not None and got != -1:
+            got = self._matched(req)
+            if got is not None:
                 self._answered(step, req, got)
                 return
-            if time.monotonic() > deadline:
-                self._returns(f"the lookup of {req.engine.id}", f"had no answer {self.dep.lookup_timeout + self.bounds.lookup_margin:g} s "
-                              "after it was issued (lookup_cache kept answering 'in flight')")
+            if time.monotonic() > req.issued_at + limit:
+                self._returns(f"the lookup of {req.engine.id}", f"had no answer {limit:g} s after it was issued "
+                              "(lookup_cache kept answering 'in flight')")
             time.sleep(0.001)
 
     def _answered(self, step: Step | None, req: _Request, got: Any) -> None:
@@ -252,7 +266,7 @@ class EngineRun:
             found = check_lookup(got, views, self.dep.chunk_size, failed=failed if req.fresh else "the answer came "
                                  "from lookup_cache", request=req.engine.id, prompt=req.prompt.name)
         self.violations.extend(found)
-        req.answer, req.answer_epoch = got, self.epoch
+        req.answer, req.answer_epoch, req.retrieved = got, self.epoch, False
         scheduled = step is None or step.scheduled
         if scheduled:
             self._call(f"clear_lookup_status({req.engine.id})", self.bounds.call, self.dep.clear_lookup_status,
@@ -263,9 +277,12 @@ class EngineRun:
 
     def _retrieve(self, step: Step) -> None:
         req = self.requests[step.request]
-        if req.in_flight or not isinstance(req.answer, int) or req.answer <= 0:
-            self._event(step, skipped="no planned tokens (vLLM loads nothing)")
+        if req.ended or req.retrieved or req.in_flight or not isinstance(req.answer, int) or req.answer <= 0:
+            why = ("the request ended" if req.ended else "loaded already (vLLM loads a request once per lookup)"
+                   if req.retrieved else "no planned tokens (vLLM loads nothing)")
+            self._event(step, skipped=why)
             return
+        req.retrieved = True
         d, planned = req.prompt.deployment, req.answer // self.dep.chunk_size
         disturbed = ("a fault or an eviction since the lookup" if self.epoch != req.answer_epoch else
                      "" if all(self.dep.reachable(r) for r in range(self.dep.n_ranks)) else "a server is down")
@@ -293,8 +310,6 @@ class EngineRun:
         req.ended = True
         if step is not None:
             self._event(step)
-        if all(q.ended for q in self.requests.values()) and all(self.dep.reachable(r) for r in range(self.dep.n_ranks)):
-            self._check_pins("once every request had ended")
 
     def _check_pins(self, when: str) -> None:
         for d in range(self.dep.deployments):
@@ -322,9 +337,8 @@ class EngineRun:
                         if not self.dep.reachable(r):
                             self._call(f"restore rank {r}'s server", self.bounds.store, self.dep.fault, r,
                                        "restart" if r in getattr(self.dep.faults, "down", ()) else "resume")
-                time.sleep(self.bounds.settle)
-                if not any(v.property == "pins" for v in self.violations):
-                    self._check_pins(f"{self.bounds.settle:g} s after every request had ended and every server was back")
+                time.sleep(self.bounds.settle)  # a prefetch or a late lookup still running releases its pins by then
+                self._check_pins(f"{self.bounds.settle:g} s after every request had ended and every server was back")
             except Stuck:
                 pass
         self._event(None, text="close")
@@ -349,6 +363,8 @@ def run_engine_case(make: Callable[[EngineCase], Any], case: EngineCase, *, boun
     except StoreCallTimeout:
         return EngineOutcome(case, [returns_violation("building the deployment",
                                                       f"did not return within {bounds.store * 4:g} s")], [], 0.0)
+    if hasattr(dep, "close_timeout"):  # (optional member: how long the deployment's close waits for the engine's)
+        dep.close_timeout = bounds.close
     run = EngineRun(dep, case, bounds, salt)
     try:
         for step in case.steps:

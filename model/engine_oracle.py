@@ -47,13 +47,26 @@ class Ledger:
     def __init__(self) -> None:
         self.written: dict[int, dict[str, set[tuple]]] = {}
         self.whose: dict[bytes, str] = {}
+        #: Per rank, the keys its server may hold (written, not evicted from it since, not lost in a restart).
+        self.remote: dict[int, set[str]] = {}
 
     def stored(self, rank: int, keys: Sequence[str], identities: Sequence[tuple], kv: Sequence[bytes],
                prompt: str) -> None:
         keys_of = self.written.setdefault(rank, {})
+        self.remote.setdefault(rank, set()).update(keys)
         for c, (key, identity, data) in enumerate(zip(keys, identities, kv)):
             keys_of.setdefault(key, set()).add(identity)
             self.whose.setdefault(data, f"prompt {prompt} chunk {c} (rank {rank})")
+
+    def evicted_remote(self, rank: int, key: str) -> None:
+        self.remote.get(rank, set()).discard(key)
+
+    def server_lost(self, rank: int) -> None:
+        """The rank's server was killed or restarted: it holds nothing of what was written."""
+        self.remote[rank] = set()
+
+    def maybe_remote(self, rank: int, key: str) -> bool:
+        return key in self.remote.get(rank, set())
 
     def identities(self, rank: int, key: str) -> set[tuple]:
         return self.written.get(rank, {}).get(key, set())

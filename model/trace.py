@@ -1,8 +1,9 @@
 """`Trace`: one run as data, with a versioned JSON round-trip.
 
-Three kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
-`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle) and
-`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate).
+Four kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
+`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle),
+`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate) and `engine`
+(engine steps replayed on a real engine's own lookup-and-load path, `--engine`, with its measured rate).
 A malformed file raises `TraceError` naming the file and the field.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import attrs
 
 from model import effects
+from model.engine_case import CaseError, case_from_json
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
@@ -29,7 +31,7 @@ __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "Tra
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
-KINDS = ("protocol", "store-ops", "concurrent")
+KINDS = ("protocol", "store-ops", "concurrent", "engine")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 64 * 1024 * 1024, 16
@@ -221,6 +223,8 @@ class Trace:
             _validate_protocol(data, path)
         elif data["kind"] == "concurrent":
             _validate_concurrent(data, path)
+        elif data["kind"] == "engine":
+            _validate_engine(data, path)
         else:
             _need(data, "ops", list, path)
             if len(data["ops"]) > MAX_OPS:
@@ -280,6 +284,31 @@ def _validate_concurrent(data: dict, path: Any) -> None:
     if not isinstance(rate, dict) or not all(isinstance(rate.get(f), int) and not isinstance(rate.get(f), bool)
                                              for f in ("k", "n")) or not 0 < rate["k"] <= rate["n"]:
         raise TraceError(path, "config.rate", f"expected {{'k', 'n', 'seeds'}} with 0 < k <= n, got {rate!r}")
+
+
+def _validate_engine(data: dict, path: Any) -> None:
+    """An engine trace: `config.engine` (the engine's name), `config.case` (`model.engine_case`: ranks, lookup
+    mode, models, prompts, steps), `config.rate` `{"k", "n"}`, `config.options` (the factory options) and
+    `config.patches` (the `--engine-patch` functions applied)."""
+    cfg = data["config"]
+    if not isinstance(cfg.get("engine"), str) or not cfg["engine"]:
+        raise TraceError(path, "config.engine", f"expected the engine's name, got {cfg.get('engine')!r}")
+    try:
+        case_from_json(cfg.get("case"))
+    except CaseError as exc:
+        raise TraceError(path, f"config.case.{exc.field}" if exc.field != "case" else "config.case",
+                         str(exc).split(": ", 1)[-1]) from None
+    rate = cfg.get("rate")
+    if not isinstance(rate, dict) or not all(isinstance(rate.get(f), int) and not isinstance(rate.get(f), bool)
+                                             for f in ("k", "n")) or not 0 < rate["k"] <= rate["n"] <= MAX_OPS:
+        raise TraceError(path, "config.rate", f"expected {{'k', 'n'}} with 0 < k <= n, got {rate!r}")
+    if not isinstance(cfg.get("options", {}), dict):
+        raise TraceError(path, "config.options", "expected an object of factory options")
+    patches = cfg.get("patches", [])
+    if not isinstance(patches, list) or not all(isinstance(p, str) and ":" in p for p in patches):
+        raise TraceError(path, "config.patches", "expected a list of MOD:ATTR strings")
+    if not isinstance(data.get("events", []), list):
+        raise TraceError(path, "events", "expected a list")
 
 
 def _validate_protocol(data: dict, path: Any) -> None:

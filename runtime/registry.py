@@ -13,6 +13,11 @@ call bounds itself with the `op_timeout` option), `thread_safe` (may be driven f
 the factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its
 stores say `thread_safe = False`.
 
+- `resolve_engine(spec, patches=()) -> Engine`: a name of `ENGINES` or `MOD:ATTR` naming a factory
+  `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment` (`model.contract`); `patches` are
+  `--engine-patch MOD:ATTR` functions, each called once per process before the first deployment is built.
+  `Engine.deployment(n_ranks, **options)` applies them, calls the factory and validates what it returns.
+
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
 """
@@ -26,10 +31,11 @@ from typing import Any, Callable
 
 import attrs
 
-from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
+from model.contract import DEPLOYMENT_METHODS, PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of"]
+           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of", "Engine", "EngineEntry",
+           "ENGINES", "resolve_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
@@ -136,8 +142,10 @@ def _importable_cwd() -> None:
 def load_attr(spec: str, what: str) -> Any:
     """The object `MOD:ATTR` names (`ATTR` may be dotted)."""
     mod_name, sep, attr = spec.partition(":")
+    if (not sep or not mod_name or not attr) and what == "engine patch":
+        raise ResolveError(f"{what} {spec!r}: expected MOD:ATTR naming a function")
     if not sep or not mod_name or not attr:
-        known = ", ".join(PROTOCOLS if what == "protocol" else CLIENTS)
+        known = ", ".join(PROTOCOLS if what == "protocol" else ENGINES if what == "engine" else CLIENTS)
         raise ResolveError(f"{what} {spec!r}: expected one of {known}, or MOD:ATTR")
     _importable_cwd()
     try:
@@ -218,3 +226,110 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
+
+
+# -- engines ------------------------------------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class EngineEntry:
+    """A named engine: where its factory is and what it can do: `lookups` (the lookup modes it offers) and
+    `options` (the factory options it accepts besides `lookup` and `models`; None: any)."""
+
+    ref: str
+    about: str
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: tuple[str, ...] | None = None
+
+
+#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`).
+ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout")
+
+#: Engine names accepted by `--engine`.
+ENGINES: dict[str, EngineEntry] = {
+    "lmcache": EngineEntry(ref="adapters.lmcache_engine.deployment:stock_factory", options=ENGINE_OPTIONS,
+                           about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
+                                 "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
+    "lmcache-patched": EngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
+                                   about="lmcache with shardcheck's fixes to its lookup-and-load path"),
+}
+_APPLIED_PATCHES: list[str] = []
+
+
+def apply_engine_patches(specs: Any) -> list[str]:
+    """Call every `--engine-patch MOD:ATTR` function (no arguments) once in this process, in order; the specs
+    applied so far. A spec that cannot be loaded or raises is a `ResolveError`."""
+    for spec in specs or ():
+        if spec in _APPLIED_PATCHES:
+            continue
+        fn = load_attr(spec, "engine patch")
+        if not callable(fn):
+            raise ResolveError(f"engine patch {spec!r}: {type(fn).__name__} is not a function")
+        try:
+            fn()
+        except Exception as exc:
+            raise ResolveError(f"engine patch {spec!r} raised {type(exc).__name__}: {exc}") from None
+        _APPLIED_PATCHES.append(spec)
+    return list(_APPLIED_PATCHES)
+
+
+@attrs.frozen(kw_only=True)
+class Engine:
+    """A resolved engine: the name a trace records, its factory, its capabilities and the patches applied first."""
+
+    name: str
+    factory: Callable[..., Any]
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: tuple[str, ...] | None = None
+    patches: tuple[str, ...] = ()
+
+    def accepted(self, options: dict) -> dict:
+        """The subset of `options` this engine's factory accepts."""
+        if self.options is None:
+            return dict(options)
+        return {k: v for k, v in options.items() if k in self.options}
+
+    def deployment(self, n_ranks: int, **options: Any) -> Any:
+        """A fresh deployment (the patches applied first), validated against `model.contract.EngineDeployment`
+        (`ResolveError` otherwise; what was made is closed)."""
+        apply_engine_patches(self.patches)
+        lookup, models = options.pop("lookup", "sync"), options.pop("models", ("m",))
+        made = self.factory(n_ranks, lookup=lookup, models=tuple(models), **self.accepted(options))
+        lacking = missing_members(made, DEPLOYMENT_METHODS)
+        attrs_missing = [a for a in ("n_ranks", "deployments", "chunk_size", "chunk_bytes", "lookup_mode",
+                                     "lookup_timeout") if not hasattr(made, a)]
+        if lacking or attrs_missing:
+            if callable(getattr(made, "close", None)):
+                try:
+                    made.close()
+                except Exception:  # noqa: BLE001 - closing what a broken factory made is best effort
+                    pass
+            raise ResolveError(f"engine {self.name!r}: {type(made).__name__} lacks the EngineDeployment member(s) "
+                               f"{', '.join(lacking + attrs_missing)} (CONTRACT.md, \"Engines\")")
+        return made
+
+
+def resolve_engine(spec: Any, patches: Any = ()) -> Engine:
+    """The engine `spec` names (`lmcache`, `lmcache-patched` or `MOD:ATTR` of a factory); `patches` are checked
+    to be loadable now (they are applied before the first deployment is built)."""
+    if isinstance(spec, Engine):
+        return spec
+    for p in patches or ():
+        if not callable(load_attr(p, "engine patch")):
+            raise ResolveError(f"engine patch {p!r}: not a function")
+    if spec is not None and not isinstance(spec, str):
+        caps = {k: getattr(spec, k) for k in ("lookups", "options") if hasattr(spec, k)}
+        return Engine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
+    if not spec:
+        raise ResolveError(f"engine: expected one of {', '.join(ENGINES)}, or MOD:ATTR")
+    entry = ENGINES.get(spec)
+    if entry is not None:
+        return Engine(name=spec, factory=load_attr(entry.ref, "engine"), lookups=entry.lookups,
+                      options=entry.options, patches=tuple(patches or ()))
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(ENGINES)}, or MOD:ATTR")
+    obj = load_attr(spec, "engine")
+    if not callable(obj):
+        raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
+    caps = {k: tuple(getattr(obj, k)) if k == "lookups" else getattr(obj, k) for k in ("lookups", "options")
+            if hasattr(obj, k)}
+    return Engine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)

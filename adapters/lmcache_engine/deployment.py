@@ -33,7 +33,7 @@ from adapters.lmcache_engine.connector import KV_HIDDEN, KV_LAYERS, bytes_per_to
     connector_class, kv_tensor
 from adapters.lmcache_engine.closing import WAKE_ID, close_all, quiet_loop, unstick, wake
 from adapters.lmcache_engine.faults import ServerFaults
-from adapters.lmcache_engine.zmq_paths import remove_case_sockets, use_private_rpc_dir
+from adapters.lmcache_engine.zmq_paths import own_context, remove_case_sockets, use_private_rpc_dir
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from model.contract import EngineRequest, EngineRetrieve
 
@@ -167,8 +167,9 @@ class LMCacheDeployment:
             if engine.storage_manager is None or "RemoteBackend" not in engine.storage_manager.storage_backends:
                 host, port = self.endpoints[r]
                 raise ConnectionError(f"LMCache rank {r} could not connect to resp://{host}:{port}")
-        self.clients.append(LookupClientFactory.create_lookup_client(self._config(0, lookup_timeout_ms),
-                                                                     self._metadata(d, 0, "scheduler")))
+        with own_context():  # one scheduler per process in production: one ZMQ context per client here
+            self.clients.append(LookupClientFactory.create_lookup_client(self._config(0, lookup_timeout_ms),
+                                                                         self._metadata(d, 0, "scheduler")))
 
     # -- requests as vLLM's integration passes them ------------------------------------------------------------
     def request_configs(self, request: EngineRequest) -> dict | None:

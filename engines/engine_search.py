@@ -1,0 +1,279 @@
+"""The engine search: engine cases on fresh deployments until the budget ends; findings minimised, judged by their
+rate, and written as `engine` traces.
+
+`engine_search(make, ...)` runs the enumeration (`engines.engine_cases.enumeration`), then seeded random cases,
+each on a fresh deployment `make(case)`. A case that violates a property not found yet is a finding: run again to
+tell a deterministic one from a race, minimised (fewest ranks, then steps by delta debugging, then chunks, then
+prompts and deployments: `minimise_case`), its rate measured, and returned as an `EngineFinding`; the search goes
+on for the properties not found yet (one finding per property), so one run reports every distinct bug.
+
+Racy findings are judged by their rate with `engines.racy`'s statistics (`tries_to_reproduce`, `tries_to_clear`):
+`replay_engine_trace` runs a trace's case until its property shows (`reproduces`) or, for a racy one, until the
+clean runs that put its rate below a tenth of the recorded one at 99% (`fixed`); a deterministic one (it showed in
+every measured run) is `fixed` after `DETERMINISTIC_CLEAN_RUNS` clean runs.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable
+
+import attrs
+
+from engines.engine_cases import enumeration, random_case
+from engines.engine_run import Bounds, EngineOutcome, run_engine_case
+from engines.minimise import ddmin
+from engines.racy import tries_to_clear, tries_to_reproduce
+from model.engine_case import EngineCase
+from model.trace import Trace, encode
+
+__all__ = ["EngineFinding", "EngineStats", "engine_search", "minimise_case", "measure_rate", "engine_trace",
+           "replay_engine_trace", "DETERMINISTIC_CLEAN_RUNS", "ENGINE_EXPECT"]
+
+#: Clean runs after which a deterministic engine trace is `fixed`.
+DETERMINISTIC_CLEAN_RUNS = 3
+#: The most runs one minimisation candidate of a racy finding gets.
+MAX_CANDIDATE_RUNS = 6
+#: What a saved finding of stock LMCache is expected to do on each engine.
+ENGINE_EXPECT = {"lmcache": "reproduces", "lmcache-patched": "fixed"}
+
+Make = Callable[[EngineCase], Any]
+
+
+@attrs.define
+class EngineFinding:
+    """A minimised case violating `property`, its rate (`k` of `n` runs), the outcome of its first failing run."""
+
+    property: str
+    case: EngineCase
+    outcome: EngineOutcome
+    k: int
+    n: int
+    origin: str
+    original_size: tuple
+
+    @property
+    def summary(self) -> str:
+        v = next(v for v in self.outcome.violations if v.property == self.property)
+        return v.summary
+
+
+@attrs.define
+class EngineStats:
+    """What the engine search covered (JSON through `to_json`)."""
+
+    cases: int = 0
+    steps: int = 0
+    by_origin: dict[str, int] = attrs.field(factory=dict)
+    by_shape: dict[str, int] = attrs.field(factory=dict)
+    seconds_per_case: float = 0.0
+    minimise_runs: int = 0
+    found: list[str] = attrs.field(factory=list)
+    enumeration_done: bool = False
+
+    def count(self, origin: str, case: EngineCase, seconds: float) -> None:
+        self.cases += 1
+        self.steps += len(case.steps)
+        kind = origin.split("@")[0]
+        self.by_origin[kind] = self.by_origin.get(kind, 0) + 1
+        shape = f"{case.n_ranks} ranks {case.lookup}"
+        self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
+        self.seconds_per_case += (seconds - self.seconds_per_case) / self.cases
+
+    def to_json(self) -> dict:
+        return {**attrs.asdict(self), "seconds_per_case": round(self.seconds_per_case, 3)}
+
+
+def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed: int,
+                  should_stop: Callable[[], bool], stats: EngineStats, bounds: Bounds = Bounds(),
+                  minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
+                  random_after: Callable[[], bool] | None = None, faults: bool = True,
+                  one: bool = False, minimise_seconds: float = 30.0) -> list[EngineFinding]:
+    """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
+    true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
+    kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
+    `minimise_seconds` (and never past `minimise_stop()`)."""
+    findings: list[EngineFinding] = []
+    enumerated = enumeration(max_ranks, lookups)
+    rng = random.Random(seed)
+    i = 0
+    level0 = 6 * max_ranks * len(lookups)  # the recurring and isolation shapes first; then cases in turn with random ones
+    while not should_stop():
+        item = None
+        if not (random_after is not None and random_after()) and (stats.cases < level0 or stats.cases % 2 == 0):
+            item = next(enumerated, None)
+            stats.enumeration_done = item is None
+        if item is None:
+            i += 1
+            item = (f"random:{seed}:{i}", random_case(rng, rng.randint(1, max_ranks), lookups[i % len(lookups)]))
+        origin, case = item
+        if not faults and any(s.kind == "fault" for s in case.steps):
+            continue
+        if "engine-returns" in stats.found:  # a stuck close is found already: later cases do not wait on theirs
+            bounds = attrs.evolve(bounds, close=min(bounds.close, 0.3))
+        out = run_engine_case(make, case, bounds=bounds, salt=f"{seed}-{stats.cases}-")
+        stats.count(origin, case, out.seconds)
+        new = [v.property for v in out.violations if v.property not in stats.found]
+        if not new:
+            continue
+        prop = new[0]
+        stats.found.append(prop)
+        outer = minimise_stop or should_stop
+        finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
+                           measure_runs=measure_runs, stats=stats)
+        findings.append(finding)
+        if one:
+            break
+    return findings
+
+
+def _shows(make: Make, case: EngineCase, prop: str, bounds: Bounds, runs: int, stop: Callable[[], bool],
+           stats: EngineStats) -> EngineOutcome | None:
+    """The first of up to `runs` runs of `case` that violates `prop`, or None."""
+    for _ in range(runs):
+        if stop():
+            return None
+        stats.minimise_runs += 1
+        out = run_engine_case(make, case, bounds=bounds)
+        if prop in out.violated():
+            return out
+    return None
+
+
+def _finding(make: Make, case: EngineCase, out: EngineOutcome, prop: str, origin: str, *, bounds: Bounds,
+             outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats) -> EngineFinding:
+    """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest)."""
+    t0 = time.monotonic()
+    stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
+    quick = _quick_bounds(bounds, prop, out)
+    again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, quick, 1, stop, stats) is not None)
+    runs = 1 if again == 2 else MAX_CANDIDATE_RUNS
+    small = minimise_case(lambda c: _shows(make, c, prop, quick, runs, stop, stats) is not None, case, stop)
+    left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
+    k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left)
+    if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
+        small = case
+        k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left)
+    if first is None:  # no time left to measure: the runs made so far
+        k, n, first = 1 + again, 3 if again or not stop() else 1, out
+    return EngineFinding(prop, small, first, k, n, origin, case.size())
+
+
+def _quick_bounds(bounds: Bounds, prop: str, out: EngineOutcome) -> Bounds:
+    """While minimising a finding that is not about closing, a stuck close is not waited for."""
+    about_close = any(v.property == prop and v.detail.get("call") == "close" for v in out.violations)
+    return bounds if about_close else attrs.evolve(bounds, close=min(bounds.close, 0.3))
+
+
+def measure_rate(make: Make, case: EngineCase, prop: str, runs: int, bounds: Bounds = Bounds(), *,
+                 stop: Callable[[], bool] = lambda: False) -> tuple:
+    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` violate `prop` (fewer runs
+    when `stop()` ends it; at least one)."""
+    k, n, first = 0, 0, None
+    for i in range(runs):
+        if i and stop():
+            break
+        out = run_engine_case(make, case, bounds=bounds)
+        n += 1
+        if prop in out.violated():
+            k += 1
+            first = first or out
+    return k, n, first
+
+
+def minimise_case(fails: Callable[[EngineCase], bool], case: EngineCase, stop: Callable[[], bool]) -> EngineCase:
+    """Fewest ranks, then fewest steps (delta debugging), then fewest chunks, then fewer prompts and deployments,
+    keeping `fails(candidate)` true; every candidate is a consistent case."""
+    current = case
+    while current.n_ranks > 1 and not stop():
+        smaller = _fewer_ranks(current)
+        if smaller is None or not fails(smaller):
+            break
+        current = smaller
+
+    def still(steps: list) -> bool:
+        candidate = attrs.evolve(current, steps=tuple(steps))
+        return not candidate.problems() and fails(candidate)
+
+    steps, _ = ddmin(list(current.steps), still, should_stop=stop)
+    current = attrs.evolve(current, steps=tuple(steps))
+    for i in range(len(current.prompts)):
+        while not stop():
+            smaller = _fewer_chunks(current, i)
+            if smaller is None or not fails(smaller):
+                break
+            current = smaller
+    return _drop_unused(current, fails, stop)
+
+
+def _fewer_ranks(case: EngineCase) -> EngineCase | None:
+    n = case.n_ranks - 1
+    if any(s.kind in ("evict", "fault") and s.rank >= n for s in case.steps):
+        steps = tuple(attrs.evolve(s, rank=min(s.rank, n - 1)) for s in case.steps)
+        candidate = attrs.evolve(case, n_ranks=n, steps=steps)
+    else:
+        candidate = attrs.evolve(case, n_ranks=n)
+    return None if candidate.problems() else candidate
+
+
+def _fewer_chunks(case: EngineCase, i: int) -> EngineCase | None:
+    p = case.prompts[i]
+    if p.chunks <= 1:
+        return None
+    smaller = attrs.evolve(p, chunks=p.chunks - 1, shared=min(p.shared, p.chunks - 1))
+    prompts = case.prompts[:i] + (smaller,) + case.prompts[i + 1:]
+    prompts = tuple(attrs.evolve(q, shared=min(q.shared, smaller.chunks)) if q.stem == p.name else q for q in prompts)
+    candidate = attrs.evolve(case, prompts=prompts)
+    return None if candidate.problems() else candidate
+
+
+def _drop_unused(case: EngineCase, fails: Callable[[EngineCase], bool], stop: Callable[[], bool]) -> EngineCase:
+    used = {s.prompt for s in case.steps if s.prompt}
+    stems = {p.stem for p in case.prompts if p.name in used and p.stem}
+    keep = tuple(p for p in case.prompts if p.name in used | stems)
+    candidate = attrs.evolve(case, prompts=keep)
+    if keep != case.prompts and not candidate.problems() and not stop() and fails(candidate):
+        case = candidate
+    if len(case.models) > 1 and all(p.deployment == 0 for p in case.prompts):
+        candidate = attrs.evolve(case, models=case.models[:1])
+        if not stop() and fails(candidate):
+            case = candidate
+    return case
+
+
+# -- traces ----------------------------------------------------------------------------------------------------------
+def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches: tuple[str, ...] = (),
+                 expect: dict | None = None, runner: str = "in-process") -> Trace:
+    """The `engine` trace of a finding (see `counterexamples/README.md`)."""
+    out = finding.outcome
+    violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in out.violations]
+    violations.sort(key=lambda v: v["property"] != finding.property)
+    rate = f"{finding.k} of {finding.n} runs" if finding.k < finding.n else f"every one of {finding.n} runs"
+    summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {finding.case.lookup} lookup, "
+               f"{len(finding.case.steps)} steps; in {rate}")
+    return Trace(kind="engine", property=finding.property, summary=summary, protocol={"name": "-", "ref": None},
+                 client="-", config={"engine": engine, "case": finding.case.to_json(), "options": dict(options),
+                                     "patches": list(patches), "runner": runner,
+                                     "rate": {"k": finding.k, "n": finding.n}},
+                 events=[{k: encode(v) for k, v in e.items()} for e in out.events],
+                 verdict={"violations": violations}, expect=dict(expect or {engine: "reproduces"}),
+                 origin=f"check:engine:{finding.origin}")
+
+
+def replay_engine_trace(trace: Trace, make: Make, *, bounds: Bounds = Bounds()) -> tuple[str, str]:
+    """Judge an engine trace by its recorded rate on fresh deployments of `make` (see the module docstring)."""
+    from model.engine_case import case_from_json
+
+    case = case_from_json(trace.config["case"])
+    k, n = int(trace.config["rate"]["k"]), int(trace.config["rate"]["n"])
+    deterministic = k == n
+    clean = DETERMINISTIC_CLEAN_RUNS if deterministic else tries_to_clear(k, n)
+    need = 1 if deterministic else tries_to_reproduce(k, n)
+    for i in range(clean):
+        out = run_engine_case(make, case, bounds=bounds)
+        if trace.property in out.violated():
+            v = next(v for v in out.violations if v.property == trace.property)
+            return "reproduces", f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): {v.summary}"
+    what = ("a deterministic trace" if deterministic else
+            f"the rate is below a tenth of the recorded {k}/{n} (99%)")
+    return "fixed", f"{clean} clean runs: {what}"
