@@ -15,9 +15,11 @@ E1. An async retrieve releases the prefetched memory objects (`retrieve`: unpin 
 E2. A prefetch still running when its request ends (a slow rank, a lookup the scheduler timed out) is never
     released: `lookup_unpin` and `cleanup_memory_objs` skip an event that is not DONE yet (`pins`). Fix: they
     release it when its prefetch completes.
-E3. A second sync lookup of one request id (a request looked up again, e.g. after a preemption) replaces
-    `lookup_pins[id]` while its pins add up: `lookup_unpin` releases one of two (`pins`). Fix: the engine's `lookup`
-    merges the new pins into the request's ledger.
+E3. A second lookup of one request id (a request looked up again, e.g. after a preemption) loses the first one's
+    pins: sync, it replaces `lookup_pins[id]` while the pins add up, so `lookup_unpin` releases one of two; async,
+    its prefetch replaces the first one's LOADING event, whose pinned objects nobody releases (`pins`). Fix: the
+    engine's `lookup` merges the new pins into the request's ledger; a new prefetch first releases the one it
+    supersedes.
 E4. A rank that answers a sync lookup after the scheduler gave up (its server waited on a paused Valkey) keeps the
     pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). Fix: the rank's lookup server stamps
     each request's arrival; a lookup done after the scheduler's timeout releases its pins at once.
@@ -107,6 +109,8 @@ def _engine_class() -> type:
             return True
 
         def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
+            if self.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.DONE:
+                LMCacheEngine.cleanup_memory_objs(self, lookup_id)  # E3: the new lookup supersedes its prefetch
             self._pending[lookup_id] = self._pending.get(lookup_id, 0) + 1  # E2: from the moment it is scheduled
             super().async_lookup_and_prefetch(lookup_id, *args, **kwargs)
 

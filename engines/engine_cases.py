@@ -129,7 +129,7 @@ def random_case(rng: random.Random, n_ranks: int, lookup: str) -> EngineCase:
         prompts.append(EnginePrompt(name=f"p{i}", chunks=chunks, stem=stem.name if shared else "", shared=shared,
                                     tail=rng.choice([0, 0, 3]), **extra))
     steps: list[Step] = []
-    answered: list[str] = []
+    made = 0
     open_: list[str] = []
     paused: set[int] = set()
     for _ in range(rng.randint(6, 24)):
@@ -138,17 +138,17 @@ def random_case(rng: random.Random, n_ranks: int, lookup: str) -> EngineCase:
         if roll < 0.18 or not steps:
             steps.append(Step(kind="store", prompt=p.name))
         elif roll < 0.40:
-            rid = f"q{len(open_) + len(answered) + 1}"
+            made += 1
+            rid = f"q{made}"
             wait = lookup == "sync" or rng.random() < 0.85
             steps.append(Step(kind="lookup", request=rid, prompt=p.name, wait=wait, scheduled=rng.random() < 0.9))
             open_.append(rid)
-            answered.append(rid)
-        elif roll < 0.47 and answered:
-            rid = rng.choice(answered)
+        elif roll < 0.47 and open_:
+            rid = rng.choice(open_)
             prompt = next(s.prompt for s in steps if s.kind == "lookup" and s.request == rid)
             steps.append(Step(kind="lookup", request=rid, prompt=prompt, scheduled=rng.random() < 0.7))
-        elif roll < 0.62 and answered:
-            steps.append(Step(kind="retrieve", request=rng.choice(answered)))
+        elif roll < 0.62 and open_:
+            steps.append(Step(kind="retrieve", request=rng.choice(open_)))
         elif roll < 0.72 and open_:
             steps.append(Step(kind="end", request=open_.pop(rng.randrange(len(open_)))))
         elif roll < 0.84 and p.chunks:
@@ -161,6 +161,6 @@ def random_case(rng: random.Random, n_ranks: int, lookup: str) -> EngineCase:
             steps.append(Step(kind="fault", rank=r, action=action))
             if action == "kill":
                 steps.append(Step(kind="fault", rank=r, action="restart"))
-        elif answered and lookup == "async":
-            steps.append(Step(kind="poll", request=rng.choice(answered)))
+        elif open_ and lookup == "async":
+            steps.append(Step(kind="poll", request=rng.choice(open_)))
     return EngineCase(n_ranks=n_ranks, lookup=lookup, models=models, prompts=tuple(prompts), steps=tuple(steps))

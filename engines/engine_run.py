@@ -38,7 +38,8 @@ __all__ = ["Bounds", "EngineRun", "EngineOutcome", "run_engine_case", "Stuck"]
 @attrs.frozen
 class Bounds:
     """Seconds each call may take: a plain call; a lookup (the engine's own lookup timeout plus `lookup_margin`);
-    a store (with its remote writes), a retrieve, the whole close; and the settling before the last pin check."""
+    a store (with its remote writes), a retrieve, the whole close; the settling before the last pin check (at least
+    `settle`, then until no pin is left or `settle_max`: a prefetch waiting on a slow server releases late)."""
 
     call: float = 2.0
     lookup_margin: float = 2.0
@@ -46,6 +47,7 @@ class Bounds:
     retrieve: float = 5.0
     close: float = 2.0
     settle: float = 0.3
+    settle_max: float = 3.0
 
 
 class Stuck(Exception):
@@ -181,14 +183,23 @@ class EngineRun:
         self._event(step)
 
     def _evict(self, step: Step) -> None:
+        """A chunk out of a tier, as the tier's own eviction would take it: the rank's server (its LRU, any key)
+        loses just that chunk; LocalCPU's LRU takes a prompt's chunks suffix first (every lookup touches them in
+        reverse, `LocalCPUBackend.touch_cache`), so a local eviction takes the chunk and every later one."""
         prompt = self.case.prompt(step.prompt)
         req = self._engine_request(prompt, f"evict-{prompt.name}")
-        self._call(f"rank {step.rank}: evict({prompt.name} chunk {step.chunk}, {step.tier})", self.bounds.call,
-                   self.dep.evict, prompt.deployment, step.rank, req, step.chunk, step.tier)
-        if step.tier != "local" and self.dep.reachable(step.rank):
-            keys = self._call(f"chunk_keys(rank {step.rank})", self.bounds.call, self.dep.chunk_keys,
-                              prompt.deployment, step.rank, req)
-            self.ledger.evicted_remote(step.rank, keys[step.chunk])
+        d = prompt.deployment
+        if step.tier in ("local", "both"):
+            for c in range(step.chunk, prompt.chunks):
+                self._call(f"rank {step.rank}: evict({prompt.name} chunk {c}, local)", self.bounds.call,
+                           self.dep.evict, d, step.rank, req, c, "local")
+        if step.tier in ("remote", "both"):
+            self._call(f"rank {step.rank}: evict({prompt.name} chunk {step.chunk}, remote)", self.bounds.call,
+                       self.dep.evict, d, step.rank, req, step.chunk, "remote")
+            if self.dep.reachable(step.rank):
+                keys = self._call(f"chunk_keys(rank {step.rank})", self.bounds.call, self.dep.chunk_keys, d,
+                                  step.rank, req)
+                self.ledger.evicted_remote(step.rank, keys[step.chunk])
         self.epoch += 1
         self._event(step)
 
@@ -229,13 +240,12 @@ class EngineRun:
 
     def _poll(self, step: Step) -> None:
         req = self.requests[step.request]
-        if req.ended:  # vLLM asks nothing more about a finished request
-            self._event(step, skipped="the request ended")
-        elif req.in_flight:
+        if req.in_flight:
             self._poll_until_answer(step, req)
-        else:  # vLLM asks again for a request it has not scheduled yet
-            got = self._matched(req)
-            self._event(step, answer=got)
+        elif req.cached is None:  # vLLM asks nothing more about a request it scheduled
+            self._event(step, skipped="the request was scheduled")
+        else:  # vLLM asks again about a request it could not schedule yet
+            self._answered(step, req, self._matched(req))
 
     def _poll_until_answer(self, step: Step | None, req: _Request) -> None:
         """vLLM's scheduler asks again at every step until the lookup answers (each ask bounded, the whole within
@@ -277,9 +287,11 @@ class EngineRun:
 
     def _retrieve(self, step: Step) -> None:
         req = self.requests[step.request]
-        if req.ended or req.retrieved or req.in_flight or not isinstance(req.answer, int) or req.answer <= 0:
+        if req.ended or req.retrieved or req.in_flight or req.cached is not None or not isinstance(req.answer, int) \
+                or req.answer <= 0:
             why = ("the request ended" if req.ended else "loaded already (vLLM loads a request once per lookup)"
-                   if req.retrieved else "no planned tokens (vLLM loads nothing)")
+                   if req.retrieved else "not scheduled (vLLM loads scheduled requests only)"
+                   if req.cached is not None else "no planned tokens (vLLM loads nothing)")
             self._event(step, skipped=why)
             return
         req.retrieved = True
@@ -311,10 +323,12 @@ class EngineRun:
         if step is not None:
             self._event(step)
 
+    def _pins(self, d: int) -> list[int]:
+        return [self._call(f"pins(rank {r})", self.bounds.call, self.dep.pins, d, r) for r in range(self.dep.n_ranks)]
+
     def _check_pins(self, when: str) -> None:
         for d in range(self.dep.deployments):
-            pins = [self._call(f"pins(rank {r})", self.bounds.call, self.dep.pins, d, r) for r in range(self.dep.n_ranks)]
-            self.violations.extend(check_pins(pins, when=when, deployment=d))
+            self.violations.extend(check_pins(self._pins(d), when=when, deployment=d))
 
     # -- the end -----------------------------------------------------------------------------------------------------
     def finish(self) -> list[Violation]:
@@ -337,8 +351,12 @@ class EngineRun:
                         if not self.dep.reachable(r):
                             self._call(f"restore rank {r}'s server", self.bounds.store, self.dep.fault, r,
                                        "restart" if r in getattr(self.dep.faults, "down", ()) else "resume")
-                time.sleep(self.bounds.settle)  # a prefetch or a late lookup still running releases its pins by then
-                self._check_pins(f"{self.bounds.settle:g} s after every request had ended and every server was back")
+                time.sleep(self.bounds.settle)  # a late lookup still running takes (and should release) its pins
+                deadline = time.monotonic() + self.bounds.settle_max - self.bounds.settle
+                while time.monotonic() < deadline and any(self._pins(d) for d in range(self.dep.deployments)):
+                    time.sleep(0.05)
+                self._check_pins(f"{self.bounds.settle_max:g} s after every request had ended and every server "
+                                 "was back")
             except Stuck:
                 pass
         self._event(None, text="close")

@@ -14,7 +14,9 @@ every measured run) is `fixed` after `DETERMINISTIC_CLEAN_RUNS` clean runs.
 """
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
 from typing import Any, Callable
 
@@ -113,6 +115,8 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
             bounds = attrs.evolve(bounds, close=min(bounds.close, 0.3))
         out = run_engine_case(make, case, bounds=bounds, salt=f"{seed}-{stats.cases}-")
         stats.count(origin, case, out.seconds)
+        if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
+            print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
         new = [v.property for v in out.violations if v.property not in stats.found]
         if not new:
             continue

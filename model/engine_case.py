@@ -7,7 +7,8 @@ then polling `lookup_cache`), every rank retrieves the planned prefix, and the r
 - `EnginePrompt`: a prompt's tokens (its own, or the leading chunks of another prompt: a shared prefix) and what
   its KV depends on besides the tokens: the tenant (a `request_configs` tag), the LoRA adapter, an image, and the
   deployment that serves it (each deployment serves one model; every deployment shares the tier).
-- The steps (`STEP_KINDS`): `store`, `evict`, `fault` (a rank's Valkey server: pause, resume, kill, restart),
+- The steps (`STEP_KINDS`): `store`, `evict` (a chunk out of a rank's `local` tier, its `remote` server, or `both`;
+  LocalCPU's LRU evicts a prompt's chunks suffix first, so a local eviction takes every later chunk too), `fault` (a rank's Valkey server: pause, resume, kill, restart),
   `lookup` (of a request id and a prompt; `wait=False` leaves an async lookup in flight; `scheduled=False`: the
   scheduler could not schedule it, so vLLM asks `lookup_cache` again later), `poll`, `retrieve`, `end`.
 - `EngineCase`: ranks, lookup mode, the models of the deployments, the prompts and the steps; `to_json` /
@@ -139,8 +140,13 @@ class EngineCase:
             if not 0 <= p.deployment < len(self.models):
                 out.append((f"prompts[{i}].deployment", f"expected 0..{len(self.models) - 1}"))
         bound: dict[str, str] = {}
+        ended: set[str] = set()
         for i, s in enumerate(self.steps):
             where = f"steps[{i}]"
+            if s.request in ended:
+                out.append((f"{where}.request", f"request {s.request!r} ended before (vLLM's request ids are unique)"))
+            if s.kind == "end":
+                ended.add(s.request)
             if s.prompt and s.prompt not in by_name:
                 out.append((f"{where}.prompt", f"no prompt named {s.prompt!r}"))
             if s.kind in ("evict", "fault") and not 0 <= s.rank < self.n_ranks:
