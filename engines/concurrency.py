@@ -220,7 +220,7 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
     return (None, exc) if exc is not None else (fut.result(), None)
 
 
-def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], dict]:
+def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data."""
     out: list[dict] = []
     for op in history.ops:
@@ -244,7 +244,7 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
     for op in history.ops:
         if op.error and not op.pending:
             out.append({"property": "store-error", "op": op.id, "summary": f"{op.label()} raised {op.error}"})
-    verdict = check(history, max_steps=max_steps).to_json()
+    verdict = check(history, max_states=max_states).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
         out.append({"property": "linearizability", "op": bad.id,

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
+
+from engines.api import SearchContext
 from engines.storeops import run_ops
-from model.trace import Trace, encode
+from model.finding import Finding
+from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
-__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS"]
+__all__ = ["SCENARIOS", "TWO_RANKS", "scenario_ops", "run_scenarios", "LENGTHS", "Scenarios", "ScenarioCoverage"]
 
 _runs = itertools.count()
 
@@ -64,17 +68,26 @@ def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True)
     return [op for op in ops if batch or op["op"] != "get_batch"]
 
 
-def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
+def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS,
+                  options: dict | None = None, coverage: "ScenarioCoverage | None" = None,
+                  n_ranks: int = 2, first_only: bool = False) -> list[Trace]:
     """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
-    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores)."""
+    its own keys; `options`: the factory's, besides `op_timeout`): the store-ops trace of each one that fails
+    (`replay` re-runs it on fresh stores), or of the first one with `first_only`. With `n_ranks=1` the scenarios
+    that need two ranks do not run."""
+    cov = coverage if coverage is not None else ScenarioCoverage()
     stores: list = []
     found = []
+    factory_options = {**client.accepted({"op_timeout": op_timeout}), **(options or {})}
     try:
         for name in names:
+            if n_ranks < 2 and name in TWO_RANKS:
+                cov.not_run.append(name)
+                continue
             if not stores or any(s.broken for s in stores):
                 for s in stores:
                     s.close()
-                stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
+                stores = [BoundedStore(s, op_timeout) for s in client.stores(n_ranks, **factory_options)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
             batch = all(callable(getattr(s.inner, "get_batch", None)) for s in stores)
             ops = scenario_ops(name, max_value=max_value, batch=batch)
@@ -82,15 +95,55 @@ def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] =
             tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
                       for op in ops]
             _, violations = run_ops(stores, tagged, wait_bound=op_timeout)
+            cov.scenarios.append(name)
+            cov.ops += len(ops)
             if violations:
                 v = violations[0]
                 found.append(Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
                                    protocol={"name": "-", "ref": None}, client=client.name,
-                                   config={"n_ranks": 2, "op_timeout": op_timeout}, ops=ops,
-                                   verdict={"violations": [{"property": v.property, "summary": v.summary,
-                                                            "detail": encode(v.detail)}]},
+                                   config={"n_ranks": n_ranks, "op_timeout": op_timeout}, ops=ops,
+                                   verdict={"violations": [v.to_json()]},
                                    expect={client.name: "reproduces"}, origin=f"scenario:{name}"))
+                if first_only:
+                    break
     finally:
         for s in stores:
             s.close()
     return found
+
+
+#: The scenarios that need two ranks' stores.
+TWO_RANKS = ("rank-isolation",)
+
+
+@attrs.define
+class ScenarioCoverage:
+    """The fixed scenarios that ran, their ops, and those that could not run."""
+
+    scenarios: list[str] = attrs.field(factory=list)
+    ops: int = 0
+    not_run: list[str] = attrs.field(factory=list)
+
+    def text(self) -> str:
+        skipped = f" ({', '.join(self.not_run)} not run: it needs 2 ranks)" if self.not_run else ""
+        return f"{len(self.scenarios)} of {len(SCENARIOS)} fixed scenarios, {self.ops:,} ops{skipped}"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+
+class Scenarios:
+    """`check`'s first engine: the client's fixed scenarios (a client that fails one fails at once)."""
+
+    name = "scenarios"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        failed = run_scenarios(t.client, op_timeout=ctx.op_timeout, options=dict(t.client_options),
+                               coverage=ctx.coverage.of(self.name, ScenarioCoverage), n_ranks=t.rank_cap(2),
+                               first_only=True)
+        if not failed:
+            return None
+        trace = failed[0]
+        return Finding(engine=f"scenario:{trace.origin.partition(':')[2]}", violations=violations_of(trace),
+                       trace=trace)

@@ -167,8 +167,9 @@ class Property:
     "concurrency" (a store client called from several callers at once) or "engine" (a real engine's own
     lookup-and-load path, `--engine`; its demos are `--engine-patch` functions). `check`: the function over an `Outcome`
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
-    hang and termination, reported through `run_faults`; the store layers' runners). `demos`: `MOD:ATTR` of each
-    known-bad protocol or client built to violate it (every property has one, so every check can fail).
+    hang and termination, reported through `run_faults`; the store layers' runners). `demos`: the name of each
+    known-bad protocol or client built to violate it (every property has one, so every check can fail), in the demo
+    module of its layer (`runtime.registry.DEMO_MODULES`; the model names no module above it).
     """
 
     name: str
@@ -179,13 +180,11 @@ class Property:
 
 
 def _protocol(name: str, about: str, check: Callable | None, *demos: str) -> Property:
-    return Property(name=name, layer="protocol", about=about, check=check,
-                    demos=tuple(f"model.variants:{d}" for d in demos))
+    return Property(name=name, layer="protocol", about=about, check=check, demos=demos)
 
 
 def _store(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="store", about=about,
-                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+    return Property(name=name, layer="store", about=about, demos=demos)
 
 
 def _engine(name: str, about: str, *demos: str) -> Property:
@@ -193,8 +192,7 @@ def _engine(name: str, about: str, *demos: str) -> Property:
 
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="concurrency", about=about,
-                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+    return Property(name=name, layer="concurrency", about=about, demos=demos)
 
 
 #: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),

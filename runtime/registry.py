@@ -13,7 +13,7 @@ call bounds itself with the `op_timeout` option), `thread_safe` (may be driven f
 the factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its
 stores say `thread_safe = False`.
 
-- `resolve_engine(spec, patches=()) -> Engine`: a name of `ENGINES` or `MOD:ATTR` naming a factory
+- `resolve_serving_engine(spec, patches=()) -> ServingEngine`: a name of `SERVING_ENGINES` or `MOD:ATTR` naming a factory
   `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment` (`model.contract`); `patches` are
   `--engine-patch MOD:ATTR` functions, each called once per process before the first deployment is built.
   `Engine.deployment(n_ranks, **options)` applies them, calls the factory and validates what it returns.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import sys
 from typing import Any, Callable
@@ -34,8 +35,9 @@ import attrs
 from model.contract import DEPLOYMENT_METHODS, PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of", "Engine", "EngineEntry",
-           "ENGINES", "resolve_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
+           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect", "DEMO_MODULES", "demo_refs",
+           "load_attr", "ref_of", "ServingEngine", "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine",
+           "apply_engine_patches", "ENGINE_OPTIONS"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
@@ -58,6 +60,8 @@ class ClientEntry:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
+    corpus: bool = False
 
 
 _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
@@ -65,16 +69,39 @@ _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "nu
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
     "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=()),
+                         in_memory=True, options=(), corpus=True),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
-                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank"),
+                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
     "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
-                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied"),
+                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
+                                   corpus=True),
 }
+
+
+#: The search engines of `check` (`engines.api.Engine`), by name.
+CHECK_ENGINES: dict[str, str] = {
+    "scenarios": "engines.scenarios:Scenarios",
+    "concurrency": "engines.racy:Concurrency",
+    "enumerate": "engines.search:Enumeration",
+    "explore": "engines.explore.engine:Explorer",
+    "hypothesis": "properties.engine:HypothesisMachines",
+    "random": "engines.search:RandomCases",
+}
+#: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
+#: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
+CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
+    "in-memory": (("scenarios", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
+    "real": (("scenarios", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35), ("random", "rest")),
+}
+
+
+#: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
+DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
+                                "concurrency": "properties.bad_stores", "engine": "adapters.engine_demos"}
 
 
 class ResolveError(ValueError):
@@ -107,6 +134,15 @@ class Client:
             return dict(options)
         return {k: v for k, v in options.items() if k in self.options}
 
+    def check_options(self, options: dict) -> None:
+        """`ResolveError` naming an option of the user's that this client's factory does not take."""
+        if self.options is None:
+            return
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            takes = ", ".join(self.options) or "none"
+            raise ResolveError(f"client {self.name!r}: unknown option {unknown[0]!r} (it takes: {takes})")
+
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
         otherwise; what was made is closed). Options the factory does not accept are dropped."""
@@ -114,8 +150,9 @@ class Client:
             made = list(self.factory(n_ranks, **self.accepted(options)))
         except ResolveError:
             raise
-        except (OSError, RuntimeError, ValueError, TypeError, ImportError) as exc:
-            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a factory that cannot make stores is unusable input, never a crash
+            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
         lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
         if len(made) != n_ranks or lacking:
             for s in made:
@@ -132,6 +169,17 @@ class Client:
         return made
 
 
+class PerRank:
+    """The factory of a `RankStore` class: one instance per rank (picklable, so the client travels to rank processes)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.thread_safe = getattr(cls, "thread_safe", True)
+
+    def __call__(self, n_ranks: int, **options: Any) -> list:
+        return [self.cls(**options) for _ in range(n_ranks)]
+
+
 def _importable_cwd() -> None:
     """`MOD:ATTR` names modules of the directory shardcheck runs from, as `python -m` would (README promise)."""
     cwd = os.getcwd()
@@ -145,7 +193,8 @@ def load_attr(spec: str, what: str) -> Any:
     if (not sep or not mod_name or not attr) and what == "engine patch":
         raise ResolveError(f"{what} {spec!r}: expected MOD:ATTR naming a function")
     if not sep or not mod_name or not attr:
-        known = ", ".join(PROTOCOLS if what == "protocol" else ENGINES if what == "engine" else CLIENTS)
+        known = ", ".join(PROTOCOLS if what == "protocol" else SERVING_ENGINES if what == "serving engine"
+                          else CLIENTS)
         raise ResolveError(f"{what} {spec!r}: expected one of {known}, or MOD:ATTR")
     _importable_cwd()
     try:
@@ -209,10 +258,7 @@ def resolve_client(spec: Any = None) -> Client:
 def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if inspect.isclass(obj):
         if not missing_members(obj, STORE_METHODS):
-            cls = obj
-            factory: Any = lambda n_ranks, **options: [cls(**options) for _ in range(n_ranks)]  # noqa: E731
-            factory.thread_safe = getattr(cls, "thread_safe", True)
-            obj = factory
+            obj = PerRank(obj)
         else:
             try:
                 obj = obj()
@@ -222,16 +268,69 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if not callable(obj):
         raise ResolveError(f"client {name!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
     if entry is not None:
-        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about"))
+        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus"))
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
 
 
-# -- engines ------------------------------------------------------------------------------------------------------
+def demo_refs(prop: Any) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
+    return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+
+
+def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
+    """The clients the curated corpus records expectations on (`real=True`: only those not in memory)."""
+    return tuple(name for name, e in CLIENTS.items() if e.corpus and (real is None or real != e.in_memory))
+
+
+def real_clients() -> tuple[str, ...]:
+    """Every named client that is not in memory (the real ones findings are measured on)."""
+    return tuple(name for name, e in CLIENTS.items() if not e.in_memory)
+
+
+def protocol_bug_expect() -> dict[str, str]:
+    """A protocol bug's expectation on every corpus client: it reproduces on the in-memory model whatever the client;
+    on a real client the expectation is measured (`shardcheck regen` replays there) and replaces this one."""
+    return {name: "reproduces" for name in corpus_clients()}
+
+
+def parse_options(items: list[str]) -> dict:
+    """`KEY=VALUE` items (`--client-option`) as factory options: JSON values as JSON, `urls` split on commas, other
+    text as text; `ResolveError` naming a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ResolveError(f"--client-option {item!r}: expected KEY=VALUE")
+        if key in out:
+            raise ResolveError(f"--client-option {key}: given twice")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        if key == "urls" and isinstance(parsed, str):
+            parsed = [u.strip() for u in parsed.split(",") if u.strip()]
+        if key == "urls" and (not isinstance(parsed, list) or not parsed or not all(isinstance(u, str) for u in parsed)):
+            raise ResolveError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
+        out[key] = parsed
+    return out
+
+
+def resolve_engine(name: str) -> Any:
+    """A fresh instance of `check`'s search engine `name` (`CHECK_ENGINES`)."""
+    try:
+        ref = CHECK_ENGINES[name]
+    except KeyError:
+        raise ResolveError(f"engine {name!r}: expected one of {', '.join(CHECK_ENGINES)}") from None
+    return load_attr(ref, "engine")()
+
+
+# -- serving engines (--engine) ------------------------------------------------------------------------------------------------------
 @attrs.frozen(kw_only=True)
-class EngineEntry:
-    """A named engine: where its factory is and what it can do: `lookups` (the lookup modes it offers) and
+class ServingEngineEntry:
+    """A named serving engine (`--engine`): where its factory is and what it can do: `lookups` (the lookup modes it offers) and
     `options` (the factory options it accepts besides `lookup` and `models`; None: any)."""
 
     ref: str
@@ -243,12 +342,12 @@ class EngineEntry:
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`).
 ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout")
 
-#: Engine names accepted by `--engine`.
-ENGINES: dict[str, EngineEntry] = {
-    "lmcache": EngineEntry(ref="adapters.lmcache_engine.deployment:stock_factory", options=ENGINE_OPTIONS,
+#: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
+SERVING_ENGINES: dict[str, ServingEngineEntry] = {
+    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.deployment:stock_factory", options=ENGINE_OPTIONS,
                            about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
                                  "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
-    "lmcache-patched": EngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
+    "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
                                    about="lmcache with shardcheck's fixes to its lookup-and-load path"),
 }
 _APPLIED_PATCHES: list[str] = []
@@ -272,8 +371,8 @@ def apply_engine_patches(specs: Any) -> list[str]:
 
 
 @attrs.frozen(kw_only=True)
-class Engine:
-    """A resolved engine: the name a trace records, its factory, its capabilities and the patches applied first."""
+class ServingEngine:
+    """A resolved serving engine: the name a trace records, its factory, its capabilities and the patches applied first."""
 
     name: str
     factory: Callable[..., Any]
@@ -307,29 +406,29 @@ class Engine:
         return made
 
 
-def resolve_engine(spec: Any, patches: Any = ()) -> Engine:
+def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     """The engine `spec` names (`lmcache`, `lmcache-patched` or `MOD:ATTR` of a factory); `patches` are checked
     to be loadable now (they are applied before the first deployment is built)."""
-    if isinstance(spec, Engine):
+    if isinstance(spec, ServingEngine):
         return spec
     for p in patches or ():
         if not callable(load_attr(p, "engine patch")):
             raise ResolveError(f"engine patch {p!r}: not a function")
     if spec is not None and not isinstance(spec, str):
         caps = {k: getattr(spec, k) for k in ("lookups", "options") if hasattr(spec, k)}
-        return Engine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
+        return ServingEngine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
     if not spec:
-        raise ResolveError(f"engine: expected one of {', '.join(ENGINES)}, or MOD:ATTR")
-    entry = ENGINES.get(spec)
+        raise ResolveError(f"engine: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
+    entry = SERVING_ENGINES.get(spec)
     if entry is not None:
-        return Engine(name=spec, factory=load_attr(entry.ref, "engine"), lookups=entry.lookups,
+        return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
                       options=entry.options, patches=tuple(patches or ()))
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
-        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(ENGINES)}, or MOD:ATTR")
-    obj = load_attr(spec, "engine")
+        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
+    obj = load_attr(spec, "serving engine")
     if not callable(obj):
         raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
     caps = {k: tuple(getattr(obj, k)) if k == "lookups" else getattr(obj, k) for k in ("lookups", "options")
             if hasattr(obj, k)}
-    return Engine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)
+    return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)

@@ -9,11 +9,13 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from runtime.registry import corpus_clients
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
 __all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
 
-REAL_CLIENTS = ("lmcache", "lmcache-patched")
+#: The real clients verify checks and replays the corpus on.
+REAL_CLIENTS = corpus_clients(real=True)
 
 
 def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str, str]]) -> None:
@@ -33,7 +35,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
-    from shardcheck.commands import run_check
+    from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     from shardcheck.corpus import CORPUS
 
@@ -118,7 +120,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", check("paper", "lmcache"))
     _step(rows, "check paper on lmcache-patched (real Valkey)", "held", check("paper", "lmcache-patched"))
 
-    for client in ("model", *REAL_CLIENTS):
+    for client in corpus_clients():
         def replay(client: str = client) -> tuple[str, str]:
             res = run_replay([str(CORPUS)], client)
             off = [r["path"] for r in res if not r["matches"]]

@@ -1,0 +1,100 @@
+"""What the command line hands the engines: the `Target` a user named (`--protocol`, `--client`, `--client-option`,
+`--ranks`, `--max-ranks`), checked before any property runs (an unreachable tier is exit 2, one line), and the case
+runners over its client (`--runner sim|processes`)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterator
+
+from shardcheck.errors import UsageError
+
+__all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments"]
+
+
+def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
+    """The options that name what is under test (check, replay)."""
+    if protocol:
+        p.add_argument("--protocol", default=None, help="a short name (paper, paper-async, rank0-single-writer) or "
+                       "MOD:ATTR (default: paper)")
+    p.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
+                   "lmcache-patched, or MOD:ATTR of a factory (default: model)")
+    p.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the client's factory, repeatable (urls=a,b; password=...; a value that parses "
+                        "as JSON is taken as JSON) (default: none)")
+    p.add_argument("--runner", choices=("sim", "processes"), default="sim",
+                   help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
+                        "(torch.distributed, gloo) (default: sim)")
+
+
+def parse_options(items: list[str]) -> dict:
+    """`runtime.registry.parse_options`, a bad item being unusable input (exit 2)."""
+    from runtime.registry import ResolveError, parse_options as parse
+    try:
+        return parse(items)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | dict | None = None,
+                 ranks: int | None = None, max_ranks: int | None = None, runner: str = "sim",
+                 op_timeout: float = 2.0, preflight: bool = True) -> Any:
+    """The `engines.api.Target` the user named, validated; with `preflight`, a client whose servers cannot be reached
+    raises `UsageError` (exit 2) before any property runs."""
+    from engines.api import Target
+    from runtime.preflight import TierUnreachable, reach
+    from runtime.registry import ResolveError, resolve_client, resolve_protocol
+    try:
+        protocol, client = resolve_protocol(protocol_spec), resolve_client(client_spec)
+        opts = parse_options(options) if isinstance(options, list) else dict(options or {})
+        client.check_options(opts)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+    for name, value in (("--ranks", ranks), ("--max-ranks", max_ranks)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if ranks is not None and max_ranks is not None and ranks > max_ranks:
+        raise UsageError(f"--ranks {ranks} exceeds --max-ranks {max_ranks}")
+    urls = opts.get("urls")
+    if max_ranks is None and ranks is None and urls and opts.get("topology") != "shared":
+        max_ranks = len(urls)  # one server per rank: as many ranks as the user has servers
+    target = Target(protocol=protocol, client=client, client_options=opts, ranks=ranks, max_ranks=max_ranks,
+                    runner=runner)
+    if preflight and not client.in_memory:
+        try:
+            reach(client, target.store_options(op_timeout=op_timeout), n_ranks=target.rank_cap(1),
+                  op_timeout=op_timeout)
+        except (TierUnreachable, ResolveError) as exc:
+            raise UsageError(str(exc)) from None
+    return target
+
+
+@contextlib.contextmanager
+def case_runner_of(target: Any, op_timeout: float) -> Iterator[Callable]:
+    """`run(protocol, case)` over the target's client (`runtime.pool.case_runner`); with the processes runner, one OS
+    process per rank with real collectives (`adapters.processes`). A client that cannot be used is exit 2."""
+    from runtime.pool import case_runner
+    from runtime.registry import ResolveError
+    if target.runner == "processes":
+        from adapters.processes import ProcessRunner, RunnerError
+        with ProcessRunner(target.client, options=dict(target.client_options), op_timeout=op_timeout) as processes:
+            def on_processes(protocol: Any, case: Any) -> Any:
+                try:
+                    return processes.run(protocol, case)
+                except RunnerError as exc:  # the runner could not run the case (replay: an error row; check: exit 2)
+                    raise UsageError(f"--runner processes: {exc}") from None
+            yield on_processes
+        return
+    with case_runner(target.client, op_timeout=op_timeout, options=dict(target.client_options)) as run:
+        def guarded(protocol: Any, case: Any) -> Any:
+            try:
+                return run(protocol, case)
+            except ResolveError as exc:  # the factory failed or made stores that break the contract
+                raise UsageError(str(exc)) from None
+            except OSError as exc:  # a server that died after the preflight
+                raise UsageError(f"client {target.client.name!r}: {type(exc).__name__}: {exc}") from None
+        yield guarded
+
+
+def fresh_runner_of(target: Any, op_timeout: float) -> Callable[[], ContextManager[Callable]]:
+    """A maker of case runners over fresh stores of the target's client (one per measured run)."""
+    return lambda: case_runner_of(target, op_timeout)
