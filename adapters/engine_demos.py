@@ -158,7 +158,7 @@ def stuck_close() -> None:
 def _demos() -> dict[str, str]:
     from model.checks import CATALOG
 
-    return {ref: p.name for p in CATALOG if p.layer == "engine" for ref in p.demos}
+    return {f"adapters.engine_demos:{name}": p.name for p in CATALOG if p.layer == "engine" for name in p.demos}
 
 
 DEMOS: dict[str, str] = _demos()

@@ -21,6 +21,7 @@ server, waits for the ranks to settle, checks the pins and closes the deployment
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Callable
 
 import attrs
@@ -353,7 +354,7 @@ class EngineRun:
                                        "restart" if r in getattr(self.dep.faults, "down", ()) else "resume")
                 time.sleep(self.bounds.settle)  # a late lookup still running takes (and should release) its pins
                 deadline = time.monotonic() + self.bounds.settle_max - self.bounds.settle
-                while time.monotonic() < deadline and any(self._pins(d) for d in range(self.dep.deployments)):
+                while time.monotonic() < deadline and any(any(self._pins(d)) for d in range(self.dep.deployments)):
                     time.sleep(0.05)
                 self._check_pins(f"{self.bounds.settle_max:g} s after every request had ended and every server "
                                  "was back")
@@ -372,10 +373,13 @@ class EngineRun:
 
 
 def run_engine_case(make: Callable[[EngineCase], Any], case: EngineCase, *, bounds: Bounds = Bounds(),
-                    salt: str = "", stop_at_first: bool = True) -> EngineOutcome:
+                    salt: str | None = None, stop_at_first: bool = True) -> EngineOutcome:
     """The whole case on a fresh deployment `make(case)` (built within the store bound): every step, then `finish`.
-    With `stop_at_first`, the steps stop at the first violation (the rest of the case would only show its echoes)."""
+    With `stop_at_first`, the steps stop at the first violation (the rest of the case would only show its echoes).
+    `salt` (default: a fresh one) gives the run its own token space: a tier shared with earlier runs (`urls`) never
+    holds its chunks."""
     t0 = time.monotonic()
+    salt = f"{uuid.uuid4().hex[:8]}-" if salt is None else salt
     try:
         dep = call_bounded(bounds.store * 4, "build the deployment", "", make, case)
     except StoreCallTimeout:

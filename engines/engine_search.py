@@ -7,33 +7,40 @@ tell a deterministic one from a race, minimised (fewest ranks, then steps by del
 prompts and deployments: `minimise_case`), its rate measured, and returned as an `EngineFinding`; the search goes
 on for the properties not found yet (one finding per property), so one run reports every distinct bug.
 
-Racy findings are judged by their rate with `engines.racy`'s statistics (`tries_to_reproduce`, `tries_to_clear`):
-`replay_engine_trace` runs a trace's case until its property shows (`reproduces`) or, for a racy one, until the
-clean runs that put its rate below a tenth of the recorded one at 99% (`fixed`); a deterministic one (it showed in
-every measured run) is `fixed` after `DETERMINISTIC_CLEAN_RUNS` clean runs.
+Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
+its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`engines.replay.judge`, the `engine`
+session `engine_session`) runs a trace's case on fresh deployments until its property shows (`reproduces`) or
+until the clean runs its recorded rate asks for (`fixed`).
+
+`EngineCases` is the engine of `check` for a serving engine under test (`engines.api.target_kind` "deployment"):
+its target's `engine` is an `EngineTarget` (the resolved serving engine, its lookup modes, factory options and
+rank cap).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 
+from engines.api import SearchContext
 from engines.engine_cases import enumeration, random_case
 from engines.engine_run import Bounds, EngineOutcome, run_engine_case
 from engines.minimise import ddmin
-from engines.racy import tries_to_clear, tries_to_reproduce
-from model.engine_case import EngineCase
+from model.engine_case import EngineCase, case_from_json
+from model.finding import Finding, Rate
+from model.outcome import Violation
 from model.trace import Trace, encode
 
-__all__ = ["EngineFinding", "EngineStats", "engine_search", "minimise_case", "measure_rate", "engine_trace",
-           "replay_engine_trace", "DETERMINISTIC_CLEAN_RUNS", "ENGINE_EXPECT"]
+__all__ = ["EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+           "measure_rate", "engine_trace", "engine_session", "ENGINE_EXPECT", "MAX_CANDIDATE_RUNS"]
 
-#: Clean runs after which a deterministic engine trace is `fixed`.
-DETERMINISTIC_CLEAN_RUNS = 3
+#: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
+FINISH_GRACE = 5.0
 #: The most runs one minimisation candidate of a racy finding gets.
 MAX_CANDIDATE_RUNS = 6
 #: What a saved finding of stock LMCache is expected to do on each engine.
@@ -90,7 +97,8 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
                   should_stop: Callable[[], bool], stats: EngineStats, bounds: Bounds = Bounds(),
                   minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
                   random_after: Callable[[], bool] | None = None, faults: bool = True,
-                  one: bool = False, minimise_seconds: float = 30.0) -> list[EngineFinding]:
+                  one: bool = False, minimise_seconds: float = 30.0,
+                  stop_before: float | None = None) -> list[EngineFinding]:
     """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
     true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
     kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
@@ -101,6 +109,8 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     i = 0
     level0 = 6 * max_ranks * len(lookups)  # the recurring and isolation shapes first; then cases in turn with random ones
     while not should_stop():
+        if stop_before is not None and time.monotonic() + 2 * max(1.0, stats.seconds_per_case) > stop_before:
+            break  # a case started now would end past the phase
         item = None
         if not (random_after is not None and random_after()) and (stats.cases < level0 or stats.cases % 2 == 0):
             item = next(enumerated, None)
@@ -151,7 +161,7 @@ def _finding(make: Make, case: EngineCase, out: EngineOutcome, prop: str, origin
     stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
     quick = _quick_bounds(bounds, prop, out)
     again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, quick, 1, stop, stats) is not None)
-    runs = 1 if again == 2 else MAX_CANDIDATE_RUNS
+    runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
     small = minimise_case(lambda c: _shows(make, c, prop, quick, runs, stop, stats) is not None, case, stop)
     left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
     k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left)
@@ -264,20 +274,110 @@ def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches:
                  origin=f"check:engine:{finding.origin}")
 
 
-def replay_engine_trace(trace: Trace, make: Make, *, bounds: Bounds = Bounds()) -> tuple[str, str]:
-    """Judge an engine trace by its recorded rate on fresh deployments of `make` (see the module docstring)."""
-    from model.engine_case import case_from_json
+@attrs.frozen(kw_only=True)
+class EngineTarget:
+    """A serving engine under test: `engine` (`runtime.registry.ServingEngine`), the lookup modes to drive, the
+    factory options (`--engine-option`), the most ranks a case uses, and the runner (`in-process`)."""
 
+    engine: Any
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: dict = attrs.field(factory=dict)
+    max_ranks: int = 4
+    runner: str = "in-process"
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def faults(self) -> bool:
+        """Whether cases may pause, kill and restart servers: only those shardcheck starts (no `urls`)."""
+        return "urls" not in self.options
+
+    def make(self, case: EngineCase) -> Any:
+        """A fresh deployment for `case`."""
+        return self.engine.deployment(case.n_ranks, lookup=case.lookup, models=case.models, **self.options)
+
+
+def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = None, patches: Any = (),
+                  max_ranks: int | None = None, runner: str = "in-process") -> EngineTarget:
+    """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
+    most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+    from runtime.registry import ResolveError, resolve_serving_engine
+    if lookup not in ("sync", "async", "both"):
+        raise ResolveError(f"--lookup {lookup!r}: expected sync, async or both")
+    opts = dict(options or {})
+    ranks = opts.pop("ranks", None)
+    if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):
+        raise ResolveError(f"--engine-option ranks={ranks!r}: expected a whole number of ranks, at least 1")
+    engine = resolve_serving_engine(spec, patches)
+    lookups = ("sync", "async") if lookup == "both" else (lookup,)
+    missing = [m for m in lookups if m not in engine.lookups]
+    if missing:
+        raise ResolveError(f"engine {engine.name!r} offers no {missing[0]} lookup (it offers {', '.join(engine.lookups)})")
+    unknown = sorted(set(opts) - set(engine.options)) if engine.options is not None else []
+    if unknown:
+        raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes ranks, "
+                           f"{', '.join(engine.options)})")
+    cap = ranks or max_ranks or (len(opts["urls"]) if opts.get("urls") else 4)
+    return EngineTarget(engine=engine, lookups=lookups, options=opts, max_ranks=cap, runner=runner)
+
+
+@attrs.define
+class EngineCasesCoverage:
+    """What `EngineCases` ran (`EngineStats` in words and as data)."""
+
+    stats: EngineStats = attrs.field(factory=EngineStats)
+
+    @property
+    def cases(self) -> int:
+        return self.stats.cases
+
+    def text(self) -> str:
+        s = self.stats
+        shapes = ", ".join(f"{v} x {k}" for k, v in sorted(s.by_shape.items()))
+        enum = "the enumeration done" if s.enumeration_done else "the enumeration not done"
+        return (f"{s.cases:,} engine cases ({s.steps:,} steps, {s.seconds_per_case:.2f} s each; {shapes}); {enum}; "
+                f"{s.minimise_runs} runs minimising")
+
+    def to_json(self) -> dict:
+        return self.stats.to_json()
+
+
+class EngineCases:
+    """`check`'s engine for a serving engine under test: engine cases on fresh deployments (see the module doc);
+    the first finding, minimised and measured within the phase."""
+
+    name = "engine-cases"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        target: EngineTarget = ctx.target.engine
+        cov = ctx.coverage.of(self.name, EngineCasesCoverage)
+        findings = engine_search(target.make, lookups=target.lookups, max_ranks=target.max_ranks, seed=ctx.seed,
+                                 should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
+                                 minimise_stop=lambda: time.monotonic() >= ctx.deadline + FINISH_GRACE,
+                                 minimise_seconds=float("inf"), stop_before=ctx.phase_end)
+        if not findings:
+            return None
+        return to_finding(findings[0], target, engine=self.name)
+
+
+def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Finding:
+    """The `model.finding.Finding` of an engine finding, with its trace and measured rate."""
+    trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
+                         expect={target.name: "reproduces"}, runner=target.runner)
+    violations = [Violation(v.property, v.summary, v.detail) for v in found.outcome.violations]
+    violations.sort(key=lambda v: v.property != found.property)
+    notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
+             f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
+    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate(found.k, found.n), notes=notes)
+
+
+@contextlib.contextmanager
+def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Iterator[Callable[[], tuple[list, str]]]:
+    """Runs of an engine trace's case, each on a fresh deployment of `make` (`engines.replay.SESSIONS`)."""
     case = case_from_json(trace.config["case"])
-    k, n = int(trace.config["rate"]["k"]), int(trace.config["rate"]["n"])
-    deterministic = k == n
-    clean = DETERMINISTIC_CLEAN_RUNS if deterministic else tries_to_clear(k, n)
-    need = 1 if deterministic else tries_to_reproduce(k, n)
-    for i in range(clean):
-        out = run_engine_case(make, case, bounds=bounds)
-        if trace.property in out.violated():
-            v = next(v for v in out.violations if v.property == trace.property)
-            return "reproduces", f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): {v.summary}"
-    what = ("a deterministic trace" if deterministic else
-            f"the rate is below a tenth of the recorded {k}/{n} (99%)")
-    return "fixed", f"{clean} clean runs: {what}"
+
+    def once() -> tuple[list, str]:
+        return list(run_engine_case(make, case, bounds=bounds).violations), ""
+    yield once

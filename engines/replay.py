@@ -46,6 +46,8 @@ class ReplayOn:
     runner_name: str = "sim"
     options: dict = attrs.field(factory=dict)
     op_timeout: float = DEFAULT_OP_TIMEOUT
+    #: A serving engine under test (`engines.engine_search.EngineTarget`): what an `engine` trace runs on.
+    engine: Any = None
 
     def deterministic(self, trace: Trace) -> bool:
         """Whether every run of `trace` here gives the same result (one run is the verdict)."""
@@ -114,9 +116,18 @@ def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tup
         yield once
 
 
+def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
+    """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on."""
+    from engines.engine_search import engine_session
+    if on.engine is None:
+        raise ReplayError("an engine trace needs a serving engine (--engine)")
+    return engine_session(trace, on.engine.make)
+
+
 #: Runs of each trace kind: a context (fresh stores) giving `once() -> (violations, a note on how it ran)`.
 SESSIONS: dict[str, Callable[[Trace, ReplayOn], ContextManager[Callable[[], tuple[list[Violation], str]]]]] = {
-    "protocol": _protocol_session, "store-ops": _store_ops_session, "concurrent": _concurrent_session}
+    "protocol": _protocol_session, "store-ops": _store_ops_session, "concurrent": _concurrent_session,
+    "engine": _engine_session}
 
 
 def session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:

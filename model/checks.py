@@ -188,7 +188,7 @@ def _store(name: str, about: str, *demos: str) -> Property:
 
 
 def _engine(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="engine", about=about, demos=tuple(f"adapters.engine_demos:{d}" for d in demos))
+    return Property(name=name, layer="engine", about=about, demos=demos)
 
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:

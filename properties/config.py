@@ -37,6 +37,8 @@ class RunConfig:
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
     client_options: dict = attrs.field(factory=dict)
     max_ranks: int | None = None
+    #: The serving engine under test (`--engine`: an `engines.engine_search.EngineTarget`), or None.
+    engine: Any = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -107,7 +109,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
-                                                              "max_ranks")}, **changes})
+                                                              "max_ranks", "engine")}, **changes})
     try:
         yield CURRENT
     finally:

@@ -90,12 +90,15 @@ CHECK_ENGINES: dict[str, str] = {
     "explore": "engines.explore.engine:Explorer",
     "hypothesis": "properties.engine:HypothesisMachines",
     "random": "engines.search:RandomCases",
+    "engine-cases": "engines.engine_search:EngineCases",
+    "engine-machine": "properties.engine_machine:EngineMachineSearch",
 }
 #: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
 #: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
     "real": (("scenarios", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35), ("random", "rest")),
+    "deployment": (("engine-cases", 0.75), ("engine-machine", "rest")),
 }
 
 
@@ -295,17 +298,17 @@ def protocol_bug_expect() -> dict[str, str]:
     return {name: "reproduces" for name in corpus_clients()}
 
 
-def parse_options(items: list[str]) -> dict:
-    """`KEY=VALUE` items (`--client-option`) as factory options: JSON values as JSON, `urls` split on commas, other
-    text as text; `ResolveError` naming a bad item."""
+def parse_options(items: list[str], flag: str = "--client-option") -> dict:
+    """`KEY=VALUE` items (`--client-option`, `--engine-option`) as factory options: JSON values as JSON, `urls` split
+    on commas, other text as text; `ResolveError` naming a bad item (and the `flag` it came with)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ResolveError(f"--client-option {item!r}: expected KEY=VALUE")
+            raise ResolveError(f"{flag} {item!r}: expected KEY=VALUE")
         if key in out:
-            raise ResolveError(f"--client-option {key}: given twice")
+            raise ResolveError(f"{flag} {key}: given twice")
         try:
             parsed: Any = json.loads(value)
         except ValueError:
@@ -313,7 +316,7 @@ def parse_options(items: list[str]) -> dict:
         if key == "urls" and isinstance(parsed, str):
             parsed = [u.strip() for u in parsed.split(",") if u.strip()]
         if key == "urls" and (not isinstance(parsed, list) or not parsed or not all(isinstance(u, str) for u in parsed)):
-            raise ResolveError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
+            raise ResolveError(f"{flag} urls={value!r}: expected a comma-separated list of URLs")
         out[key] = parsed
     return out
 
