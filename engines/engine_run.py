@@ -114,8 +114,9 @@ class EngineRun:
         raise Stuck(what)
 
     def _event(self, step: Step | None, **what: Any) -> dict:
+        text = what.pop("text", "")
         event = {"i": len(self.events), "step": step.to_json() if step else None,
-                 "text": step.describe() if step else what.pop("text", ""), **what}
+                 "text": step.describe() if step else text, **what}
         self.events.append(event)
         return event
 

@@ -98,11 +98,12 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
                   minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
                   random_after: Callable[[], bool] | None = None, faults: bool = True,
                   one: bool = False, minimise_seconds: float = 30.0,
-                  stop_before: float | None = None) -> list[EngineFinding]:
+                  stop_before: float | None = None, by_origin: bool = False) -> list[EngineFinding]:
     """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
     true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
     kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
-    `minimise_seconds` (and never past `minimise_stop()`)."""
+    `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: one finding per property and kind of case
+    (recurring, isolation-adapter, pause, again, ..., random) instead of one per property."""
     findings: list[EngineFinding] = []
     enumerated = enumeration(max_ranks, lookups)
     rng = random.Random(seed)
@@ -127,11 +128,12 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         stats.count(origin, case, out.seconds)
         if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
             print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
-        new = [v.property for v in out.violations if v.property not in stats.found]
+        kind = origin.split("@")[0].split(":")[0] if by_origin else ""
+        new = [v.property for v in out.violations if _key(v.property, kind) not in stats.found]
         if not new:
             continue
         prop = new[0]
-        stats.found.append(prop)
+        stats.found.append(_key(prop, kind))
         outer = minimise_stop or should_stop
         finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
                            measure_runs=measure_runs, stats=stats)
@@ -139,6 +141,10 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         if one:
             break
     return findings
+
+
+def _key(prop: str, kind: str) -> str:
+    return f"{prop}@{kind}" if kind else prop
 
 
 def _shows(make: Make, case: EngineCase, prop: str, bounds: Bounds, runs: int, stop: Callable[[], bool],
