@@ -122,18 +122,18 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         origin, case = item
         if not faults and any(s.kind == "fault" for s in case.steps):
             continue
-        if "engine-returns" in stats.found:  # a stuck close is found already: later cases do not wait on theirs
+        if any(k.startswith("engine-returns") for k in stats.found):  # a stuck close found already: do not wait on it
             bounds = attrs.evolve(bounds, close=min(bounds.close, 0.3))
         out = run_engine_case(make, case, bounds=bounds, salt=f"{seed}-{stats.cases}-")
         stats.count(origin, case, out.seconds)
         if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
             print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
         kind = origin.split("@")[0].split(":")[0] if by_origin else ""
-        new = [v.property for v in out.violations if _key(v.property, kind) not in stats.found]
+        new = [v for v in out.violations if _key(v, kind) not in stats.found]
         if not new:
             continue
-        prop = new[0]
-        stats.found.append(_key(prop, kind))
+        prop = new[0].property
+        stats.found.append(_key(new[0], kind))
         outer = minimise_stop or should_stop
         finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
                            measure_runs=measure_runs, stats=stats)
@@ -143,8 +143,15 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     return findings
 
 
-def _key(prop: str, kind: str) -> str:
-    return f"{prop}@{kind}" if kind else prop
+def _key(v: Any, kind: str) -> str:
+    """What makes a finding new: its property, and with `by_origin` the kind of case it came from (for a call that
+    did not return, which call it was, whatever the case)."""
+    if not kind:
+        return v.property
+    if v.property == "engine-returns":
+        call = str(v.detail.get("call", ""))
+        return f"{v.property}@{call.split('(')[0].split(': ')[-1]}"
+    return f"{v.property}@{kind}"
 
 
 def _shows(make: Make, case: EngineCase, prop: str, bounds: Bounds, runs: int, stop: Callable[[], bool],

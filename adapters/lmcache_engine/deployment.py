@@ -335,12 +335,30 @@ class LMCacheDeployment:
                 for ranks in self.ranks:
                     for rank in ranks:
                         unstick(rank.engine)
+            self._close_loops()
         finally:
             for engine_id in self.engine_ids:
                 remove_case_sockets(engine_id)
             if self.owned is not None:
                 self.owned.stop()
         return self.close_errors
+
+    def _close_loops(self) -> None:
+        """LMCache stops each storage manager's event loop but never closes it (its sockets would be left to the
+        garbage collector), and a sync lookup server's close never terminates its transport's ZMQ context (its I/O
+        thread stays): close every loop whose thread has ended (an unstuck one gets a moment to end), terminate every
+        such context."""
+        for ranks in self.ranks:
+            for rank in ranks:
+                ctx = getattr(getattr(rank.server, "transport", None), "ctx", None)
+                if ctx is not None and not ctx.closed:
+                    ctx.term()
+                sm = rank.engine.storage_manager
+                if sm is None or sm.loop.is_closed():
+                    continue
+                sm.thread.join(1.0)
+                if not sm.thread.is_alive() and not sm.loop.is_running():
+                    sm.loop.close()
 
     def _wake_parked(self) -> None:
         """Clear `running` on every lookup client and server and send each parked receive one harmless message."""
