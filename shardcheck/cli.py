@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="the main job: proofs, checks, real clients, replays; a summary table")
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
+    v.add_argument("--engine", default=None, metavar="NAME",
+                   help="only the engine layer, on this engine (lmcache or lmcache-patched) (default: everything, "
+                        "the engine layer on both)")
 
     from shardcheck.campaign import add_arguments as campaign_arguments
     campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "

@@ -17,10 +17,10 @@ __all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS"]
 
 ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
 MEASURE_RUNS = 10
-MINIMISE_SECONDS = 90.0
+MINIMISE_SECONDS = 60.0
 
 
-def build(*, budget: float = 240.0, progress: Callable[[str], None] = lambda text: None) -> list[Path]:
+def build(*, budget: float = 420.0, progress: Callable[[str], None] = lambda text: None) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
     from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace
     from engines.replay import ReplayOn, judge
@@ -36,13 +36,17 @@ def build(*, budget: float = 240.0, progress: Callable[[str], None] = lambda tex
         findings = engine_search(stock.make, lookups=(mode,), max_ranks=3, seed=0, stats=stats, by_origin=True,
                                  should_stop=lambda: time.monotonic() >= end, minimise_seconds=MINIMISE_SECONDS,
                                  measure_runs=MEASURE_RUNS)
+        progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
+            f"{f.property} ({f.k}/{f.n})" for f in findings))
         for f in findings:
             trace = engine_trace(f, engine="lmcache", options={}, expect={"lmcache": "reproduces"})
-            verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
-            trace.expect["lmcache-patched"] = verdict.outcome
             kind = f.origin.split("@")[0].split(":")[0]
             path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{kind}.json"
             trace.save(path, overwrite=True)
+            progress(f"  judging {path.name} ({f.k}/{f.n} on lmcache) on lmcache-patched ...")
+            verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
+            trace.expect["lmcache-patched"] = verdict.outcome
+            trace.save(path, overwrite=True)
             written.append(path)
-            progress(f"wrote {path} ({f.k}/{f.n} on lmcache; {verdict.outcome} on lmcache-patched: {verdict.why})")
+            progress(f"wrote {path} ({verdict.outcome} on lmcache-patched: {verdict.why})")
     return written
