@@ -32,6 +32,10 @@ E5. The async client takes the minimum over whatever answers arrive for a lookup
 E6. The remote connector: `adapters.patched`'s fixes 2, 4-9 (a sync prefix count that loses its completion and
     wedges the lookup server thread, misses that hang, ...), and fix 9: `RESPConnector.close` no longer blocks its
     own event loop, so the engine's close returns (`engine-returns`).
+E8. A lookup server's close (sync and async) closes the ZMQ socket its own thread is blocked receiving on; a ZMQ
+    assertion (`signaler.cpp`) then aborts the rank's process in some closes (`engine-returns`, `--runner processes`),
+    and the sync server never terminates its transport's context. Fix: the close stops the receiving thread first
+    (wakes it with one harmless message, joins it), then closes; the sync one terminates its context.
 E7. Isolation: vLLM's LMCache integration passes no LoRA adapter and LMCache's token database ignores extra keys,
     so requests that differ only by adapter share chunk keys and load each other's KV (`engine-isolation`). Fix
     (the integration's side): the adapter is passed as the `lmcache.tag.adapter` request config.
@@ -43,9 +47,10 @@ import time
 from typing import Any
 
 from adapters.lmcache_engine.deployment import LMCacheDeployment
+from adapters.lmcache_engine.factory import stock_factory
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
-__all__ = ["patched_factory", "apply_fixes", "RANK_SEP"]
+__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP"]
 
 #: Separates the lookup id from the answering rank in a patched async server's answer (E5).
 RANK_SEP = "\x1f"
@@ -169,18 +174,60 @@ def _router_class() -> type:
     return StampedRouterTransport
 
 
+def _stop_receiver(server: Any, path: str, mode: str) -> None:
+    """E8: a lookup server's close closes the socket its own thread is blocked receiving on (a ZMQ assertion can
+    abort the process): stop that thread first (clear `running`, wake its receive, join it)."""
+    import msgspec
+    import zmq
+    from lmcache.v1.lookup_client.async_lookup_message import LookupCleanupMsg
+
+    from adapters.lmcache_engine.closing import WAKE_ID, wake
+
+    server.running = False
+    if path:
+        frames = [msgspec.msgpack.encode(LookupCleanupMsg(lookup_id=WAKE_ID))] if mode == "async" else [b"", b"wake"]
+        wake(path, frames, zmq.PUSH if mode == "async" else zmq.DEALER)
+    server.thread.join(2.0)
+
+
+def _sync_server_class() -> type:
+    if "sserver" in _CLASSES:
+        return _CLASSES["sserver"]
+    from lmcache.v1.lookup_client.lmcache_lookup_client import LMCacheLookupServer
+
+    class SafeCloseLookupServer(LMCacheLookupServer):
+        """E8: its close stops its receiving thread first, and terminates its transport's ZMQ context (stock leaves
+        the context and its I/O thread behind)."""
+
+        wake_path: str = ""
+
+        def close(self) -> None:
+            _stop_receiver(self, self.wake_path, "sync")
+            super().close()
+            if not self.transport.ctx.closed:
+                self.transport.ctx.term()
+
+    _CLASSES["sserver"] = SafeCloseLookupServer
+    return SafeCloseLookupServer
+
+
 def _async_server_class() -> type:
     if "aserver" in _CLASSES:
         return _CLASSES["aserver"]
     from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupServer
 
     class RankTaggedAsyncServer(LMCacheAsyncLookupServer):
-        """E5: every answer names the rank that gives it."""
+        """E5: every answer names the rank that gives it. E8: its close stops its receiving thread first."""
 
         rank: int = 0
+        wake_path: str = ""
 
         def send_response_to_scheduler(self, lookup_id: str, num_hit_tokens: int) -> None:
             super().send_response_to_scheduler(f"{lookup_id}{RANK_SEP}{self.rank}", num_hit_tokens)
+
+        def close(self) -> None:
+            _stop_receiver(self, self.wake_path, "async")
+            super().close()
 
     _CLASSES["aserver"] = RankTaggedAsyncServer
     return RankTaggedAsyncServer
@@ -282,33 +329,47 @@ def _restart_client_thread(client: Any, deployment: LMCacheDeployment, d: int) -
     client.thread.start()
 
 
-def apply_fixes(deployment: LMCacheDeployment) -> LMCacheDeployment:
-    """Apply E1-E7 to every object of a freshly built stock deployment (see the module docstring)."""
+def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
+    """E1-E4, E6 and E8 on one rank's objects (`adapters.lmcache_engine.rank_side.RankSide`), in its own process."""
     connector_cls, backend_cls = patched_resp_connector_class(), patched_remote_backend_class()
-    for d, ranks in enumerate(deployment.ranks):
-        for rank in ranks:
-            engine = rank.engine
-            engine.__class__ = _engine_class()
-            engine._setup()
-            engine.lookup_timeout = deployment.lookup_timeout
-            if deployment.lookup_mode == "sync" and rank.server is not None:
-                rank.server.transport.__class__ = _router_class()
-                engine.transport = rank.server.transport
-            elif rank.server is not None:
-                rank.server.__class__ = _async_server_class()
-                rank.server.rank = rank.metadata.worker_id
-            backend = engine.storage_manager.storage_backends["RemoteBackend"]
-            inner = getattr(backend.connection, "_connector", backend.connection)
-            inner.__class__ = connector_cls
-            inner.get_timeout = 0.5
-            inner._auth = ("", "")
-            backend.__class__ = backend_cls
-            backend.put_wait = 0.5
-        if deployment.lookup_mode == "async":
-            _restart_client_thread(deployment.clients[d], deployment, d)
+    for rank in side.ranks:
+        engine = rank.engine
+        engine.__class__ = _engine_class()
+        engine._setup()
+        engine.lookup_timeout = lookup_timeout
+        from lmcache.v1.lookup_client import factory
+        if side.lookup_mode == "sync" and rank.server is not None:
+            rank.server.transport.__class__ = _router_class()
+            engine.transport = rank.server.transport
+            rank.server.__class__ = _sync_server_class()
+            rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup", 0,
+                                                                     rank.metadata.worker_id)
+        elif rank.server is not None:
+            rank.server.__class__ = _async_server_class()
+            rank.server.rank = rank.metadata.worker_id
+            rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup_worker", 0,
+                                                                     rank.metadata.worker_id)
+        backend = engine.storage_manager.storage_backends["RemoteBackend"]
+        inner = getattr(backend.connection, "_connector", backend.connection)
+        inner.__class__ = connector_cls
+        inner.get_timeout = 0.5
+        inner._auth = ("", "")
+        backend.__class__ = backend_cls
+        backend.put_wait = 0.5
+
+
+def apply_fixes(deployment: LMCacheDeployment) -> LMCacheDeployment:
+    """Apply E1-E7 to a freshly built stock deployment: the rank-side fixes in each rank's process, E5's client in
+    this one (E7 is the deployment's `adapter_tag`)."""
+    for side in deployment.rank_sides:
+        side.apply("adapters.engine_patched:apply_rank_fixes", lookup_timeout=deployment.lookup_timeout)
+    if deployment.lookup_mode == "async":
+        for d, client in enumerate(deployment.clients):
+            _restart_client_thread(client, deployment, d)
     return deployment
 
 
 def patched_factory(n_ranks: int, **options: Any) -> LMCacheDeployment:
-    """`--engine lmcache-patched`: the stock deployment with E1-E7 (E7: the adapter reaches the cache key)."""
-    return apply_fixes(LMCacheDeployment(n_ranks, adapter_tag=True, name="lmcache-patched", **options))
+    """`--engine lmcache-patched`: the stock deployment with E1-E7 (E7: the adapter reaches the cache key);
+    `runner="processes"`: one OS process per rank."""
+    return apply_fixes(stock_factory(n_ranks, adapter_tag=True, name="lmcache-patched", **options))

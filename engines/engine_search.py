@@ -102,8 +102,8 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
     true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
     kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
-    `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: one finding per property and kind of case
-    (recurring, isolation-adapter, pause, again, ..., random) instead of one per property."""
+    `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness` once per kind
+    of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
     findings: list[EngineFinding] = []
     enumerated = enumeration(max_ranks, lookups)
     rng = random.Random(seed)
@@ -146,8 +146,8 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
 def _key(v: Any, kind: str) -> str:
     """What makes a finding new: its property, and with `by_origin` the kind of case it came from (for a call that
     did not return, which call it was, whatever the case)."""
-    if not kind:
-        return v.property
+    if not kind or v.property in ("engine-integrity", "engine-isolation", "engine-soundness"):
+        return v.property  # (one root cause each so far: no need to tell their kinds of case apart)
     if v.property == "engine-returns":
         call = str(v.detail.get("call", ""))
         return f"{v.property}@{call.split('(')[0].split(': ')[-1]}"
@@ -308,8 +308,11 @@ class EngineTarget:
         return "urls" not in self.options
 
     def make(self, case: EngineCase) -> Any:
-        """A fresh deployment for `case`."""
-        return self.engine.deployment(case.n_ranks, lookup=case.lookup, models=case.models, **self.options)
+        """A fresh deployment for `case` (with `runner` and `patches` where the factory takes them)."""
+        ours = {"patches": tuple(self.engine.patches)} if self.engine.patches else {}
+        if self.runner != "in-process":
+            ours["runner"] = self.runner
+        return self.engine.deployment(case.n_ranks, lookup=case.lookup, models=case.models, **ours, **self.options)
 
 
 def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = None, patches: Any = (),
@@ -328,10 +331,14 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
     missing = [m for m in lookups if m not in engine.lookups]
     if missing:
         raise ResolveError(f"engine {engine.name!r} offers no {missing[0]} lookup (it offers {', '.join(engine.lookups)})")
-    unknown = sorted(set(opts) - set(engine.options)) if engine.options is not None else []
+    shardchecks = {"runner", "patches"}  # (given by shardcheck itself, never by --engine-option)
+    unknown = sorted(set(opts) - (set(engine.options) - shardchecks)) if engine.options is not None else \
+        sorted(set(opts) & shardchecks)
     if unknown:
         raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes ranks, "
-                           f"{', '.join(engine.options)})")
+                           f"{', '.join(o for o in engine.options or () if o not in shardchecks)})")
+    if runner == "processes" and engine.options is not None and "runner" not in engine.options:
+        raise ResolveError(f"engine {engine.name!r} cannot run its ranks in processes (--runner processes)")
     cap = ranks or max_ranks or (len(opts["urls"]) if opts.get("urls") else 4)
     return EngineTarget(engine=engine, lookups=lookups, options=opts, max_ranks=cap, runner=runner)
 

@@ -12,7 +12,6 @@ cut down on fresh deployments for up to `--minimise-seconds`, its rate measured)
 """
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -107,7 +106,7 @@ class EngineMachine(RuleBasedStateMachine):
             note(f"counterexample trace: {self._write(violations)}")
         raise_violations(violations, "engine")
 
-    def _write(self, violations: list) -> Path:
+    def _write(self, violations: list) -> Path | str:
         """The trace of the steps so far, cut down on fresh deployments first (within `--minimise-seconds`)."""
         assert self.case is not None
         case = attrs.evolve(self.case, steps=tuple(self.steps))
@@ -124,7 +123,7 @@ class EngineMachine(RuleBasedStateMachine):
         finding = EngineFinding(prop, small, first, k, n, "pytest properties/ (EngineMachine)", case.size())
         trace = engine_trace(finding, engine=self.target.name, options=self.target.options,
                              patches=self.target.engine.patches, runner=self.target.runner)
-        return write_found(trace, self.cfg.found_dir, self.target.name, prop)
+        return write_found(trace, self.cfg, self.target.name, prop)
 
     # -- rules --------------------------------------------------------------------------------------------------
     def _prompt(self, i: int) -> EnginePrompt:
@@ -239,8 +238,8 @@ class EngineMachineSearch:
             _STOP[0] = lambda: False
 
     def _batches(self, ctx: SearchContext, target: Any, cov: EngineMachineCoverage, left: float) -> Finding | None:
-        with tempfile.TemporaryDirectory(prefix="shardcheck-engine-machine-") as tmp, \
-                config.using(engine=target, found_dir=Path(tmp), minimise_seconds=min(30.0, left / 2)):
+        found: list[Trace] = []
+        with config.using(engine=target, found=found, minimise_seconds=min(30.0, left / 2)):
             batch = 0
             while not ctx.should_stop():
                 steps0 = RULE_STEPS["engine"]
@@ -255,10 +254,8 @@ class EngineMachineSearch:
                     if not failed:
                         raise
                 cov.batches, cov.steps = batch, cov.steps + RULE_STEPS["engine"] - steps0
-                if failed:
-                    for path in sorted(Path(tmp).glob("*.json")):
-                        trace = Trace.load(path)
-                        return _finding(trace, target, self.name)
+                if failed and found:
+                    return _finding(found[0], target, self.name)
         return None
 
 

@@ -66,8 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a function called before any engine is built, which may patch the engine's classes, "
                          "repeatable (default: none)")
     group.addoption("--shrink-real", action="store_true",
-                    help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
-                         "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
+                    help="let Hypothesis shrink failures of a real (non-model) client or engine too; off by default "
+                         "because every shrink step of a hanging client costs a timeout and a server restart (minutes)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,7 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not in_memory and stall <= op:
         raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
                                 "call spends in store calls counts towards its stall limit")
-    if not in_memory and not config.getoption("shrink_real"):
+    if (not in_memory or config.getoption("engine")) and not config.getoption("shrink_real"):
         from hypothesis import Phase
         current = settings.get_current_profile_name()
         settings.register_profile(f"{current}-real-client", settings.get_profile(current),

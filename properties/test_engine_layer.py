@@ -18,5 +18,5 @@ class TestEngineLayer(EngineMachine.TestCase):
     """Engine steps in vLLM's order: lookups answer the minimum over ranks, retrieves the stored bytes, pins are
     released, every call returns, requests stay isolated."""
 
-    settings = settings(settings.get_current_profile(), max_examples=EXAMPLES.get(profiles.chosen(), 8),
+    settings = settings(settings(), max_examples=EXAMPLES.get(profiles.chosen(), 8),
                         stateful_step_count=14, deadline=None)

@@ -342,12 +342,13 @@ class ServingEngineEntry:
     options: tuple[str, ...] | None = None
 
 
-#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`).
-ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout")
+#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
+#: `--runner` of the deployment, and `patches`, the `--engine-patch` functions a rank process applies first).
+ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout", "runner", "patches")
 
 #: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
 SERVING_ENGINES: dict[str, ServingEngineEntry] = {
-    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.deployment:stock_factory", options=ENGINE_OPTIONS,
+    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.factory:stock_factory", options=ENGINE_OPTIONS,
                            about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
                                  "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
     "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,

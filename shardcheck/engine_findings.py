@@ -17,10 +17,11 @@ __all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS"]
 
 ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
 MEASURE_RUNS = 10
-MINIMISE_SECONDS = 60.0
+MINIMISE_SECONDS = 45.0
 
 
-def build(*, budget: float = 420.0, progress: Callable[[str], None] = lambda text: None) -> list[Path]:
+def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
+          modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
     from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace
     from engines.replay import ReplayOn, judge
@@ -28,7 +29,7 @@ def build(*, budget: float = 420.0, progress: Callable[[str], None] = lambda tex
 
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
-    for mode in ("sync", "async"):
+    for mode in modes:
         stock, patched = engine_target("lmcache", lookup=mode), engine_target("lmcache-patched", lookup=mode)
         stats = EngineStats()
         end = time.monotonic() + budget
@@ -41,6 +42,9 @@ def build(*, budget: float = 420.0, progress: Callable[[str], None] = lambda tex
         for f in findings:
             trace = engine_trace(f, engine="lmcache", options={}, expect={"lmcache": "reproduces"})
             kind = f.origin.split("@")[0].split(":")[0]
+            if f.property == "engine-returns":  # (one per call that did not return: close, lookup_cache, ...)
+                v = next(v for v in f.outcome.violations if v.property == f.property)
+                kind = str(v.detail.get("call", kind)).split("(")[0].split(": ")[-1].replace(" ", "-")
             path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{kind}.json"
             trace.save(path, overwrite=True)
             progress(f"  judging {path.name} ({f.k}/{f.n} on lmcache) on lmcache-patched ...")

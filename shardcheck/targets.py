@@ -69,20 +69,18 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     from engines.api import Target
     from engines.engine_search import engine_target
     from runtime.registry import ResolveError
-    if runner == "processes":
-        raise UsageError("--runner processes with --engine: one OS process per rank is not built yet for engines; "
-                         "the engine runs in-process (--runner sim)")
     if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
     try:
-        engine = engine_target(spec, lookup=lookup, options=opts, patches=tuple(patches or ()), max_ranks=max_ranks)
+        engine = engine_target(spec, lookup=lookup, options=opts, patches=tuple(patches or ()), max_ranks=max_ranks,
+                               runner="processes" if runner == "processes" else "in-process")
     except ResolveError as exc:
         raise UsageError(str(exc)) from None
     if preflight and engine.options.get("urls"):
         _reach_urls(engine.options["urls"])
     return Target(protocol=NotUnderTest(), client=NotUnderTest(), engine=engine, max_ranks=engine.max_ranks,
-                  runner="in-process")
+                  runner=engine.runner)
 
 
 def _reach_urls(urls: Any) -> None:

@@ -15,7 +15,6 @@ from tests.conftest import run_cli
     (["check", "--engine", "lmcache", "--engine-patch", "no_such_module:fn"], "no_such_module"),
     (["check", "--engine", "lmcache", "--client", "lmcache"], "takes no --protocol, --client"),
     (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
-    (["check", "--engine", "lmcache", "--runner", "processes"], "--runner processes"),
     (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
 ])
 def test_bad_engine_input_is_exit_2(args, says):

@@ -129,3 +129,15 @@ def test_a_case_leaves_nothing_behind():
         if t.name == "storage-manager-event-loop" and t not in loops:
             t.join(5.0)
             assert not t.is_alive()
+
+
+def test_runner_processes_one_process_per_rank():
+    """`--runner processes`: every rank in its own OS process (the scheduler here); the stock engine shows the same
+    freed memory, the patched one holds, and no rank process is left."""
+    import multiprocessing as mp
+    stock = run_engine_case(engine_target("lmcache", runner="processes").make, recurring(2, "async"), bounds=QUICK)
+    assert "engine-integrity" in stock.violated()
+    patched = run_engine_case(engine_target("lmcache-patched", runner="processes").make, recurring(2, "async"),
+                              bounds=Bounds(close=2.0))
+    assert patched.violations == [], patched.violations
+    assert [p for p in mp.active_children() if p.name.startswith("shardcheck-rank")] == []

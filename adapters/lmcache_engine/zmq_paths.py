@@ -24,17 +24,25 @@ import shutil
 import tempfile
 import threading
 
-__all__ = ["use_private_rpc_dir", "remove_case_sockets", "rpc_dir", "own_context"]
+__all__ = ["use_private_rpc_dir", "remove_case_sockets", "rpc_dir", "own_context", "DIR_ENV"]
 
 _DIR: str | None = None
 _LOCK = threading.Lock()
 _CLIENT_CONTEXT = threading.local()
 
 
+#: A rank process of `--runner processes` is handed its parent's directory here (the scheduler's client and the
+#: rank's lookup server must name the same socket files).
+DIR_ENV = "SHARDCHECK_LMCACHE_RPC_DIR"
+
+
 def rpc_dir() -> str:
-    """This process's socket directory (created on first use, removed at exit)."""
+    """This process's socket directory (created on first use, removed at exit; a rank process uses its parent's)."""
     global _DIR
     with _LOCK:
+        inherited = os.environ.get(DIR_ENV)
+        if inherited and os.path.isdir(inherited):
+            _DIR = inherited
         if _DIR is None or not os.path.isdir(_DIR):
             _DIR = tempfile.mkdtemp(prefix="shardcheck-zmq-")
             atexit.register(shutil.rmtree, _DIR, True)
