@@ -8,7 +8,8 @@ engine's tier sees a system prompt again and again.
   with the same tokens from another tenant, adapter, image, model, or another deployment of the same model), then
   the recurring episode with one disturbance at every position: a chunk evicted (each rank, first and last chunk,
   each tier), a rank's server paused across a lookup (past the lookup timeout), restarted or killed, the lookup
-  repeated, left unscheduled and asked again, or left in flight while another lookup runs.
+  repeated, left unscheduled and asked again, or left in flight while another lookup runs; and with every pair of
+  such disturbances around its first lookup (`_AROUND`).
 - `random_case(rng, n_ranks, lookup)`: 2-4 prompts (shared prefixes, tenants, adapters, images, a second
   deployment) and 6-24 weighted steps.
 """
@@ -85,6 +86,37 @@ def _kind(base: EngineCase, kind: str) -> Iterator[tuple[str, EngineCase]]:
                 yield f"{kind}@{i}", _with(base, steps[:i] + [Step(kind="fault", rank=r, action=kind)] + steps[i:])
 
 
+#: What may happen around one lookup: a rank's server paused across it, its LocalCPU copy gone so that its lookup
+#: waits on the server past the lookup timeout (P), the lookup left unscheduled and asked
+#: again (U), the request looked up again after it (A), left in flight (F, async), a chunk evicted before it from
+#: LocalCPU (L) or from the server (R).
+_AROUND = ("P", "U", "A", "F", "L", "R")
+
+
+def _paired(base: EngineCase) -> Iterator[tuple[str, EngineCase]]:
+    """The episode with every pair of disturbances around its first lookup, on the first and last rank."""
+    steps, n = list(base.steps), base.n_ranks
+    j = next(i for i, s in enumerate(steps) if s.kind == "lookup")
+    look = steps[j]
+    for a in range(len(_AROUND)):
+        for b in range(a + 1, len(_AROUND)):
+            pair = {_AROUND[a], _AROUND[b]}
+            if "F" in pair and base.lookup != "async":
+                continue
+            for r in sorted({n - 1, 0})[::-1]:
+                before = [Step(kind="evict", prompt=look.prompt, rank=r, chunk=0, tier=t)
+                          for t, m in (("local", "L"), ("remote", "R")) if m in pair]
+                if "P" in pair:
+                    if "L" not in pair:
+                        before.append(Step(kind="evict", prompt=look.prompt, rank=r, chunk=0, tier="local"))
+                    before.append(Step(kind="fault", rank=r, action="pause"))
+                around = [_evolve(look, wait="F" not in pair, scheduled="U" not in pair)]
+                around += [look] if pair & {"U", "A"} else []
+                after = [Step(kind="fault", rank=r, action="resume")] if "P" in pair else []
+                yield (f"pair-{''.join(sorted(pair))}@{j}",
+                       _with(base, steps[:j] + before + around + after + steps[j + 1:]))
+
+
 def _with(case: EngineCase, steps: list[Step]) -> EngineCase:
     return EngineCase(n_ranks=case.n_ranks, lookup=case.lookup, models=case.models, prompts=case.prompts,
                       steps=tuple(steps))
@@ -101,8 +133,8 @@ def enumeration(max_ranks: int, lookups: tuple[str, ...]) -> Iterator[tuple[str,
         yield "recurring", recurring(n, mode)
     for n, mode in shapes:
         yield from isolation_cases(n, mode)
-    generators = [_disturbed(recurring(n, mode)) for n, mode in shapes if n > 1] + \
-                 [_disturbed(recurring(n, mode)) for n, mode in shapes if n == 1]
+    generators = [g for n, mode in sorted(shapes, key=lambda s: s[0] == 1)
+                  for g in (_disturbed(recurring(n, mode)), _paired(recurring(n, mode)))]
     while generators:  # round robin over the shapes: every shape gets its disturbances early
         for g in list(generators):
             item = next(g, None)

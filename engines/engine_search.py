@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -36,7 +37,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace, encode
 
-__all__ = ["EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+__all__ = ["finding_key", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
            "measure_rate", "engine_trace", "engine_session", "ENGINE_EXPECT", "MAX_CANDIDATE_RUNS"]
 
 #: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
@@ -128,12 +129,12 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         stats.count(origin, case, out.seconds)
         if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
             print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
-        kind = origin.split("@")[0].split(":")[0] if by_origin else ""
-        new = [v for v in out.violations if _key(v, kind) not in stats.found]
+        kind = origin.split("@")[0].split(":")[0].split("-")[0] if by_origin else ""
+        new = [v for v in out.violations if finding_key(v, kind) not in stats.found]
         if not new:
             continue
         prop = new[0].property
-        stats.found.append(_key(new[0], kind))
+        stats.found.append(finding_key(new[0], kind))
         outer = minimise_stop or should_stop
         finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
                            measure_runs=measure_runs, stats=stats)
@@ -143,14 +144,14 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     return findings
 
 
-def _key(v: Any, kind: str) -> str:
+def finding_key(v: Any, kind: str) -> str:
     """What makes a finding new: its property, and with `by_origin` the kind of case it came from (for a call that
     did not return, which call it was, whatever the case)."""
     if not kind or v.property in ("engine-integrity", "engine-isolation", "engine-soundness"):
         return v.property  # (one root cause each so far: no need to tell their kinds of case apart)
     if v.property == "engine-returns":
-        call = str(v.detail.get("call", ""))
-        return f"{v.property}@{call.split('(')[0].split(': ')[-1]}"
+        call = re.sub(r"\b(q\d+|rank \d+)\b", "", str(v.detail.get("call", ""))).split("(")[0].split(": ")[-1]
+        return f"{v.property}@{'-'.join(call.split())}"
     return f"{v.property}@{kind}"
 
 
