@@ -31,16 +31,12 @@ from properties import config
 from properties.reporting import RULE_STEPS, event, final_run, note, raise_violations, violated_properties, write_found
 from runtime.bounded import call_bounded
 
-__all__ = ["EngineMachine", "EngineMachineSearch", "EngineMachineCoverage", "ENGINE_BATCH", "OutOfTime"]
+__all__ = ["EngineMachine", "EngineMachineSearch", "EngineMachineCoverage", "ENGINE_BATCH"]
 
 #: One batch of `check`: few examples, so the budget is polled often; no shrinking (each step of a real engine costs
 #: real time): the failing case is minimised on fresh deployments instead.
 ENGINE_BATCH = settings(max_examples=4, stateful_step_count=14, deadline=None, database=None,
                         phases=(Phase.generate,), report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
-
-
-class OutOfTime(Exception):
-    """`check`'s phase ended in the middle of a batch: the machine stops at the next rule."""
 
 
 @st.composite
@@ -59,8 +55,16 @@ def _prompts(draw: Any) -> tuple[EnginePrompt, ...]:
     return tuple(attrs.evolve(p, stem="") if not p.shared else p for p in out)
 
 
-#: When `check` runs the machine: its phase's stop (a rule called after it ends raises `OutOfTime`).
+#: When `check` runs the machine: its phase's stop. Once it has answered True, every later rule is a no-op (the
+#: draws stay the same, so Hypothesis sees neither a failure nor a different run) and the batch ends quickly.
 _STOP: list[Callable[[], bool]] = [lambda: False]
+_STOPPED = [False]
+
+
+def _stopped() -> bool:
+    if not _STOPPED[0] and _STOP[0]():
+        _STOPPED[0] = True
+    return _STOPPED[0]
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -76,24 +80,25 @@ class EngineMachine(RuleBasedStateMachine):
         self.case: EngineCase | None = None
         self.steps: list[Step] = []
         self.open: list[str] = []
+        self.prompt_of: dict[str, str] = {}
         self.made = 0
         self.paused: set[int] = set()
 
     @initialize(n_ranks=st.integers(1, 3), lookup_index=st.integers(0, 1), prompts=_prompts())
     def deploy(self, n_ranks: int, lookup_index: int, prompts: tuple) -> None:
         """A fresh deployment: `n_ranks` ranks (within `--max-ranks`), one of the lookup modes asked for."""
-        if _STOP[0]():
-            raise OutOfTime()
-        RULE_STEPS["engine"] += 1
         lookups = self.target.lookups
         self.case = EngineCase(n_ranks=min(n_ranks, self.target.max_ranks), lookup=lookups[lookup_index % len(lookups)],
                                prompts=prompts)
+        if _stopped():
+            return
+        RULE_STEPS["engine"] += 1
         dep = call_bounded(30.0, "build the deployment", "", self.target.make, self.case)
         self.run = EngineRun(dep, self.case, Bounds(), salt=f"m{id(self)}-")
 
     def _apply(self, step: Step) -> None:
-        if _STOP[0]():
-            raise OutOfTime()
+        if self.run is None or _stopped():
+            return
         RULE_STEPS["engine"] += 1
         self.steps.append(step)
         assert self.run is not None
@@ -164,11 +169,12 @@ class EngineMachine(RuleBasedStateMachine):
         assert self.case is not None
         if again and self.open:
             rid = self.open[-1]
-            prompt = next(s.prompt for s in self.steps if s.kind == "lookup" and s.request == rid)
+            prompt = self.prompt_of[rid]
         else:
             self.made += 1
             rid, prompt = f"q{self.made}", self._prompt(i).name
             self.open.append(rid)
+            self.prompt_of[rid] = prompt
         event("lookup again" if again and self.open else "lookup")
         self._apply(Step(kind="lookup", request=rid, prompt=prompt, wait=wait or self.case.lookup == "sync",
                          scheduled=scheduled or again))
@@ -194,6 +200,9 @@ class EngineMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """Every open request ends, the pins are checked, the deployment closes (bounded)."""
         if self.run is None or self.run.finished:
+            return
+        if _stopped():
+            self.run.finish()  # closed; what it found after the phase ended is not this batch's finding
             return
         found = self.run.finish()
         if found and not self.run.violations[:-len(found)]:
@@ -229,19 +238,17 @@ class EngineMachineSearch:
         target = ctx.target.engine
         cov = ctx.coverage.of(self.name, EngineMachineCoverage)
         left = max(5.0, ctx.deadline - time.monotonic())
-        _STOP[0] = ctx.should_stop
+        _STOP[0], _STOPPED[0] = ctx.should_stop, False
         try:
             return self._batches(ctx, target, cov, left)
-        except OutOfTime:
-            return None
         finally:
-            _STOP[0] = lambda: False
+            _STOP[0], _STOPPED[0] = (lambda: False), False
 
     def _batches(self, ctx: SearchContext, target: Any, cov: EngineMachineCoverage, left: float) -> Finding | None:
         found: list[Trace] = []
         with config.using(engine=target, found=found, minimise_seconds=min(30.0, left / 2)):
             batch = 0
-            while not ctx.should_stop():
+            while not _stopped():
                 steps0 = RULE_STEPS["engine"]
                 seeded = hypothesis.seed(f"shardcheck-engine-{ctx.seed}-{batch}")(
                     type("EngineMachine", (EngineMachine,), {"__module__": EngineMachine.__module__}))

@@ -1,12 +1,13 @@
 """`shardcheck check`: parse, hand the target to `engines.check.run_check`, print the verdict."""
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Any
 
+from engines.api import DEFAULT_RETENTION
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
     case_runner_of, fresh_runner_of
 
@@ -27,6 +28,9 @@ def add_arguments(c: Any) -> None:
     c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
                    help="first enumerate every configuration up to this size, whatever the budget, then spend "
                         "--budget on the engines (default: off)")
+    c.add_argument("--retention", type=float, default=DEFAULT_RETENTION, metavar="SECONDS",
+                   help="the least age a value put and never deleted is read back at (a client's own `retention` "
+                        f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
@@ -38,13 +42,13 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               out_dir: str = "counterexamples/found", progress: bool = False, op_timeout: float | None = None,
               until_exhausted: tuple[int, int] | None = None, runner: str = "sim", explore_workers: int = 1,
               options: list[str] | dict | None = None, ranks: int | None = None,
-              max_ranks: int | None = None, engine: Any = None, lookup: str = "both",
-              engine_options: list[str] | dict | None = None, engine_patches: Any = ()) -> dict:
+              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, engine: Any = None,
+              lookup: str = "both", engine_options: list[str] | dict | None = None,
+              engine_patches: Any = ()) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
-    own lookup-and-load path is what is checked (CONTRACT.md, "Engines")."""
+    own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines")."""
     from engines.check import run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
-    from runtime.watchdog import forget
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
@@ -53,6 +57,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError(f"--op-timeout must be a positive number of seconds, got {op_timeout:g}")
     if explore_workers < 1:
         raise UsageError(f"--explore-workers must be at least 1, got {explore_workers}")
+    if not math.isfinite(retention) or retention < 0:
+        raise UsageError(f"--retention must be a number of seconds >= 0, got {retention:g}")
     if engine is not None:
         if protocol_spec is not None or client_spec is not None or options:
             raise UsageError("--engine checks a serving engine's own path: it takes no --protocol, --client or "
@@ -64,14 +70,13 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError("--engine-option and --engine-patch need --engine")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
-    forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     bar = Progress(budget, enabled=progress)
     with case_runner_of(target, op_timeout) as run, bar:
         try:
             result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout), budget=budget,
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None))
+                           note=_err if progress else (lambda text: None), retention=retention)
         except OSError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
@@ -104,10 +109,10 @@ def cmd_check(args: Any) -> int:
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
-                       max_ranks=args.max_ranks, engine=args.engine, lookup=args.lookup,
-                       engine_options=args.engine_option, engine_patches=args.engine_patch)
+                       max_ranks=args.max_ranks, retention=args.retention, engine=args.engine,
+                       lookup=args.lookup, engine_options=args.engine_option, engine_patches=args.engine_patch)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         _print_check(result)
     return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD

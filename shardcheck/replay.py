@@ -8,13 +8,13 @@ answer is `reproduces` or `fixed`, never `error`, for a protocol that merely beh
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
     fresh_runner_of
 
@@ -86,7 +86,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
         except (UsageError, ReplayError) as exc:
             row["outcome"], row["why"] = "error", str(exc)
-        except (RuntimeError, ValueError) as exc:  # the runner or the client could not run this trace
+        except Exception as exc:  # noqa: BLE001 - whatever stops this trace from running is its row's error
             row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
         row["matches"] = row["outcome"] == row["expected"]
         row["seconds"] = round(time.monotonic() - t0, 3)
@@ -133,7 +133,7 @@ def cmd_replay(args: Any) -> int:
                       options=args.client_option, engine=args.engine, engine_options=args.engine_option,
                       engine_patches=args.engine_patch)
     if args.json:
-        print(json.dumps({"results": rows}, indent=2))
+        print_json({"results": rows})
     else:
         w = max(len(r["path"]) for r in rows)
         cw = max(len("client"), *(len(r["client"]) for r in rows))
