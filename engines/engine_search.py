@@ -37,7 +37,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace, encode
 
-__all__ = ["finding_key", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+__all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
            "measure_rate", "engine_trace", "engine_session", "ENGINE_EXPECT", "MAX_CANDIDATE_RUNS"]
 
 #: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
@@ -61,11 +61,17 @@ class EngineFinding:
     n: int
     origin: str
     original_size: tuple
+    #: For `engine-returns`: the call that did not return (`call_of`); the finding is about that call only.
+    call: str | None = None
 
     @property
     def summary(self) -> str:
-        v = next(v for v in self.outcome.violations if v.property == self.property)
-        return v.summary
+        return self.violation.summary
+
+    @property
+    def violation(self) -> Any:
+        """The first violation of its first failing run that is this finding (its property, and its call)."""
+        return next(v for v in self.outcome.violations if shows([v], self.property, self.call))
 
 
 @attrs.define
@@ -137,7 +143,7 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         stats.found.append(finding_key(new[0], kind))
         outer = minimise_stop or should_stop
         finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
-                           measure_runs=measure_runs, stats=stats)
+                           measure_runs=measure_runs, stats=stats, call=call_of(new[0]))
         findings.append(finding)
         if one:
             break
@@ -150,60 +156,74 @@ def finding_key(v: Any, kind: str) -> str:
     if not kind or v.property in ("engine-integrity", "engine-isolation", "engine-soundness"):
         return v.property  # (one root cause each so far: no need to tell their kinds of case apart)
     if v.property == "engine-returns":
-        call = re.sub(r"\b(q\d+|rank \d+)\b", "", str(v.detail.get("call", ""))).split("(")[0].split(": ")[-1]
-        return f"{v.property}@{'-'.join(call.split())}"
+        return f"{v.property}@{call_of(v)}"
     return f"{v.property}@{kind}"
 
 
-def _shows(make: Make, case: EngineCase, prop: str, bounds: Bounds, runs: int, stop: Callable[[], bool],
-           stats: EngineStats) -> EngineOutcome | None:
-    """The first of up to `runs` runs of `case` that violates `prop`, or None."""
+def call_of(v: Any) -> str | None:
+    """Which call an `engine-returns` violation is about, without its request and rank (`lookup_cache`, `close`,
+    `retrieve`, ...); None for the other properties."""
+    if v.property != "engine-returns":
+        return None
+    call = re.sub(r"\b(q\d+|rank \d+)\b", "", str(v.detail.get("call", ""))).split("(")[0].split(": ")[-1]
+    return "-".join(call.split())
+
+
+def shows(violations: Any, prop: str, call: str | None = None) -> bool:
+    """Whether `violations` has one of `prop` (and, given `call`, about that call)."""
+    return any(v.property == prop and (call is None or call_of(v) == call) for v in violations)
+
+
+def _shows(make: Make, case: EngineCase, prop: str, call: str | None, bounds: Bounds, runs: int,
+           stop: Callable[[], bool], stats: EngineStats) -> EngineOutcome | None:
+    """The first of up to `runs` runs of `case` that violates `prop` (about `call`), or None."""
     for _ in range(runs):
         if stop():
             return None
         stats.minimise_runs += 1
         out = run_engine_case(make, case, bounds=bounds)
-        if prop in out.violated():
+        if shows(out.violations, prop, call):
             return out
     return None
 
 
 def _finding(make: Make, case: EngineCase, out: EngineOutcome, prop: str, origin: str, *, bounds: Bounds,
-             outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats) -> EngineFinding:
-    """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest)."""
+             outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats,
+             call: str | None = None) -> EngineFinding:
+    """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest). An
+    `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is another finding)."""
     t0 = time.monotonic()
     stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
-    quick = _quick_bounds(bounds, prop, out)
-    again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, quick, 1, stop, stats) is not None)
+    quick = _quick_bounds(bounds, call)
+    again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, call, quick, 1, stop, stats))
     runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
-    small = minimise_case(lambda c: _shows(make, c, prop, quick, runs, stop, stats) is not None, case, stop)
+    small = minimise_case(lambda c: _shows(make, c, prop, call, quick, runs, stop, stats) is not None, case, stop)
     left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
-    k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left)
+    k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
     if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
         small = case
-        k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left)
+        k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
     if first is None:  # no time left to measure: the runs made so far
         k, n, first = 1 + again, 3 if again or not stop() else 1, out
-    return EngineFinding(prop, small, first, k, n, origin, case.size())
+    return EngineFinding(prop, small, first, k, n, origin, case.size(), call)
 
 
-def _quick_bounds(bounds: Bounds, prop: str, out: EngineOutcome) -> Bounds:
+def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
     """While minimising a finding that is not about closing, a stuck close is not waited for."""
-    about_close = any(v.property == prop and v.detail.get("call") == "close" for v in out.violations)
-    return bounds if about_close else attrs.evolve(bounds, close=min(bounds.close, 0.3))
+    return bounds if call == "close" else attrs.evolve(bounds, close=min(bounds.close, 0.3))
 
 
 def measure_rate(make: Make, case: EngineCase, prop: str, runs: int, bounds: Bounds = Bounds(), *,
-                 stop: Callable[[], bool] = lambda: False) -> tuple:
-    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` violate `prop` (fewer runs
-    when `stop()` ends it; at least one)."""
+                 stop: Callable[[], bool] = lambda: False, call: str | None = None) -> tuple:
+    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` violate `prop` (about `call`)
+    (fewer runs when `stop()` ends it; at least one)."""
     k, n, first = 0, 0, None
     for i in range(runs):
         if i and stop():
             break
         out = run_engine_case(make, case, bounds=bounds)
         n += 1
-        if prop in out.violated():
+        if shows(out.violations, prop, call):
             k += 1
             first = first or out
     return k, n, first
@@ -274,8 +294,9 @@ def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches:
                  expect: dict | None = None, runner: str = "in-process") -> Trace:
     """The `engine` trace of a finding (see `counterexamples/README.md`)."""
     out = finding.outcome
-    violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in out.violations]
-    violations.sort(key=lambda v: v["property"] != finding.property)
+    first = finding.violation
+    ordered = [first] + [v for v in out.violations if v is not first]
+    violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in ordered]
     rate = f"{finding.k} of {finding.n} runs" if finding.k < finding.n else f"every one of {finding.n} runs"
     summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {finding.case.lookup} lookup, "
                f"{len(finding.case.steps)} steps; in {rate}")
@@ -387,8 +408,9 @@ def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Fi
     """The `model.finding.Finding` of an engine finding, with its trace and measured rate."""
     trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
                          expect={target.name: "reproduces"}, runner=target.runner)
-    violations = [Violation(v.property, v.summary, v.detail) for v in found.outcome.violations]
-    violations.sort(key=lambda v: v.property != found.property)
+    first = found.violation
+    violations = [Violation(v.property, v.summary, v.detail)
+                  for v in [first] + [v for v in found.outcome.violations if v is not first]]
     notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
              f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
     return Finding(engine=engine, violations=violations, trace=trace, rate=Rate(found.k, found.n), notes=notes)
@@ -398,7 +420,26 @@ def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Fi
 def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Iterator[Callable[[], tuple[list, str]]]:
     """Runs of an engine trace's case, each on a fresh deployment of `make` (`engines.replay.SESSIONS`)."""
     case = case_from_json(trace.config["case"])
+    call = _recorded_call(trace)
 
     def once() -> tuple[list, str]:
-        return list(run_engine_case(make, case, bounds=bounds).violations), ""
+        violations = list(run_engine_case(make, case, bounds=bounds).violations)
+        if call is None:
+            return violations, ""
+        other = [v for v in violations if v.property == trace.property and call_of(v) != call]
+        return [v for v in violations if v not in other], (f"{len(other)} other call(s) did not return either: "
+                                                           f"{', '.join(sorted({call_of(v) for v in other}))}"
+                                                           if other else "")
     yield once
+
+
+def _recorded_call(trace: Trace) -> str | None:
+    """The call an `engine-returns` trace is about (its first recorded violation's), else None: its replay counts
+    only that call (a trace of a lookup that never returns is not reproduced by a close that never returns)."""
+    if trace.property != "engine-returns":
+        return None
+    from model.outcome import Violation
+    first = next((v for v in trace.verdict.get("violations", []) if v.get("property") == trace.property), None)
+    if first is None or not isinstance(first.get("detail"), dict):
+        return None
+    return call_of(Violation(first["property"], first.get("summary", ""), first["detail"]))

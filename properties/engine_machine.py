@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from engines.api import SearchContext
 from engines.engine_run import Bounds, EngineRun
-from engines.engine_search import EngineFinding, engine_trace, measure_rate, minimise_case
+from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, minimise_case, shows
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.finding import Finding
 from model.trace import Trace
@@ -115,17 +115,17 @@ class EngineMachine(RuleBasedStateMachine):
         """The trace of the steps so far, cut down on fresh deployments first (within `--minimise-seconds`)."""
         assert self.case is not None
         case = attrs.evolve(self.case, steps=tuple(self.steps))
-        prop = violations[0].property
+        prop, call = violations[0].property, call_of(violations[0])
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         stop = lambda: time.monotonic() >= stop_at  # noqa: E731
         make, bounds = self.target.make, Bounds(close=0.3)
-        small = minimise_case(lambda c: prop in _run(make, c, bounds).violated(), case, stop) \
+        small = minimise_case(lambda c: shows(_run(make, c, bounds).violations, prop, call), case, stop) \
             if self.cfg.minimise_seconds > 0 else case
-        k, n, first = measure_rate(make, small, prop, 3, bounds)
+        k, n, first = measure_rate(make, small, prop, 3, bounds, call=call)
         if first is None:
             from engines.engine_run import EngineOutcome
             small, k, n, first = case, 1, 1, EngineOutcome(case, list(violations), list(self.run.events), 0.0)
-        finding = EngineFinding(prop, small, first, k, n, "pytest properties/ (EngineMachine)", case.size())
+        finding = EngineFinding(prop, small, first, k, n, "pytest properties/ (EngineMachine)", case.size(), call)
         trace = engine_trace(finding, engine=self.target.name, options=self.target.options,
                              patches=self.target.engine.patches, runner=self.target.runner)
         return write_found(trace, self.cfg, self.target.name, prop)

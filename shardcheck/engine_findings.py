@@ -23,7 +23,7 @@ MINIMISE_SECONDS = 45.0
 def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
           modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
-    from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace, finding_key
+    from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace, call_of
     from engines.replay import ReplayOn, judge
     from shardcheck.targets import NotUnderTest
 
@@ -41,10 +41,8 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
             f"{f.property} ({f.k}/{f.n})" for f in findings))
         for f in findings:
             trace = engine_trace(f, engine="lmcache", options={}, expect={"lmcache": "reproduces"})
-            kind = f.origin.split("@")[0].split(":")[0].split("-")[0]
-            v = next(v for v in f.outcome.violations if v.property == f.property)
-            key = finding_key(v, kind).split("@")[-1]  # (engine-returns: the call that did not return)
-            path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{key if key != f.property else kind}.json"
+            what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
+            path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{what}.json"
             trace.save(path, overwrite=True)
             progress(f"  judging {path.name} ({f.k}/{f.n} on lmcache) on lmcache-patched ...")
             verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))

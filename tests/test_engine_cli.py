@@ -44,3 +44,46 @@ def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
         rows[engine] = json.loads(rep.stdout)["results"][0]
     assert rows["lmcache"]["outcome"] == "reproduces", rows["lmcache"]
     assert rows["lmcache-patched"]["outcome"] == "fixed", rows["lmcache-patched"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("runner", ["in-process", "processes"])
+def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner):
+    """Ctrl-C (SIGINT to the process group) during `check --engine lmcache`: exit 130, no process of the run left
+    (servers, rank processes, the forkserver), nothing left in its temp dir (sockets, server dirs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = [sys.executable, "-m", "shardcheck", "check", "--engine", "lmcache", "--lookup", "sync", "--budget", "60",
+            "--out", str(tmp_path / "found")] + (["--runner", "processes"] if runner == "processes" else [])
+    p = subprocess.Popen(args, cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "TMPDIR": str(tmp), "SHARDCHECK_ENGINE_TRACE": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in p.stderr:  # the first case ran: servers, engines and sockets exist
+            if line.startswith("[engine]"):
+                break
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        p.stderr.close()
+
+    def group() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
+        return [g for g in out if g == str(p.pid)]
+
+    for _ in range(300):
+        if not group():
+            break
+        time.sleep(0.1)
+    assert group() == []
+    assert sorted(str(q.relative_to(tmp)) for q in tmp.rglob("*")) == []
