@@ -59,6 +59,12 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    shielded, not cancelled, and what it read is freed when it ends; a retired client is closed no sooner than
    1 s after it was replaced (closing it fails its pending reads, which then free their buffers).
 
+9. The connector's close never returns (finding `engine-returns` of `--engine lmcache`): `RESPConnector.close`
+   awaits `AsyncPQExecutor.shutdown`, a synchronous method that schedules `shutdown_async` on the connector's
+   event loop and blocks on its result, from a coroutine running on that same loop: the loop thread blocks for
+   good, and so does `RemoteBackend.close` (and the engine's close, and an interpreter exit waiting for the
+   storage manager's non-daemon loop thread). Fix: the close awaits `shutdown_async(wait=False)` itself.
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
 
@@ -145,7 +151,10 @@ def patched_resp_connector_class() -> type:
         async def close(self) -> None:
             for old in list(getattr(self, "_retired", [])):
                 self._retire(old)
-            await super().close()
+            # fix 9: stock close awaits `AsyncPQExecutor.shutdown`, a sync method that blocks this very event loop
+            # waiting for a coroutine scheduled on it (the engine's close never returns): use its async form
+            await self.pq_executor.shutdown_async(wait=False)
+            self.client.close()
 
         async def _bounded(self, coro: Any) -> tuple[bool, Any]:
             # fix 8: the stuck GET is shielded, not cancelled: cancelling dropped its memory object, whose

@@ -105,6 +105,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
         finding = _measured(ctx, finding, fresh_runner, finish_by)
         try:
             path = finding.trace.save_unique(out_dir, target.protocol.name if finding.trace.kind == "protocol"
+                                             else target.engine.name if target.engine is not None
                                              else target.client.name, finding.property)
         except OSError as exc:
             raise OSError(f"cannot write the counterexample under {out_dir}: {exc}") from None

@@ -13,7 +13,7 @@ from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
            "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
-           "STORE_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
+           "STORE_PROPERTIES", "ENGINE_LAYER", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
 
 
 def soundness(o: Outcome) -> list[Violation]:
@@ -163,8 +163,9 @@ def _preview(b) -> str:
 class Property:
     """One property: its name, its layer, the check that finds it, and the known-bad demos that violate it.
 
-    `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time) or
-    "concurrency" (a store client called from several callers at once). `check`: the function over an `Outcome`
+    `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time),
+    "concurrency" (a store client called from several callers at once) or "engine" (a real engine's own
+    lookup-and-load path, `--engine`; its demos are `--engine-patch` functions). `check`: the function over an `Outcome`
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
     hang and termination, reported through `run_faults`; the store layers' runners). `demos`: the name of each
     known-bad protocol or client built to violate it (every property has one, so every check can fail), in the demo
@@ -184,6 +185,10 @@ def _protocol(name: str, about: str, check: Callable | None, *demos: str) -> Pro
 
 def _store(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="store", about=about, demos=demos)
+
+
+def _engine(name: str, about: str, *demos: str) -> Property:
+    return Property(name=name, layer="engine", about=about, demos=demos)
 
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
@@ -228,6 +233,18 @@ CATALOG: tuple[Property, ...] = (
     _concurrent("wrong-caller", "no result reaches another caller", "crossed_replies_factory"),
     _concurrent("linearizability", "every history is linearizable against a key-value register per key",
                 "stale_cache_factory"),
+    _engine("engine-soundness", "a lookup never answers more than the minimum over ranks of each rank's stored "
+            "prefix, whatever failed", "take_max"),
+    _engine("engine-completeness", "with nothing failed, a lookup answers exactly the minimum over ranks of each "
+            "rank's stored prefix", "one_chunk_short"),
+    _engine("engine-integrity", "a retrieve returns exactly the stored bytes of the planned prefix (never freed "
+            "memory, never fewer chunks with nothing failed)", "flip_retrieved_byte"),
+    _engine("engine-isolation", "under the engine's own key scheme, a lookup never counts and a retrieve never "
+            "returns the KV of another tenant, model, adapter or image", "drop_request_tags"),
+    _engine("pins", "every pin a lookup takes is released when its request ends, whatever the minimum was",
+            "drop_lookup_unpin"),
+    _engine("engine-returns", "every call of the engine, close included, returns an answer within its bound",
+            "stuck_close"),
 )
 BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}
 
@@ -239,6 +256,8 @@ CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = tuple(dict.fromkeys(
 PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 #: The store layer's properties.
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
+#: The engine layer's properties (found by `engines.engine_run` with `model.engine_oracle`).
+ENGINE_LAYER = tuple(p.name for p in CATALOG if p.layer == "engine")
 
 
 def check_outcome(o: Outcome) -> list[Violation]:

@@ -5,10 +5,13 @@ import concurrent.futures
 import typing
 from typing import Any, Callable, Generator, Mapping, Sequence
 
+import attrs
+
 from model.effects import Effect
 
 __all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
-           "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS"]
+           "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS", "EngineRequest", "EngineRetrieve",
+           "EngineDeployment", "EngineFactory", "DEPLOYMENT_METHODS"]
 
 
 @typing.runtime_checkable
@@ -90,3 +93,87 @@ def declared_paths(store: Any) -> tuple[str, ...]:
 def missing_members(obj: Any, names: Sequence[str]) -> list[str]:
     """The names of `names` that `obj` lacks or has as non-callables (except `name`)."""
     return [n for n in names if not callable(getattr(obj, n, None))]
+
+
+# -- engines (CONTRACT.md, "Engines") ------------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class EngineRequest:
+    """One request as the serving engine's integration sees it: its id (vLLM's request id, LMCache's lookup id),
+    its token ids, and what else its KV depends on: the tenant, the LoRA adapter, an image (its hash) whose
+    placeholder span is token positions 1..chunk_size-2."""
+
+    id: str
+    tokens: tuple[int, ...] = attrs.field(converter=tuple)
+    tenant: str = ""
+    adapter: str = ""
+    image: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class EngineRetrieve:
+    """What one rank's retrieve produced: `retrieved` tokens (the engine's own mask), the bytes that landed in the
+    request's KV buffer per full chunk (None: not retrieved), and the memory the engine handed over after freeing
+    it (`{"chunk": c, "bytes": what was at its address}`)."""
+
+    retrieved: int
+    chunks: list = attrs.field(factory=list)
+    freed: list = attrs.field(factory=list)
+
+
+@typing.runtime_checkable
+class EngineDeployment(typing.Protocol):
+    """A real serving engine's lookup-and-load path: `deployments` deployments (one model each) of `n_ranks` ranks
+    on one shared tier, one scheduler-side lookup client each. `d` indexes the deployment, `rank` the rank.
+
+    The calls the engine offers its serving framework, called in vLLM's order by `engines.engine_run` (every call
+    bounded there): `lookup_cache(d, req) -> int | None` (-1: no result yet; None: in flight; else hit tokens),
+    `lookup(d, req) -> int | None` (sync: hit tokens; async: None, the answer comes through `lookup_cache`),
+    `clear_lookup_status(d, req)` (the request was scheduled), `store(d, rank, req, kv)` (the rank's KV of every
+    full chunk after prefill; returns once stored), `retrieve(d, rank, req, n_tokens) -> EngineRetrieve`,
+    `lookup_unpin(d, rank, req)`, `close()`. What the checks observe: `chunk_keys(d, rank, req)` (the engine's own
+    key of each full chunk), `holdings(d, rank, keys) -> (local, remote)` (which of `keys` the rank holds in each
+    tier, a list of bools each; `remote` None when its server cannot be reached), `pins(d, rank)` (lookup pins
+    held). Faults: `evict(d, rank, req, chunk, tier)` (tier `local`, `remote` or `both`), `fault(rank, action)`
+    (the rank's server: `pause`, `resume`, `kill`, `restart`), `reachable(rank)`.
+    Members: `n_ranks`, `deployments`, `chunk_size` (tokens), `chunk_bytes` (KV bytes of one chunk on one rank),
+    `lookup_mode` (`sync` or `async`), `lookup_timeout` (seconds), `faults` (None when servers cannot be faulted).
+    """
+
+    n_ranks: int
+    deployments: int
+    chunk_size: int
+    chunk_bytes: int
+    lookup_mode: str
+    lookup_timeout: float
+
+    def lookup_cache(self, d: int, request: EngineRequest) -> int | None: ...
+
+    def lookup(self, d: int, request: EngineRequest) -> int | None: ...
+
+    def clear_lookup_status(self, d: int, request: EngineRequest) -> None: ...
+
+    def store(self, d: int, rank: int, request: EngineRequest, kv: Sequence[bytes]) -> None: ...
+
+    def retrieve(self, d: int, rank: int, request: EngineRequest, n_tokens: int) -> EngineRetrieve: ...
+
+    def lookup_unpin(self, d: int, rank: int, request: EngineRequest) -> None: ...
+
+    def chunk_keys(self, d: int, rank: int, request: EngineRequest) -> list[str]: ...
+
+    def holdings(self, d: int, rank: int, keys: Sequence[str]) -> tuple[list[bool], list[bool] | None]: ...
+
+    def pins(self, d: int, rank: int) -> int: ...
+
+    def evict(self, d: int, rank: int, request: EngineRequest, chunk: int, tier: str) -> None: ...
+
+    def fault(self, rank: int, action: str) -> None: ...
+
+    def reachable(self, rank: int) -> bool: ...
+
+    def close(self) -> list[str]: ...
+
+
+#: `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment` (`--engine MOD:ATTR`).
+EngineFactory = Callable[..., EngineDeployment]
+DEPLOYMENT_METHODS = ("lookup_cache", "lookup", "clear_lookup_status", "store", "retrieve", "lookup_unpin",
+                      "chunk_keys", "holdings", "pins", "evict", "fault", "reachable", "close")

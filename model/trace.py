@@ -1,8 +1,9 @@
 """`Trace`: one run as data, with a versioned JSON round-trip.
 
-Three kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
-`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle) and
-`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate).
+Four kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
+`store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle),
+`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate) and `engine`
+(engine steps replayed on a real engine's own lookup-and-load path, `--engine`, with its measured rate).
 A malformed file raises `TraceError` naming the file and the field.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import attrs
 
 from model.codec import TraceError, decode, encode
+from model.engine_case import CaseError, case_from_json
 from model.faults import FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
@@ -29,7 +31,7 @@ __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "de
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
-KINDS = ("protocol", "store-ops", "concurrent")
+KINDS = ("protocol", "store-ops", "concurrent", "engine")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_CHUNKS, MAX_FILE_BYTES, MAX_OTHERS = 1024, 64 * 1024 * 1024, 16
@@ -155,6 +157,8 @@ class Trace:
                 validate_rate(data["config"]["rate"], path)
         elif data["kind"] == "concurrent":
             validate_concurrent(data, path)
+        elif data["kind"] == "engine":
+            _validate_engine(data, path)
         else:
             validate_store_ops(data, path)
         known = {f.name for f in attrs.fields(cls)}
@@ -196,6 +200,28 @@ def _validate_verdict(verdict: dict, path: Any) -> None:
                 or not isinstance(v.get("summary", ""), str) or not isinstance(v.get("detail", {}), dict):
             raise TraceError(path, f"verdict.violations[{i}]", "expected {'property': str, 'summary': str, "
                              "'detail': object}")
+
+
+def _validate_engine(data: dict, path: Any) -> None:
+    """An engine trace: `config.engine` (the engine's name), `config.case` (`model.engine_case`: ranks, lookup
+    mode, models, prompts, steps), `config.rate` `{"k", "n"}`, `config.options` (the factory options) and
+    `config.patches` (the `--engine-patch` functions applied)."""
+    cfg = data["config"]
+    if not isinstance(cfg.get("engine"), str) or not cfg["engine"]:
+        raise TraceError(path, "config.engine", f"expected the engine's name, got {cfg.get('engine')!r}")
+    try:
+        case_from_json(cfg.get("case"))
+    except CaseError as exc:
+        raise TraceError(path, f"config.case.{exc.field}" if exc.field != "case" else "config.case",
+                         str(exc).split(": ", 1)[-1]) from None
+    validate_rate(cfg.get("rate"), path)
+    if not isinstance(cfg.get("options", {}), dict):
+        raise TraceError(path, "config.options", "expected an object of factory options")
+    patches = cfg.get("patches", [])
+    if not isinstance(patches, list) or not all(isinstance(p, str) and ":" in p for p in patches):
+        raise TraceError(path, "config.patches", "expected a list of MOD:ATTR strings")
+    if not isinstance(data.get("events", []), list):
+        raise TraceError(path, "events", "expected a list")
 
 
 def _validate_protocol(data: dict, path: Any) -> None:

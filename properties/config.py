@@ -39,6 +39,8 @@ class RunConfig:
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
     client_options: dict = attrs.field(factory=dict)
     max_ranks: int | None = None
+    #: The serving engine under test (`--engine`: an `engines.engine_search.EngineTarget`), or None.
+    engine: Any = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     #: Whether the store layer runs two clients of the same servers when the client can share them.
@@ -136,7 +138,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
-                                                              "max_ranks", "shared", "retention")},
+                                                              "max_ranks", "shared", "retention", "engine")},
                            **changes})
     try:
         yield CURRENT

@@ -55,12 +55,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "as JSON is taken as JSON) (default: none)")
     group.addoption("--max-ranks", default=None, type=int, metavar="N",
                     help="no machine uses more than N ranks (default: as many as --client-option urls names, else 4)")
+    group.addoption("--engine", default=None, metavar="NAME|MOD:ATTR",
+                    help="a serving engine whose own lookup-and-load path the engine layer checks: lmcache, "
+                         "lmcache-patched or MOD:ATTR of a deployment factory (default: none: the engine layer "
+                         "does not run)")
+    group.addoption("--lookup", default="both", choices=("sync", "async", "both"),
+                    help="the engine's scheduler-side lookup clients to drive (default: both)")
+    group.addoption("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the engine's factory (urls=..., lookup_timeout_ms=...) or ranks=N, repeatable "
+                         "(default: none)")
+    group.addoption("--engine-patch", action="append", default=[], metavar="MOD:ATTR",
+                    help="a function called before any engine is built, which may patch the engine's classes, "
+                         "repeatable (default: none)")
     group.addoption("--retention", default=DEFAULT_RETENTION, type=float, metavar="SECONDS",
                     help="the least age a value put and never deleted is read back at (a client's own `retention` "
                          f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
     group.addoption("--shrink-real", action="store_true",
-                    help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
-                         "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
+                    help="let Hypothesis shrink failures of a real (non-model) client or engine too; off by default "
+                         "because every shrink step of a hanging client costs a timeout and a server restart (minutes)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -97,18 +109,35 @@ def pytest_configure(config: pytest.Config) -> None:
     if not in_memory and stall <= op:
         raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
                                 "call spends in store calls counts towards its stall limit")
-    if not in_memory and not config.getoption("shrink_real"):
+    if (not in_memory or config.getoption("engine")) and not config.getoption("shrink_real"):
         from hypothesis import Phase
         current = settings.get_current_profile_name()
         settings.register_profile(f"{current}-real-client", settings.get_profile(current),
                                   phases=tuple(p for p in settings.get_profile(current).phases if p is not Phase.shrink))
         settings.load_profile(f"{current}-real-client")
     found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
+    engine = _engine_target(config, max_ranks)
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
                                               op_timeout=config.getoption("op_timeout"),
                                               minimise_seconds=config.getoption("minimise_seconds"),
                                               retention=config.getoption("retention"),
-                                              client_options=options, max_ranks=max_ranks)
+                                              client_options=options, max_ranks=max_ranks, engine=engine)
+
+
+def _engine_target(config: pytest.Config, max_ranks: int | None) -> object:
+    """The serving engine of `--engine` (with `--lookup`, `--engine-option`, `--engine-patch`), or None."""
+    spec = config.getoption("engine")
+    if spec is None:
+        if config.getoption("engine_option") or config.getoption("engine_patch"):
+            raise pytest.UsageError("--engine-option and --engine-patch need --engine")
+        return None
+    from engines.engine_search import engine_target
+    try:
+        return engine_target(spec, lookup=config.getoption("lookup"), max_ranks=max_ranks,
+                             options=parse_options(config.getoption("engine_option"), flag="--engine-option"),
+                             patches=config.getoption("engine_patch"))
+    except (ResolveError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

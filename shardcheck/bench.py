@@ -37,8 +37,11 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     scale = scale_bench()
     say("real: a --runner processes case and a full `shardcheck tier`, each from a fresh interpreter ...")
     from shardcheck.bench_real import measure_real
+    real = measure_real()
+    say("engine: a real LMCache deployment's set-up, and its sync and async lookups per second ...")
+    from shardcheck.bench_engine import measure_engine
     return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency, "scale": scale,
-            "real": measure_real()}
+            "real": real, "engine": measure_engine(min(seconds, 3.0))}
 
 
 def format_bench(r: dict[str, Any]) -> str:
@@ -54,11 +57,17 @@ def format_bench(r: dict[str, Any]) -> str:
             rows.append(("concurrency.checker_1m_s", r["concurrency"]["checker_1m_s"]))
         rows.append(("concurrency.driver_ops_per_s", r["concurrency"]["driver_ops_per_s"]))
     rows += [(f"real.{k}", r["real"][k]) for k in ("processes_case_s", "tier_s")] if "real" in r else []
+    if "engine" in r:
+        rows += [("engine.setup_s", r["engine"]["setup_s"]),
+                 ("engine.lookups_per_s.sync", r["engine"]["lookups_per_s"]["sync"]),
+                 ("engine.lookups_per_s.async", r["engine"]["lookups_per_s"]["async"])]
     out = [f"{'figure':<34} {'measured':>12} {'target':>10}  met"]
+    from shardcheck.bench_engine import ENGINE_TARGETS
     from shardcheck.bench_real import TARGETS as REAL
     for name, value in rows:
-        target = {**TARGETS, **REAL}[name]
-        met = value <= target if name.startswith(("z3", "real", "concurrency.checker_")) else value >= target
+        target = {**TARGETS, **REAL, **ENGINE_TARGETS}[name]
+        met = value <= target if name.startswith(("z3", "real", "concurrency.checker_", "engine.setup")) \
+            else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s, "
                f"{r['explorer'].get('cpu_seconds', 0.0):.2f} s of CPU)")

@@ -8,13 +8,15 @@ from typing import Any
 from engines.api import DEFAULT_RETENTION
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
-from shardcheck.targets import add_target_arguments, build_target, case_runner_of, fresh_runner_of
+from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
+    case_runner_of, fresh_runner_of
 
 __all__ = ["add_arguments", "run_check", "cmd_check"]
 
 
 def add_arguments(c: Any) -> None:
     add_target_arguments(c)
+    add_engine_arguments(c)
     c.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="run protocol cases of exactly N ranks; store-layer engines use at most N (default: any)")
     c.add_argument("--max-ranks", type=int, default=None, metavar="N",
@@ -40,8 +42,11 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               out_dir: str = "counterexamples/found", progress: bool = False, op_timeout: float | None = None,
               until_exhausted: tuple[int, int] | None = None, runner: str = "sim", explore_workers: int = 1,
               options: list[str] | dict | None = None, ranks: int | None = None,
-              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION) -> dict:
-    """`shardcheck check` as a function: the contract's JSON result (a dict)."""
+              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, engine: Any = None,
+              lookup: str = "both", engine_options: list[str] | dict | None = None,
+              engine_patches: Any = ()) -> dict:
+    """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
+    own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines")."""
     from engines.check import run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
     from shardcheck.progress import Progress
@@ -54,6 +59,15 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError(f"--explore-workers must be at least 1, got {explore_workers}")
     if not math.isfinite(retention) or retention < 0:
         raise UsageError(f"--retention must be a number of seconds >= 0, got {retention:g}")
+    if engine is not None:
+        if protocol_spec is not None or client_spec is not None or options:
+            raise UsageError("--engine checks a serving engine's own path: it takes no --protocol, --client or "
+                             "--client-option")
+        target = build_engine_target(engine, lookup=lookup, options=engine_options, patches=engine_patches,
+                                     max_ranks=ranks or max_ranks, runner=runner)
+        return _check_engine(target, budget=budget, seed=seed, out_dir=out_dir, progress=progress)
+    if engine_options or engine_patches:
+        raise UsageError("--engine-option and --engine-patch need --engine")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     bar = Progress(budget, enabled=progress)
@@ -68,12 +82,35 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     return result.to_json()
 
 
+def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool) -> dict:
+    """`check --engine`: the deployment schedule of `engines.check.run_check` (no protocol runner: every case runs
+    on fresh deployments of the engine)."""
+    import contextlib
+
+    from engines.check import run_check as check
+    from shardcheck.progress import Progress
+
+    def no_runner(protocol: Any, case: Any) -> Any:
+        raise UsageError("a protocol case cannot run on a serving engine target")
+
+    bar = Progress(budget, enabled=progress)
+    with bar:
+        try:
+            result = check(target, run=no_runner, fresh_runner=lambda: contextlib.nullcontext(no_runner),
+                           budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
+                           note=_err if progress else (lambda text: None))
+        except OSError as exc:
+            raise UsageError(f"--out {out_dir}: {exc}") from None
+    return result.to_json()
+
+
 def cmd_check(args: Any) -> int:
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
-                       max_ranks=args.max_ranks, retention=args.retention)
+                       max_ranks=args.max_ranks, retention=args.retention, engine=args.engine,
+                       lookup=args.lookup, engine_options=args.engine_option, engine_patches=args.engine_patch)
     if args.json:
         print_json(result)
     else:

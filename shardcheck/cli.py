@@ -43,10 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
     s.add_argument("trace", help="a trace file")
     s.add_argument("--svg", default=None, metavar="OUT", help="also write an SVG sequence diagram here (default: none)")
+    s.add_argument("--engine", default=None, metavar="NAME",
+                   help="for an engine trace: the serving engine it is read for (its expectation there is shown) "
+                        "(default: the one it records)")
 
     v = sub.add_parser("verify", help="the main job: proofs, checks, real clients, replays; a summary table")
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
+    v.add_argument("--engine", default=None, metavar="NAME",
+                   help="only the engine layer, on this engine (lmcache or lmcache-patched) (default: everything, "
+                        "the engine layer on both)")
 
     from shardcheck.campaign import add_arguments as campaign_arguments
     campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "

@@ -49,7 +49,7 @@ def cmd_prove(args: Any) -> int:
 # -- show -------------------------------------------------------------------------------------------
 def cmd_show(args: Any) -> int:
     from shardcheck.show import show_command
-    return show_command(args.trace, args.svg)
+    return show_command(args.trace, args.svg, getattr(args, "engine", None))
 
 
 # -- bench ------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ Targets (default: `manifest corpus z3`, which need nothing but the venv):
   also replayed on the real clients (real Valkey servers) and the outcomes recorded as their expectations;
 - `z3`: the flawed variants' Z3 counterexamples as traces (`counterexamples/z3-*.json`);
 - `findings`: the store-client findings of stock lmcache, deterministic and racy, measured on every client
-  (`counterexamples/lmcache-*.json`; real Valkey servers, a few minutes).
+  (`counterexamples/lmcache-*.json`; real Valkey servers, a few minutes);
+- `engine`: the engine-path findings of stock lmcache (`--engine`), found by the engine search, minimised, measured
+  and replayed on lmcache-patched (`counterexamples/engine/*.json`; real engines, a quarter of an hour).
 
 `--check` writes nothing: it reports each file that differs from what would be written, and exits 1 if any does.
 """
@@ -21,7 +23,7 @@ from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
 __all__ = ["TARGETS", "DEFAULT_TARGETS", "add_arguments", "cmd_regen"]
 
-TARGETS = ("manifest", "corpus", "z3", "findings")
+TARGETS = ("manifest", "corpus", "z3", "findings", "engine")
 DEFAULT_TARGETS = ("manifest", "corpus", "z3")
 
 
@@ -92,7 +94,16 @@ def _findings(check: bool, real: bool) -> list[str]:
     return []
 
 
-_RUN = {"manifest": _manifest, "corpus": _corpus, "z3": _z3, "findings": _findings}
+def _engine(check: bool, real: bool) -> list[str]:
+    from shardcheck.engine_findings import build
+    if check:
+        raise UsageError("regen engine --check is not supported: the findings are searched for and measured on real "
+                         "engines (replay them with `shardcheck replay counterexamples/engine/ --expect`)")
+    build(progress=_say)
+    return []
+
+
+_RUN = {"manifest": _manifest, "corpus": _corpus, "z3": _z3, "findings": _findings, "engine": _engine}
 
 
 def cmd_regen(args: Any) -> int:

@@ -15,7 +15,8 @@ from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
-from shardcheck.targets import add_target_arguments, build_target, fresh_runner_of
+from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
+    fresh_runner_of
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths"]
 
@@ -36,9 +37,12 @@ def trace_paths(paths: list[str]) -> list[Path]:
 
 
 def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: str | None = None, *,
-               op_timeout: float | None = None, runner: str = "sim", options: list[str] | dict | None = None) -> list[dict]:
+               op_timeout: float | None = None, runner: str = "sim", options: list[str] | dict | None = None,
+               engine: str | None = None, engine_options: list[str] | None = None,
+               engine_patches: Any = ()) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
-    rows), each judged by its recorded rate (`engines.replay.judge`)."""
+    rows), each judged by its recorded rate (`engines.replay.judge`). An `engine` trace runs on the serving engine it
+    records (its options and patches) unless `engine` names another (with `engine_options`, `engine_patches`)."""
     from engines.replay import ReplayError, ReplayOn, judge
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError
@@ -55,11 +59,18 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             row["why"] = str(exc)
             continue
         row.update(client=client_spec or trace.client, property=trace.property)
+        if trace.kind == "engine":
+            row.update(client=engine or trace.config["engine"], engine=engine or trace.config["engine"])
         row["expected"] = trace.expect.get(row["client"])
         loaded.append((trace, row))
     targets: dict[tuple[str, str], Any] = {}
     for trace, row in loaded:
         t0 = time.monotonic()
+        if trace.kind == "engine":
+            _engine_row(trace, row, engine, engine_options, engine_patches, targets)
+            row["matches"] = row["outcome"] == row["expected"]
+            row["seconds"] = round(time.monotonic() - t0, 3)
+            continue
         try:
             spec = (protocol_spec or trace.protocol.get("ref") or trace.protocol["name"]) \
                 if trace.kind == "protocol" else None
@@ -82,9 +93,32 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
     return rows
 
 
+def _engine_row(trace: Any, row: dict, engine: str | None, options: list[str] | None, patches: Any,
+                targets: dict) -> None:
+    """Judge one engine trace on fresh deployments of the serving engine it records (or `engine`)."""
+    from engines.replay import ReplayError, ReplayOn, judge
+    from shardcheck.targets import NotUnderTest
+    spec = engine or trace.config["engine"]
+    opts = options if engine else dict(trace.config.get("options", {}))
+    chosen = tuple(patches or ()) if engine else tuple(trace.config.get("patches", []))
+    key = ("engine", spec, repr(opts), chosen)
+    try:
+        if key not in targets:
+            targets[key] = build_engine_target(spec, lookup=trace.config["case"].get("lookup", "sync"),
+                                               options=opts, patches=chosen)
+        on = ReplayOn(client=NotUnderTest(), engine=targets[key].engine)
+        verdict = judge(trace, on)
+        row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
+    except (UsageError, ReplayError) as exc:
+        row["outcome"], row["why"] = "error", str(exc)
+    except (RuntimeError, ValueError) as exc:
+        row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
+
+
 def add_arguments(r: Any) -> None:
     r.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories of them")
     add_target_arguments(r)
+    add_engine_arguments(r)
     r.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds one store call may take before it is a hang (default: 2; store-ops traces use "
                         "the timeout they record)")
@@ -96,7 +130,8 @@ def add_arguments(r: Any) -> None:
 
 def cmd_replay(args: Any) -> int:
     rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout, runner=args.runner,
-                      options=args.client_option)
+                      options=args.client_option, engine=args.engine, engine_options=args.engine_option,
+                      engine_patches=args.engine_patch)
     if args.json:
         print_json({"results": rows})
     else:

@@ -8,7 +8,8 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from shardcheck.errors import UsageError
 
-__all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments"]
+__all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
+           "add_engine_arguments", "build_engine_target", "NotUnderTest"]
 
 
 def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
@@ -26,13 +27,78 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
                         "(torch.distributed, gloo) (default: sim)")
 
 
-def parse_options(items: list[str]) -> dict:
+def parse_options(items: list[str], flag: str = "--client-option") -> dict:
     """`runtime.registry.parse_options`, a bad item being unusable input (exit 2)."""
     from runtime.registry import ResolveError, parse_options as parse
     try:
-        return parse(items)
+        return parse(items, flag=flag)
     except ResolveError as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_engine_arguments(p: Any) -> None:
+    """The options that put a serving engine's own lookup-and-load path under test (CONTRACT.md, "Engines")."""
+    p.add_argument("--engine", default=None, metavar="NAME|MOD:ATTR",
+                   help="check a serving engine's own lookup-and-load path instead of a protocol and a client: "
+                        "lmcache, lmcache-patched or MOD:ATTR of a deployment factory (default: none)")
+    p.add_argument("--lookup", choices=("sync", "async", "both"), default="both",
+                   help="the engine's scheduler-side lookup clients to drive (default: both)")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the engine's factory (urls=a,b; lookup_timeout_ms=...) or ranks=N (the most "
+                        "ranks of a case), repeatable (default: none)")
+    p.add_argument("--engine-patch", action="append", default=[], metavar="MOD:ATTR",
+                   help="a function with no arguments called in every process before any engine is built, which may "
+                        "patch the engine's classes (a fork or a fix), repeatable (default: none)")
+
+
+class NotUnderTest:
+    """The protocol and client of a target whose subject is a serving engine: named `-` in the verdict."""
+
+    name = ref = "-"
+    in_memory = False
+
+    def accepted(self, options: dict) -> dict:
+        return {}
+
+
+def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] | dict | None = None,
+                        patches: Any = (), max_ranks: int | None = None, runner: str = "sim",
+                        preflight: bool = True) -> Any:
+    """The `engines.api.Target` of a serving engine (`--engine`), validated: an unknown engine, option or patch, or
+    servers (`urls`) that cannot be reached, are `UsageError` (exit 2) before any property runs."""
+    from engines.api import Target
+    from engines.engine_search import engine_target
+    from runtime.registry import ResolveError
+    if max_ranks is not None and max_ranks < 1:
+        raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
+    opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
+    try:
+        engine = engine_target(spec, lookup=lookup, options=opts, patches=tuple(patches or ()), max_ranks=max_ranks,
+                               runner="processes" if runner == "processes" else "in-process")
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+    if preflight and engine.options.get("urls"):
+        _reach_urls(engine.options["urls"])
+    return Target(protocol=NotUnderTest(), client=NotUnderTest(), engine=engine, max_ranks=engine.max_ranks,
+                  runner=engine.runner)
+
+
+def _reach_urls(urls: Any) -> None:
+    """Every server of `urls` answers PING (else exit 2, one line naming it)."""
+    from urllib.parse import urlparse
+
+    from adapters.valkey_servers import resp_command
+    for rank, url in enumerate(urls):
+        p = urlparse(url if "://" in url else f"resp://{url}")
+        try:
+            if p.hostname is None or p.port is None:
+                raise ValueError("no host:port")
+            reply = resp_command(p.hostname, p.port, p.password, "PING", timeout=2.0)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--engine-option urls: rank {rank}'s server {url} cannot be reached: {exc}") from None
+        if not reply.startswith(b"+PONG"):
+            raise UsageError(f"--engine-option urls: rank {rank}'s server {url} answered {reply[:40]!r}, not PONG")
+
 
 
 def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | dict | None = None,

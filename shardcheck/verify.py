@@ -31,7 +31,54 @@ def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str
                  "seconds": round(time.monotonic() - t, 1)})
 
 
-def run_verify(*, budget: float, as_json: bool) -> int:
+def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | None) -> None:
+    """The engine layer: stock LMCache's engine path violated, the patched one held, every engine demo caught (each
+    in its own process: a demo patches LMCache for good), the engine corpus replayed on both engines."""
+    import subprocess
+    from pathlib import Path
+
+    from model.checks import CATALOG
+    from shardcheck.check_cmd import run_check
+    from shardcheck.engine_findings import ENGINE_CORPUS
+    from shardcheck.replay import run_replay
+    engines = [only] if only else ["lmcache", "lmcache-patched"]
+    secs = max(budget, 60.0)
+
+    def check(engine: str, patches: tuple = ()) -> Callable[[], tuple[str, str]]:
+        def go() -> tuple[str, str]:
+            if patches:  # in a fresh interpreter: the patch stays applied in the process that applied it
+                argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs / 2),
+                        "--json", "--out", out_dir, *[a for p in patches for a in ("--engine-patch", p)]]
+                got = subprocess.run(argv, capture_output=True, text=True, timeout=secs * 3,
+                                     cwd=Path(__file__).resolve().parents[1])
+                if got.returncode not in (0, 1):
+                    return "error", got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "no output"
+                r = json.loads(got.stdout)
+            else:
+                r = run_check(None, None, budget=secs, out_dir=out_dir, engine=engine)
+            props = sorted({v["property"] for v in r["violations"]})
+            cases = r["stats"]["coverage"].get("engine-cases", {}).get("cases", 0)
+            return r["verdict"], f"{cases} engine cases" + (f"; {', '.join(props)}" if props else "")
+        return go
+
+    if "lmcache" in engines:
+        _step(rows, "check --engine lmcache (stock 0.5.6, real Valkey)", "violated", check("lmcache"))
+    if "lmcache-patched" in engines:
+        _step(rows, "check --engine lmcache-patched", "held", check("lmcache-patched"))
+        for p in CATALOG:
+            if p.layer == "engine":
+                for demo in p.demos:
+                    _step(rows, f"check --engine lmcache-patched --engine-patch {demo} -> {p.name}", "violated",
+                          check("lmcache-patched", (f"adapters.engine_demos:{demo}",)))
+    for engine in engines:
+        def replay(engine: str = engine) -> tuple[str, str]:
+            res = run_replay([str(ENGINE_CORPUS)], engine=engine)
+            off = [r["path"] for r in res if not r["matches"]]
+            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
+        _step(rows, f"replay counterexamples/engine --expect on {engine}", "as expected", replay)
+
+
+def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> int:
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
@@ -41,6 +88,11 @@ def run_verify(*, budget: float, as_json: bool) -> int:
 
     rows: list[dict] = []
     out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
+    if engine is not None:  # only the engine layer, on that engine
+        if engine not in ("lmcache", "lmcache-patched"):
+            raise UsageError(f"verify --engine {engine!r}: expected lmcache or lmcache-patched")
+        _engine_steps(rows, budget, out_dir, engine)
+        return _report(rows, as_json, out_dir)
 
     def prove() -> tuple[str, str]:
         results = proofs.run_all(seeds=10)
@@ -133,7 +185,11 @@ def run_verify(*, budget: float, as_json: bool) -> int:
             off = [r["path"] for r in res if not r["matches"]]
             return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
         _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
+    _engine_steps(rows, budget, out_dir, None)
+    return _report(rows, as_json, out_dir)
 
+
+def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:
     ok = all(r["ok"] for r in rows)
     if as_json:
         print_json({"ok": ok, "steps": rows})
@@ -165,4 +221,4 @@ def _coverage(c: dict, cases: int) -> str:
 
 
 def cmd_verify(args: Any) -> int:
-    return run_verify(budget=args.budget, as_json=args.json)
+    return run_verify(budget=args.budget, as_json=args.json, engine=getattr(args, "engine", None))

@@ -16,24 +16,34 @@ from runtime import registry
 from runtime.registry import CHECK_ENGINES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_engine, resolve_protocol
 
 
-def _ctx(client: str, polls: int = 30) -> SearchContext:
+def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
     left = iter(range(polls))
     now = time.monotonic()
-    return SearchContext(target=Target(protocol=resolve_protocol("paper"), client=resolve_client(client)),
-                         run=run_case, should_stop=lambda: next(left, None) is None, phase_end=now + 3,
-                         deadline=now + 3, coverage=Coverage())
+    target = target or Target(protocol=resolve_protocol("paper"), client=resolve_client(client))
+    return SearchContext(target=target, run=run_case, should_stop=lambda: next(left, None) is None,
+                         phase_end=now + 3, deadline=now + 3, coverage=Coverage())
 
 
-@pytest.mark.parametrize("name", list(CHECK_ENGINES))
+def _deployment_only(name: str) -> bool:
+    return all(kind == "deployment" for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.real) if _deployment_only(n) else n
+                                  for n in CHECK_ENGINES])
 def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     """Each engine of `check` is in a schedule, is named as registered, and fills its own coverage record (with a
-    line of text and JSON) when it runs."""
+    line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
+    (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
     engine = resolve_engine(name)
     assert engine.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
-    client = "model" if "in-memory" in kinds else "properties.bad_stores:jitter_factory"
-    ctx = _ctx(client)
+    if kinds == ["deployment"]:
+        from shardcheck.targets import build_engine_target
+        ctx = _ctx("", polls=3, target=build_engine_target("lmcache-patched", lookup="sync", max_ranks=1))
+    else:
+        client = "model" if "in-memory" in kinds else "properties.bad_stores:jitter_factory"
+        ctx = _ctx(client)
     assert target_kind(ctx.target) in kinds
     found = engine.search(ctx)
     assert found is None, found.summary if found else ""

@@ -21,12 +21,17 @@ from shardcheck.show.terminal import timeline
 __all__ = ["timeline", "svg", "show_command"]
 
 
-def show_command(path: str, svg_out: str | None) -> int:
-    """`shardcheck show PATH [--svg OUT]`: print the timeline, write the SVG; 2 on a bad trace or OUT."""
+def show_command(path: str, svg_out: str | None, engine: str | None = None) -> int:
+    """`shardcheck show PATH [--svg OUT] [--engine NAME]`: print the timeline, write the SVG; 2 on a bad trace or OUT.
+    `--engine` says which serving engine the reader replays an engine trace on (noted when it is not the one the
+    trace was recorded on)."""
     try:
         trace = Trace.load(path)
     except TraceError as exc:
         print(f"shardcheck show: {exc}", file=sys.stderr)
+        return 2
+    if engine is not None and trace.kind != "engine":
+        print(f"shardcheck show: --engine {engine}: {path} is a {trace.kind} trace, not an engine trace", file=sys.stderr)
         return 2
     if svg_out is not None:
         parent = Path(svg_out).parent
@@ -41,11 +46,19 @@ def show_command(path: str, svg_out: str | None) -> int:
             print(f"shardcheck show: cannot write the SVG to {svg_out}: it is a directory", file=sys.stderr)
             return 2
     concurrent = trace.kind == "concurrent"
-    sys.stdout.write(history_timeline(trace) if concurrent else timeline(trace))
+    if trace.kind == "engine":
+        from shardcheck.show.engine import engine_svg, engine_timeline
+        text, draw = engine_timeline, engine_svg
+        if engine is not None and engine != trace.config.get("engine"):
+            print(f"(recorded on engine {trace.config.get('engine')}; expected on {engine}: "
+                  f"{trace.expect.get(engine, 'no expectation recorded')})")
+    else:
+        text, draw = (history_timeline, history_svg) if concurrent else (timeline, svg)
+    sys.stdout.write(text(trace))
     if svg_out is not None:
         existed = Path(svg_out).exists()  # (said below: an SVG is a picture of the trace, replaced on purpose)
         try:
-            Path(svg_out).write_text(history_svg(trace) if concurrent else svg(trace), encoding="utf-8")
+            Path(svg_out).write_text(draw(trace), encoding="utf-8")
         except OSError as exc:
             print(f"shardcheck show: cannot write the SVG to {svg_out}: {exc.strerror or exc}", file=sys.stderr)
             return 2

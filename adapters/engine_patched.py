@@ -1,0 +1,375 @@
+"""`--engine lmcache-patched`: the stock LMCache 0.5.6 deployment with shardcheck's fixes to its lookup-and-load path.
+
+Every fix is applied from outside LMCache, to the objects one deployment built (their class is swapped for a
+subclass, as `adapters.patched` does for the store client), so a stock deployment in the same process is left
+alone; no LMCache code is copied. Each fix answers a finding of the engine properties (README, "What shardcheck
+found in LMCache's engine path"):
+
+E1. An async retrieve releases the prefetched memory objects (`retrieve`: unpin and `ref_count_down`), but leaves
+    the prefetch's LOADING event in place (`EventManager.get_event_future` does not pop, its docstring says it
+    does), so the `lookup_unpin` vLLM calls when the request ends releases them again (`cleanup_memory_objs`): a
+    LocalCPU chunk is freed while still cached, the next store reuses its address, and a later lookup of the first
+    prompt retrieves freed memory (`engine-integrity`). Its unused prefetched objects lose their reference but keep
+    their pin. Fix: the engine's `_async_process_tokens_internal` also unpins what it does not use and pops the
+    event it consumed, so every prefetched object is released exactly once.
+E2. A prefetch still running when its request ends (a slow rank, a lookup the scheduler timed out) is never
+    released: `lookup_unpin` and `cleanup_memory_objs` skip an event that is not DONE yet (`pins`). Fix: they
+    release it when its prefetch completes.
+E3. A second lookup of one request id (a request looked up again, e.g. after a preemption) loses the first one's
+    pins: sync, it replaces `lookup_pins[id]` while the pins add up, so `lookup_unpin` releases one of two; async,
+    its prefetch replaces the first one's LOADING event, whose pinned objects nobody releases (`pins`). Fix: the
+    engine's `lookup` merges the new pins into the request's ledger; a new prefetch first releases the one it
+    supersedes.
+E4. A rank that answers a sync lookup after the scheduler gave up (its server waited on a paused Valkey) keeps the
+    pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). Fix: the rank's lookup server stamps
+    each request's arrival; a lookup done after the scheduler's timeout releases its pins at once.
+E5. The async client takes the minimum over whatever answers arrive for a lookup id, with no rank identity: two
+    lookups of one id in flight, or the late answers of a timed-out lookup, resolve to another minimum than every
+    rank's (`engine-soundness`, `engine-completeness`); and `lookup_cache` raises `KeyError` for an id whose
+    lookup timed out and is asked again (`engine-returns`). Fix: each rank's server tags its answer with its rank;
+    the client counts one answer per rank, keeps one lookup per id in flight, drops the late answers of a lookup
+    it gave up (answering 0, recompute, until they are in) and caches the 0 it answered on a timeout.
+E6. The remote connector: `adapters.patched`'s fixes 2, 4-9 (a sync prefix count that loses its completion and
+    wedges the lookup server thread, misses that hang, ...), and fix 9: `RESPConnector.close` no longer blocks its
+    own event loop, so the engine's close returns (`engine-returns`).
+E8. A lookup server's close (sync and async) closes the ZMQ socket its own thread is blocked receiving on; a ZMQ
+    assertion (`signaler.cpp`) then aborts the rank's process in some closes (`engine-returns`, `--runner processes`),
+    and the sync server never terminates its transport's context. Fix: the close stops the receiving thread first
+    (wakes it with one harmless message, joins it), then closes; the sync one terminates its context.
+E7. Isolation: vLLM's LMCache integration passes no LoRA adapter and LMCache's token database ignores extra keys,
+    so requests that differ only by adapter share chunk keys and load each other's KV (`engine-isolation`). Fix
+    (the integration's side): the adapter is passed as the `lmcache.tag.adapter` request config.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from adapters.lmcache_engine.deployment import LMCacheDeployment
+from adapters.lmcache_engine.factory import stock_factory
+from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
+
+__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP"]
+
+#: Separates the lookup id from the answering rank in a patched async server's answer (E5).
+RANK_SEP = "\x1f"
+_CLASSES: dict[str, type] = {}
+
+
+def _engine_class() -> type:
+    if "engine" in _CLASSES:
+        return _CLASSES["engine"]
+    from lmcache.v1.cache_engine import LMCacheEngine
+    from lmcache.v1.event_manager import EventStatus, EventType
+
+    class PatchedEngine(LMCacheEngine):
+        """E1-E4 on one engine (see the module docstring)."""
+
+        transport: Any = None  # the rank's sync lookup server transport (E4), set by apply_fixes
+        lookup_timeout: float = 3.0
+
+        def _setup(self) -> None:
+            self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
+            self._released_early: set[str] = set()
+            sm, engine = self.storage_manager, self
+            original = sm.async_lookup_and_prefetch
+
+            async def tracked(lookup_id: str, *args: Any, **kwargs: Any) -> None:
+                try:
+                    return await original(lookup_id, *args, **kwargs)
+                finally:
+                    engine._prefetched(lookup_id)
+
+            sm.async_lookup_and_prefetch = tracked
+
+        def _async_process_tokens_internal(self, tokens: Any, mask: Any, ret_mask: Any, **kwargs: Any) -> Any:
+            req_id = kwargs.get("req_id")
+            prefetched: list = []
+            if self.event_manager.get_event_status(EventType.LOADING, req_id) == EventStatus.DONE:
+                future = self.event_manager.get_event_future(EventType.LOADING, req_id)
+                try:
+                    prefetched = [mo for tier in future.result() for _, mo in tier]
+                except Exception:  # noqa: BLE001 - stock handles a failed prefetch itself
+                    prefetched = []
+            chunks, size = super()._async_process_tokens_internal(tokens, mask, ret_mask, **kwargs)
+            used = {id(mo) for _, mo, _, _ in chunks}
+            for mo in prefetched:  # E1: stock dropped the reference of the unused ones but kept their pins
+                if id(mo) not in used and mo.is_pinned:
+                    mo.unpin()
+            if prefetched:
+                self.event_manager.pop_event(EventType.LOADING, req_id)  # E1: consumed, never released again
+            return chunks, size
+
+        def _release_when_done(self, lookup_id: str) -> bool:
+            """E2: a prefetch not yet started or still running is released when it completes; True when deferred."""
+            if self._pending.get(lookup_id):
+                self._released_early.add(lookup_id)
+            with self.event_manager.lock:
+                future = self.event_manager.events[EventType.LOADING][EventStatus.ONGOING].get(lookup_id)
+            if future is None:
+                return lookup_id in self._released_early
+            loop = self.storage_manager.loop
+            future.add_done_callback(lambda _f: loop.call_soon(LMCacheEngine.cleanup_memory_objs, self, lookup_id))
+            return True
+
+        def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
+            if self.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.DONE:
+                LMCacheEngine.cleanup_memory_objs(self, lookup_id)  # E3: the new lookup supersedes its prefetch
+            self._pending[lookup_id] = self._pending.get(lookup_id, 0) + 1  # E2: from the moment it is scheduled
+            super().async_lookup_and_prefetch(lookup_id, *args, **kwargs)
+
+        def _prefetched(self, lookup_id: str) -> None:
+            """E2: the storage manager's prefetch of `lookup_id` has registered its event (or found nothing)."""
+            self._pending[lookup_id] = self._pending.get(lookup_id, 1) - 1
+            if not self._pending[lookup_id]:
+                del self._pending[lookup_id]
+            if lookup_id in self._released_early and not self._pending.get(lookup_id):
+                self._released_early.discard(lookup_id)
+                self.cleanup_memory_objs(lookup_id)
+
+        def cleanup_memory_objs(self, lookup_id: str) -> None:
+            if not self._release_when_done(lookup_id):
+                super().cleanup_memory_objs(lookup_id)
+
+        def lookup_unpin(self, lookup_id: str) -> None:
+            if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
+                return
+            super().lookup_unpin(lookup_id)
+
+        def lookup(self, *args: Any, **kwargs: Any) -> int:
+            lookup_id = kwargs.get("lookup_id")
+            earlier = dict(self.lookup_pins.pop(lookup_id, {})) if kwargs.get("pin") and lookup_id else {}
+            result = super().lookup(*args, **kwargs)
+            if earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
+                now = dict(self.lookup_pins.get(lookup_id, {}))
+                self.lookup_pins[lookup_id] = {loc: list(earlier.get(loc, [])) + list(now.get(loc, []))
+                                               for loc in {*earlier, *now}}
+            received = getattr(self.transport, "received_at", None)
+            if kwargs.get("pin") and received is not None and time.monotonic() - received > self.lookup_timeout:
+                super().lookup_unpin(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
+            return result
+
+    _CLASSES["engine"] = PatchedEngine
+    return PatchedEngine
+
+
+def _router_class() -> type:
+    if "router" in _CLASSES:
+        return _CLASSES["router"]
+    from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
+
+    class StampedRouterTransport(ZmqRouterServerTransport):
+        """E4: remembers when the request being served arrived."""
+
+        received_at: float | None = None
+
+        def recv_request(self) -> Any:
+            got = super().recv_request()
+            if got is not None:
+                self.received_at = time.monotonic()
+            return got
+
+    _CLASSES["router"] = StampedRouterTransport
+    return StampedRouterTransport
+
+
+def _stop_receiver(server: Any, path: str, mode: str) -> None:
+    """E8: a lookup server's close closes the socket its own thread is blocked receiving on (a ZMQ assertion can
+    abort the process): stop that thread first (clear `running`, wake its receive, join it)."""
+    import msgspec
+    import zmq
+    from lmcache.v1.lookup_client.async_lookup_message import LookupCleanupMsg
+
+    from adapters.lmcache_engine.closing import WAKE_ID, wake
+
+    server.running = False
+    if path:
+        frames = [msgspec.msgpack.encode(LookupCleanupMsg(lookup_id=WAKE_ID))] if mode == "async" else [b"", b"wake"]
+        wake(path, frames, zmq.PUSH if mode == "async" else zmq.DEALER)
+    server.thread.join(2.0)
+
+
+def _sync_server_class() -> type:
+    if "sserver" in _CLASSES:
+        return _CLASSES["sserver"]
+    from lmcache.v1.lookup_client.lmcache_lookup_client import LMCacheLookupServer
+
+    class SafeCloseLookupServer(LMCacheLookupServer):
+        """E8: its close stops its receiving thread first, and terminates its transport's ZMQ context (stock leaves
+        the context and its I/O thread behind)."""
+
+        wake_path: str = ""
+
+        def close(self) -> None:
+            _stop_receiver(self, self.wake_path, "sync")
+            super().close()
+            if not self.transport.ctx.closed:
+                self.transport.ctx.term()
+
+    _CLASSES["sserver"] = SafeCloseLookupServer
+    return SafeCloseLookupServer
+
+
+def _async_server_class() -> type:
+    if "aserver" in _CLASSES:
+        return _CLASSES["aserver"]
+    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupServer
+
+    class RankTaggedAsyncServer(LMCacheAsyncLookupServer):
+        """E5: every answer names the rank that gives it. E8: its close stops its receiving thread first."""
+
+        rank: int = 0
+        wake_path: str = ""
+
+        def send_response_to_scheduler(self, lookup_id: str, num_hit_tokens: int) -> None:
+            super().send_response_to_scheduler(f"{lookup_id}{RANK_SEP}{self.rank}", num_hit_tokens)
+
+        def close(self) -> None:
+            _stop_receiver(self, self.wake_path, "async")
+            super().close()
+
+    _CLASSES["aserver"] = RankTaggedAsyncServer
+    return RankTaggedAsyncServer
+
+
+def _async_client_class() -> type:
+    if "aclient" in _CLASSES:
+        return _CLASSES["aclient"]
+    import msgspec
+    from lmcache.v1.lookup_client.async_lookup_message import LookupResponseMsg
+    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupClient
+
+    class RankCountingAsyncClient(LMCacheAsyncLookupClient):
+        """E5: one answer per rank, one lookup per id in flight, late answers of an abandoned lookup dropped."""
+
+        def _setup(self) -> None:
+            self._answers: dict[str, dict[int, int]] = {}
+            self._owed: dict[str, set[int]] = {}
+
+        def lookup(self, token_ids: Any, lookup_id: str, request_configs: Any = None) -> Any:
+            with self.lock:
+                if self._owed.get(lookup_id):  # an abandoned lookup of this id still owes answers: recompute
+                    self.reqs_status[lookup_id] = 0
+                    return 0
+                self._answers[lookup_id] = {}
+            return super().lookup(token_ids, lookup_id, request_configs)
+
+        def lookup_cache(self, lookup_id: str) -> Any:
+            with self.lock:
+                status = self.reqs_status.get(lookup_id, -1)
+                started = self.first_lookup_time.get(lookup_id)
+            if status is not None or started is None:
+                return super().lookup_cache(lookup_id)  # an answer, or no lookup yet (stock starts one)
+            self._cleanup_finished_aborted_lookups()
+            time.sleep(self.lookup_backoff_time)
+            with self.lock:
+                if self.reqs_status.get(lookup_id, -1) is not None:
+                    return self.reqs_status.get(lookup_id, -1)
+                if (time.time() - started) * 1000 <= self.config.lookup_timeout_ms:
+                    return None
+                # give up on it: its missing answers are owed (dropped when they come), the 0 answered is kept,
+                # and the workers are told to release its prefetch once it is done (stock's cleanup message)
+                got = self._answers.pop(lookup_id, {})
+                self._owed[lookup_id] = {r for r in range(self.world_size) if r not in got}
+                self.reqs_status[lookup_id] = 0
+                self.first_lookup_time.pop(lookup_id, None)
+                self.cancel_lookup(lookup_id)
+            return 0
+
+        def process_responses_from_workers(self) -> None:
+            while self.running:
+                try:
+                    msg = msgspec.msgpack.decode(self.pull_socket.recv(copy=False), type=LookupResponseMsg)
+                    lookup_id, sep, rank_text = msg.lookup_id.rpartition(RANK_SEP)
+                    if not sep:
+                        continue  # not a rank-tagged answer (the harness's wake-up)
+                    rank = int(rank_text)
+                    with self.lock:
+                        owed = self._owed.get(lookup_id)
+                        if owed and rank in owed:
+                            owed.discard(rank)
+                            if not owed:
+                                del self._owed[lookup_id]
+                            continue
+                        answers = self._answers.get(lookup_id)
+                        if answers is None:
+                            continue
+                        answers[rank] = msg.num_hit_tokens
+                        if len(answers) == self.world_size:
+                            del self._answers[lookup_id]
+                            self.reqs_status[lookup_id] = min(answers.values())
+                except Exception:  # noqa: BLE001 - as stock: a bad message is dropped, the loop goes on
+                    if not self.running:
+                        return
+
+    _CLASSES["aclient"] = RankCountingAsyncClient
+    return RankCountingAsyncClient
+
+
+def _restart_client_thread(client: Any, deployment: LMCacheDeployment, d: int) -> None:
+    """Swap the stock async client's response thread for the patched one (E5): stop it (wake its receive), re-class
+    the client, start the new thread."""
+    import msgspec
+    import zmq
+    from lmcache.v1.lookup_client import factory
+    from lmcache.v1.lookup_client.async_lookup_message import LookupResponseMsg
+
+    from adapters.lmcache_engine.closing import WAKE_ID, wake
+
+    client.running = False
+    wake(factory.get_zmq_rpc_path_lmcache(deployment.engine_ids[d], "lookup_scheduler", 0, 0),
+         [msgspec.msgpack.encode(LookupResponseMsg(lookup_id=WAKE_ID, num_hit_tokens=0))], zmq.PUSH)
+    client.thread.join(2.0)
+    client.__class__ = _async_client_class()
+    client._setup()
+    client.running = True
+    client.thread = threading.Thread(target=client.process_responses_from_workers, daemon=True,
+                                     name="async-lookup-client-thread")
+    client.thread.start()
+
+
+def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
+    """E1-E4, E6 and E8 on one rank's objects (`adapters.lmcache_engine.rank_side.RankSide`), in its own process."""
+    connector_cls, backend_cls = patched_resp_connector_class(), patched_remote_backend_class()
+    for rank in side.ranks:
+        engine = rank.engine
+        engine.__class__ = _engine_class()
+        engine._setup()
+        engine.lookup_timeout = lookup_timeout
+        from lmcache.v1.lookup_client import factory
+        if side.lookup_mode == "sync" and rank.server is not None:
+            rank.server.transport.__class__ = _router_class()
+            engine.transport = rank.server.transport
+            rank.server.__class__ = _sync_server_class()
+            rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup", 0,
+                                                                     rank.metadata.worker_id)
+        elif rank.server is not None:
+            rank.server.__class__ = _async_server_class()
+            rank.server.rank = rank.metadata.worker_id
+            rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup_worker", 0,
+                                                                     rank.metadata.worker_id)
+        backend = engine.storage_manager.storage_backends["RemoteBackend"]
+        inner = getattr(backend.connection, "_connector", backend.connection)
+        inner.__class__ = connector_cls
+        inner.get_timeout = 0.5
+        inner._auth = ("", "")
+        backend.__class__ = backend_cls
+        backend.put_wait = 0.5
+
+
+def apply_fixes(deployment: LMCacheDeployment) -> LMCacheDeployment:
+    """Apply E1-E7 to a freshly built stock deployment: the rank-side fixes in each rank's process, E5's client in
+    this one (E7 is the deployment's `adapter_tag`)."""
+    for side in deployment.rank_sides:
+        side.apply("adapters.engine_patched:apply_rank_fixes", lookup_timeout=deployment.lookup_timeout)
+    if deployment.lookup_mode == "async":
+        for d, client in enumerate(deployment.clients):
+            _restart_client_thread(client, deployment, d)
+    return deployment
+
+
+def patched_factory(n_ranks: int, **options: Any) -> LMCacheDeployment:
+    """`--engine lmcache-patched`: the stock deployment with E1-E7 (E7: the adapter reaches the cache key);
+    `runner="processes"`: one OS process per rank."""
+    return apply_fixes(stock_factory(n_ranks, adapter_tag=True, name="lmcache-patched", **options))

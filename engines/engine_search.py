@@ -1,0 +1,445 @@
+"""The engine search: engine cases on fresh deployments until the budget ends; findings minimised, judged by their
+rate, and written as `engine` traces.
+
+`engine_search(make, ...)` runs the enumeration (`engines.engine_cases.enumeration`), then seeded random cases,
+each on a fresh deployment `make(case)`. A case that violates a property not found yet is a finding: run again to
+tell a deterministic one from a race, minimised (fewest ranks, then steps by delta debugging, then chunks, then
+prompts and deployments: `minimise_case`), its rate measured, and returned as an `EngineFinding`; the search goes
+on for the properties not found yet (one finding per property), so one run reports every distinct bug.
+
+Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
+its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`engines.replay.judge`, the `engine`
+session `engine_session`) runs a trace's case on fresh deployments until its property shows (`reproduces`) or
+until the clean runs its recorded rate asks for (`fixed`).
+
+`EngineCases` is the engine of `check` for a serving engine under test (`engines.api.target_kind` "deployment"):
+its target's `engine` is an `EngineTarget` (the resolved serving engine, its lookup modes, factory options and
+rank cap).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import attrs
+
+from engines.api import SearchContext
+from engines.engine_cases import enumeration, random_case
+from engines.engine_run import Bounds, EngineOutcome, run_engine_case
+from engines.minimise import ddmin
+from model.engine_case import EngineCase, case_from_json
+from model.finding import Finding, Rate
+from model.outcome import Violation
+from model.trace import Trace, encode
+
+__all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+           "measure_rate", "engine_trace", "engine_session", "ENGINE_EXPECT", "MAX_CANDIDATE_RUNS"]
+
+#: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
+FINISH_GRACE = 5.0
+#: The most runs one minimisation candidate of a racy finding gets.
+MAX_CANDIDATE_RUNS = 6
+#: What a saved finding of stock LMCache is expected to do on each engine.
+ENGINE_EXPECT = {"lmcache": "reproduces", "lmcache-patched": "fixed"}
+
+Make = Callable[[EngineCase], Any]
+
+
+@attrs.define
+class EngineFinding:
+    """A minimised case violating `property`, its rate (`k` of `n` runs), the outcome of its first failing run."""
+
+    property: str
+    case: EngineCase
+    outcome: EngineOutcome
+    k: int
+    n: int
+    origin: str
+    original_size: tuple
+    #: For `engine-returns`: the call that did not return (`call_of`); the finding is about that call only.
+    call: str | None = None
+
+    @property
+    def summary(self) -> str:
+        return self.violation.summary
+
+    @property
+    def violation(self) -> Any:
+        """The first violation of its first failing run that is this finding (its property, and its call)."""
+        return next(v for v in self.outcome.violations if shows([v], self.property, self.call))
+
+
+@attrs.define
+class EngineStats:
+    """What the engine search covered (JSON through `to_json`)."""
+
+    cases: int = 0
+    steps: int = 0
+    by_origin: dict[str, int] = attrs.field(factory=dict)
+    by_shape: dict[str, int] = attrs.field(factory=dict)
+    seconds_per_case: float = 0.0
+    minimise_runs: int = 0
+    found: list[str] = attrs.field(factory=list)
+    enumeration_done: bool = False
+
+    def count(self, origin: str, case: EngineCase, seconds: float) -> None:
+        self.cases += 1
+        self.steps += len(case.steps)
+        kind = origin.split("@")[0]
+        self.by_origin[kind] = self.by_origin.get(kind, 0) + 1
+        shape = f"{case.n_ranks} ranks {case.lookup}"
+        self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
+        self.seconds_per_case += (seconds - self.seconds_per_case) / self.cases
+
+    def to_json(self) -> dict:
+        return {**attrs.asdict(self), "seconds_per_case": round(self.seconds_per_case, 3)}
+
+
+def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed: int,
+                  should_stop: Callable[[], bool], stats: EngineStats, bounds: Bounds = Bounds(),
+                  minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
+                  random_after: Callable[[], bool] | None = None, faults: bool = True,
+                  one: bool = False, minimise_seconds: float = 30.0,
+                  stop_before: float | None = None, by_origin: bool = False) -> list[EngineFinding]:
+    """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
+    true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
+    kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
+    `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness` once per kind
+    of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
+    findings: list[EngineFinding] = []
+    enumerated = enumeration(max_ranks, lookups)
+    rng = random.Random(seed)
+    i = 0
+    level0 = 6 * max_ranks * len(lookups)  # the recurring and isolation shapes first; then cases in turn with random ones
+    while not should_stop():
+        if stop_before is not None and time.monotonic() + 2 * max(1.0, stats.seconds_per_case) > stop_before:
+            break  # a case started now would end past the phase
+        item = None
+        if not (random_after is not None and random_after()) and (stats.cases < level0 or stats.cases % 2 == 0):
+            item = next(enumerated, None)
+            stats.enumeration_done = item is None
+        if item is None:
+            i += 1
+            item = (f"random:{seed}:{i}", random_case(rng, rng.randint(1, max_ranks), lookups[i % len(lookups)]))
+        origin, case = item
+        if not faults and any(s.kind == "fault" for s in case.steps):
+            continue
+        if any(k.startswith("engine-returns") for k in stats.found):  # a stuck close found already: do not wait on it
+            bounds = attrs.evolve(bounds, close=min(bounds.close, 0.3))
+        out = run_engine_case(make, case, bounds=bounds, salt=f"{seed}-{stats.cases}-")
+        stats.count(origin, case, out.seconds)
+        if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
+            print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
+        kind = origin.split("@")[0].split(":")[0].split("-")[0] if by_origin else ""
+        new = [v for v in out.violations if finding_key(v, kind) not in stats.found]
+        if not new:
+            continue
+        prop = new[0].property
+        stats.found.append(finding_key(new[0], kind))
+        outer = minimise_stop or should_stop
+        finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
+                           measure_runs=measure_runs, stats=stats, call=call_of(new[0]))
+        findings.append(finding)
+        if one:
+            break
+    return findings
+
+
+def finding_key(v: Any, kind: str) -> str:
+    """What makes a finding new: its property, and with `by_origin` the kind of case it came from (for a call that
+    did not return, which call it was, whatever the case)."""
+    if not kind or v.property in ("engine-integrity", "engine-isolation", "engine-soundness"):
+        return v.property  # (one root cause each so far: no need to tell their kinds of case apart)
+    if v.property == "engine-returns":
+        return f"{v.property}@{call_of(v)}"
+    return f"{v.property}@{kind}"
+
+
+def call_of(v: Any) -> str | None:
+    """Which call an `engine-returns` violation is about, without its request and rank (`lookup_cache`, `close`,
+    `retrieve`, ...); None for the other properties."""
+    if v.property != "engine-returns":
+        return None
+    call = re.sub(r"\b(q\d+|rank \d+)\b", "", str(v.detail.get("call", ""))).split("(")[0].split(": ")[-1]
+    return "-".join(call.split())
+
+
+def shows(violations: Any, prop: str, call: str | None = None) -> bool:
+    """Whether `violations` has one of `prop` (and, given `call`, about that call)."""
+    return any(v.property == prop and (call is None or call_of(v) == call) for v in violations)
+
+
+def _shows(make: Make, case: EngineCase, prop: str, call: str | None, bounds: Bounds, runs: int,
+           stop: Callable[[], bool], stats: EngineStats) -> EngineOutcome | None:
+    """The first of up to `runs` runs of `case` that violates `prop` (about `call`), or None."""
+    for _ in range(runs):
+        if stop():
+            return None
+        stats.minimise_runs += 1
+        out = run_engine_case(make, case, bounds=bounds)
+        if shows(out.violations, prop, call):
+            return out
+    return None
+
+
+def _finding(make: Make, case: EngineCase, out: EngineOutcome, prop: str, origin: str, *, bounds: Bounds,
+             outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats,
+             call: str | None = None) -> EngineFinding:
+    """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest). An
+    `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is another finding)."""
+    t0 = time.monotonic()
+    stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
+    quick = _quick_bounds(bounds, call)
+    again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, call, quick, 1, stop, stats))
+    runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
+    small = minimise_case(lambda c: _shows(make, c, prop, call, quick, runs, stop, stats) is not None, case, stop)
+    left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
+    k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
+    if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
+        small = case
+        k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
+    if first is None:  # no time left to measure: the runs made so far
+        k, n, first = 1 + again, 3 if again or not stop() else 1, out
+    return EngineFinding(prop, small, first, k, n, origin, case.size(), call)
+
+
+def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
+    """While minimising a finding that is not about closing, a stuck close is not waited for."""
+    return bounds if call == "close" else attrs.evolve(bounds, close=min(bounds.close, 0.3))
+
+
+def measure_rate(make: Make, case: EngineCase, prop: str, runs: int, bounds: Bounds = Bounds(), *,
+                 stop: Callable[[], bool] = lambda: False, call: str | None = None) -> tuple:
+    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` violate `prop` (about `call`)
+    (fewer runs when `stop()` ends it; at least one)."""
+    k, n, first = 0, 0, None
+    for i in range(runs):
+        if i and stop():
+            break
+        out = run_engine_case(make, case, bounds=bounds)
+        n += 1
+        if shows(out.violations, prop, call):
+            k += 1
+            first = first or out
+    return k, n, first
+
+
+def minimise_case(fails: Callable[[EngineCase], bool], case: EngineCase, stop: Callable[[], bool]) -> EngineCase:
+    """Fewest ranks, then fewest steps (delta debugging), then fewest chunks, then fewer prompts and deployments,
+    keeping `fails(candidate)` true; every candidate is a consistent case."""
+    current = case
+    while current.n_ranks > 1 and not stop():
+        smaller = _fewer_ranks(current)
+        if smaller is None or not fails(smaller):
+            break
+        current = smaller
+
+    def still(steps: list) -> bool:
+        candidate = attrs.evolve(current, steps=tuple(steps))
+        return not candidate.problems() and fails(candidate)
+
+    steps, _ = ddmin(list(current.steps), still, should_stop=stop)
+    current = attrs.evolve(current, steps=tuple(steps))
+    for i in range(len(current.prompts)):
+        while not stop():
+            smaller = _fewer_chunks(current, i)
+            if smaller is None or not fails(smaller):
+                break
+            current = smaller
+    return _drop_unused(current, fails, stop)
+
+
+def _fewer_ranks(case: EngineCase) -> EngineCase | None:
+    n = case.n_ranks - 1
+    if any(s.kind in ("evict", "fault") and s.rank >= n for s in case.steps):
+        steps = tuple(attrs.evolve(s, rank=min(s.rank, n - 1)) for s in case.steps)
+        candidate = attrs.evolve(case, n_ranks=n, steps=steps)
+    else:
+        candidate = attrs.evolve(case, n_ranks=n)
+    return None if candidate.problems() else candidate
+
+
+def _fewer_chunks(case: EngineCase, i: int) -> EngineCase | None:
+    p = case.prompts[i]
+    if p.chunks <= 1:
+        return None
+    smaller = attrs.evolve(p, chunks=p.chunks - 1, shared=min(p.shared, p.chunks - 1))
+    prompts = case.prompts[:i] + (smaller,) + case.prompts[i + 1:]
+    prompts = tuple(attrs.evolve(q, shared=min(q.shared, smaller.chunks)) if q.stem == p.name else q for q in prompts)
+    candidate = attrs.evolve(case, prompts=prompts)
+    return None if candidate.problems() else candidate
+
+
+def _drop_unused(case: EngineCase, fails: Callable[[EngineCase], bool], stop: Callable[[], bool]) -> EngineCase:
+    used = {s.prompt for s in case.steps if s.prompt}
+    stems = {p.stem for p in case.prompts if p.name in used and p.stem}
+    keep = tuple(p for p in case.prompts if p.name in used | stems)
+    candidate = attrs.evolve(case, prompts=keep)
+    if keep != case.prompts and not candidate.problems() and not stop() and fails(candidate):
+        case = candidate
+    if len(case.models) > 1 and all(p.deployment == 0 for p in case.prompts):
+        candidate = attrs.evolve(case, models=case.models[:1])
+        if not stop() and fails(candidate):
+            case = candidate
+    return case
+
+
+# -- traces ----------------------------------------------------------------------------------------------------------
+def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches: tuple[str, ...] = (),
+                 expect: dict | None = None, runner: str = "in-process") -> Trace:
+    """The `engine` trace of a finding (see `counterexamples/README.md`)."""
+    out = finding.outcome
+    first = finding.violation
+    ordered = [first] + [v for v in out.violations if v is not first]
+    violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in ordered]
+    rate = f"{finding.k} of {finding.n} runs" if finding.k < finding.n else f"every one of {finding.n} runs"
+    summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {finding.case.lookup} lookup, "
+               f"{len(finding.case.steps)} steps; in {rate}")
+    return Trace(kind="engine", property=finding.property, summary=summary, protocol={"name": "-", "ref": None},
+                 client="-", config={"engine": engine, "case": finding.case.to_json(), "options": dict(options),
+                                     "patches": list(patches), "runner": runner,
+                                     "rate": {"k": finding.k, "n": finding.n}},
+                 events=[{k: encode(v) for k, v in e.items()} for e in out.events],
+                 verdict={"violations": violations}, expect=dict(expect or {engine: "reproduces"}),
+                 origin=f"check:engine:{finding.origin}")
+
+
+@attrs.frozen(kw_only=True)
+class EngineTarget:
+    """A serving engine under test: `engine` (`runtime.registry.ServingEngine`), the lookup modes to drive, the
+    factory options (`--engine-option`), the most ranks a case uses, and the runner (`in-process`)."""
+
+    engine: Any
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: dict = attrs.field(factory=dict)
+    max_ranks: int = 4
+    runner: str = "in-process"
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def faults(self) -> bool:
+        """Whether cases may pause, kill and restart servers: only those shardcheck starts (no `urls`)."""
+        return "urls" not in self.options
+
+    def make(self, case: EngineCase) -> Any:
+        """A fresh deployment for `case` (with `runner` and `patches` where the factory takes them)."""
+        ours = {"patches": tuple(self.engine.patches)} if self.engine.patches else {}
+        if self.runner != "in-process":
+            ours["runner"] = self.runner
+        return self.engine.deployment(case.n_ranks, lookup=case.lookup, models=case.models, **ours, **self.options)
+
+
+def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = None, patches: Any = (),
+                  max_ranks: int | None = None, runner: str = "in-process") -> EngineTarget:
+    """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
+    most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+    from runtime.registry import ResolveError, resolve_serving_engine
+    if lookup not in ("sync", "async", "both"):
+        raise ResolveError(f"--lookup {lookup!r}: expected sync, async or both")
+    opts = dict(options or {})
+    ranks = opts.pop("ranks", None)
+    if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):
+        raise ResolveError(f"--engine-option ranks={ranks!r}: expected a whole number of ranks, at least 1")
+    engine = resolve_serving_engine(spec, patches)
+    lookups = ("sync", "async") if lookup == "both" else (lookup,)
+    missing = [m for m in lookups if m not in engine.lookups]
+    if missing:
+        raise ResolveError(f"engine {engine.name!r} offers no {missing[0]} lookup (it offers {', '.join(engine.lookups)})")
+    shardchecks = {"runner", "patches"}  # (given by shardcheck itself, never by --engine-option)
+    unknown = sorted(set(opts) - (set(engine.options) - shardchecks)) if engine.options is not None else \
+        sorted(set(opts) & shardchecks)
+    if unknown:
+        raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes ranks, "
+                           f"{', '.join(o for o in engine.options or () if o not in shardchecks)})")
+    if runner == "processes" and engine.options is not None and "runner" not in engine.options:
+        raise ResolveError(f"engine {engine.name!r} cannot run its ranks in processes (--runner processes)")
+    cap = ranks or max_ranks or (len(opts["urls"]) if opts.get("urls") else 4)
+    return EngineTarget(engine=engine, lookups=lookups, options=opts, max_ranks=cap, runner=runner)
+
+
+@attrs.define
+class EngineCasesCoverage:
+    """What `EngineCases` ran (`EngineStats` in words and as data)."""
+
+    stats: EngineStats = attrs.field(factory=EngineStats)
+
+    @property
+    def cases(self) -> int:
+        return self.stats.cases
+
+    def text(self) -> str:
+        s = self.stats
+        shapes = ", ".join(f"{v} x {k}" for k, v in sorted(s.by_shape.items()))
+        enum = "the enumeration done" if s.enumeration_done else "the enumeration not done"
+        return (f"{s.cases:,} engine cases ({s.steps:,} steps, {s.seconds_per_case:.2f} s each; {shapes}); {enum}; "
+                f"{s.minimise_runs} runs minimising")
+
+    def to_json(self) -> dict:
+        return self.stats.to_json()
+
+
+class EngineCases:
+    """`check`'s engine for a serving engine under test: engine cases on fresh deployments (see the module doc);
+    the first finding, minimised and measured within the phase."""
+
+    name = "engine-cases"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        target: EngineTarget = ctx.target.engine
+        cov = ctx.coverage.of(self.name, EngineCasesCoverage)
+        findings = engine_search(target.make, lookups=target.lookups, max_ranks=target.max_ranks, seed=ctx.seed,
+                                 should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
+                                 minimise_stop=lambda: time.monotonic() >= ctx.deadline + FINISH_GRACE,
+                                 minimise_seconds=float("inf"), stop_before=ctx.phase_end)
+        if not findings:
+            return None
+        return to_finding(findings[0], target, engine=self.name)
+
+
+def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Finding:
+    """The `model.finding.Finding` of an engine finding, with its trace and measured rate."""
+    trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
+                         expect={target.name: "reproduces"}, runner=target.runner)
+    first = found.violation
+    violations = [Violation(v.property, v.summary, v.detail)
+                  for v in [first] + [v for v in found.outcome.violations if v is not first]]
+    notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
+             f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
+    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate(found.k, found.n), notes=notes)
+
+
+@contextlib.contextmanager
+def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Iterator[Callable[[], tuple[list, str]]]:
+    """Runs of an engine trace's case, each on a fresh deployment of `make` (`engines.replay.SESSIONS`)."""
+    case = case_from_json(trace.config["case"])
+    call = _recorded_call(trace)
+
+    def once() -> tuple[list, str]:
+        violations = list(run_engine_case(make, case, bounds=bounds).violations)
+        if call is None:
+            return violations, ""
+        other = [v for v in violations if v.property == trace.property and call_of(v) != call]
+        return [v for v in violations if v not in other], (f"{len(other)} other call(s) did not return either: "
+                                                           f"{', '.join(sorted({call_of(v) for v in other}))}"
+                                                           if other else "")
+    yield once
+
+
+def _recorded_call(trace: Trace) -> str | None:
+    """The call an `engine-returns` trace is about (its first recorded violation's), else None: its replay counts
+    only that call (a trace of a lookup that never returns is not reproduced by a close that never returns)."""
+    if trace.property != "engine-returns":
+        return None
+    from model.outcome import Violation
+    first = next((v for v in trace.verdict.get("violations", []) if v.get("property") == trace.property), None)
+    if first is None or not isinstance(first.get("detail"), dict):
+        return None
+    return call_of(Violation(first["property"], first.get("summary", ""), first["detail"]))

@@ -1,0 +1,53 @@
+"""`shardcheck regen engine`: the findings of the engine properties on stock LMCache 0.5.6, as `engine` traces
+under `counterexamples/engine/`, each with its measured rate and its expectation on both engines.
+
+For each lookup mode, the engine search (`engines.engine_search.engine_search`: the enumeration, then seeded
+random cases) runs on `lmcache` for `budget` seconds collecting one finding per property and kind of case; each is
+minimised (up to `MINIMISE_SECONDS`), measured (`MEASURE_RUNS` runs), written with `expect.lmcache = reproduces`,
+and replayed on `lmcache-patched` (`engines.replay.judge`, by its rate) for that engine's expectation. Real Valkey
+servers and real engines: a quarter of an hour.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS"]
+
+ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
+MEASURE_RUNS = 10
+MINIMISE_SECONDS = 45.0
+
+
+def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
+          modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
+    """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
+    from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace, call_of
+    from engines.replay import ReplayOn, judge
+    from shardcheck.targets import NotUnderTest
+
+    written = []
+    ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
+    for mode in modes:
+        stock, patched = engine_target("lmcache", lookup=mode), engine_target("lmcache-patched", lookup=mode)
+        stats = EngineStats()
+        end = time.monotonic() + budget
+        progress(f"engine findings, {mode} lookups: {budget:g} s of search on lmcache ...")
+        findings = engine_search(stock.make, lookups=(mode,), max_ranks=3, seed=0, stats=stats, by_origin=True,
+                                 should_stop=lambda: time.monotonic() >= end, minimise_seconds=MINIMISE_SECONDS,
+                                 measure_runs=MEASURE_RUNS)
+        progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
+            f"{f.property} ({f.k}/{f.n})" for f in findings))
+        for f in findings:
+            trace = engine_trace(f, engine="lmcache", options={}, expect={"lmcache": "reproduces"})
+            what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
+            path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{what}.json"
+            trace.save(path, overwrite=True)
+            progress(f"  judging {path.name} ({f.k}/{f.n} on lmcache) on lmcache-patched ...")
+            verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
+            trace.expect["lmcache-patched"] = verdict.outcome
+            trace.save(path, overwrite=True)
+            written.append(path)
+            progress(f"wrote {path} ({verdict.outcome} on lmcache-patched: {verdict.why})")
+    return written

@@ -1,0 +1,89 @@
+"""The command line with `--engine`: bad input is one line and exit 2; `check --engine lmcache` finds a violation and
+saves an engine trace that `replay` judges `reproduces` on lmcache and `fixed` on lmcache-patched, and `show` draws."""
+import json
+
+import pytest
+
+from model.trace import Trace
+from tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "--engine", "nope"], "engine 'nope'"),
+    (["check", "--engine", "lmcache", "--engine-option", "bogus=1"], "takes no option 'bogus'"),
+    (["check", "--engine", "lmcache", "--engine-option", "ranks=0"], "ranks=0"),
+    (["check", "--engine", "lmcache", "--engine-patch", "no_such_module:fn"], "no_such_module"),
+    (["check", "--engine", "lmcache", "--client", "lmcache"], "takes no --protocol, --client"),
+    (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
+])
+def test_bad_engine_input_is_exit_2(args, says):
+    got = run_cli(*args, "--budget", "5", timeout=60)
+    assert got.returncode == 2 and says in got.stderr, (got.returncode, got.stderr[-400:])
+    assert len(got.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.real
+def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
+    """Stock LMCache's async path violates an engine property within a short budget; the trace reproduces on it and
+    is fixed on lmcache-patched."""
+    got = run_cli("check", "--engine", "lmcache", "--lookup", "async", "--budget", "20", "--json", "--out",
+                  str(tmp_path), timeout=240)
+    assert got.returncode == 1, got.stderr[-2000:]
+    result = json.loads(got.stdout)
+    assert result["engine"] == "lmcache" and result["verdict"] == "violated"
+    first = result["violations"][0]
+    assert first["property"].startswith("engine-") or first["property"] == "pins"
+    trace = Trace.load(first["counterexample"])
+    assert trace.kind == "engine" and trace.config["engine"] == "lmcache" and trace.config["rate"]["k"] >= 1
+    shown = run_cli("show", first["counterexample"], "--engine", "lmcache-patched", timeout=60)
+    assert shown.returncode == 0 and ">>" in shown.stdout and "engine lmcache" in shown.stdout
+    rows = {}
+    for engine in ("lmcache", "lmcache-patched"):
+        rep = run_cli("replay", first["counterexample"], "--engine", engine, "--json", timeout=300)
+        rows[engine] = json.loads(rep.stdout)["results"][0]
+    assert rows["lmcache"]["outcome"] == "reproduces", rows["lmcache"]
+    assert rows["lmcache-patched"]["outcome"] == "fixed", rows["lmcache-patched"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("runner", ["in-process", "processes"])
+def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner):
+    """Ctrl-C (SIGINT to the process group) during `check --engine lmcache`: exit 130, no process of the run left
+    (servers, rank processes, the forkserver), nothing left in its temp dir (sockets, server dirs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = [sys.executable, "-m", "shardcheck", "check", "--engine", "lmcache", "--lookup", "sync", "--budget", "60",
+            "--out", str(tmp_path / "found")] + (["--runner", "processes"] if runner == "processes" else [])
+    p = subprocess.Popen(args, cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "TMPDIR": str(tmp), "SHARDCHECK_ENGINE_TRACE": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in p.stderr:  # the first case ran: servers, engines and sockets exist
+            if line.startswith("[engine]"):
+                break
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        p.stderr.close()
+
+    def group() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
+        return [g for g in out if g == str(p.pid)]
+
+    for _ in range(300):
+        if not group():
+            break
+        time.sleep(0.1)
+    assert group() == []
+    assert sorted(str(q.relative_to(tmp)) for q in tmp.rglob("*")) == []
