@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from engines.faulted import FAULT_OPS, FaultWindow
 from engines.minimise import ddmin
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
@@ -40,24 +41,37 @@ def _call(store: Any, op: dict, wait_bound: float) -> Any:
 
 
 def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
-            clock: Any = None) -> tuple[list[dict], list[Violation]]:
+            clock: Any = None, control: Any = None, recovery_seconds: float | None = None
+            ) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
     An op is `{"rank", "op", "key" | "keys", "value"?}`; a value is bytes or a list of byte values; a
     `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). Returns one
     record per op run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the
-    violations.
+    violations. Real-server faults are ops too (`engines.faulted`: `{"op": "fault", "fault": FIELD, "rank",
+    "seconds"}` strikes through `control`, `{"op": "recover"}` waits for the servers and probes `recovery`);
+    while one lasts, an error or a miss is fine.
     """
     oracle = [MemoryStore() for _ in stores]
+    window = FaultWindow(stores, oracle, control=control, op_timeout=wait_bound,
+                         recovery_seconds=recovery_seconds)
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
         if isinstance(op.get("value"), list):
             op["value"] = bytes(op["value"])
+        if op["op"] in FAULT_OPS:
+            rec = {"index": i, **op}
+            records.append(rec)
+            violation = window.fault_op(i, op, rec)
+            if violation is not None:
+                return records, [violation]
+            continue
         r = op["rank"]
         if not 0 <= r < len(stores):
             raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
         fire_only = op["op"] == "get_async" and op.get("wait", True) is False
+        prior = window.prior(r, op)
         expected = None if fire_only else _call(oracle[r], op, wait_bound)
         start = clock() if clock else None
         rec = {"index": i, **op, "oracle": expected}
@@ -66,12 +80,13 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             got = stores[r].get_async(op["key"]) if fire_only else _call(stores[r], op, wait_bound)
         except StoreCallTimeout as exc:
             rec["outcome"] = "hang"
-            return records, [Violation("store-hang", f"ops[{i}] rank {r}: {exc}",
-                                       {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+            return records, [window.timed_out(i, r, exc)]
         except Exception as exc:  # the client raised instead of answering
             rec["outcome"] = f"{type(exc).__name__}: {exc}"
-            return records, [Violation("store-error", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
-                                       f" raised {type(exc).__name__}: {exc}", {"index": i})]
+            violation = window.raised(i, r, op, exc, prior)
+            if violation is not None:
+                return records, [violation]
+            continue
         if clock:
             rec["seconds"] = round(clock() - start, 6)
         if fire_only:
@@ -79,10 +94,18 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             continue
         rec["result"] = got
         if op["op"] not in ("put", "delete") and got != expected:
-            rec["outcome"] = "mismatch"
-            return records, [Violation("store-roundtrip", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
-                                       f" returned {_short(got)}, the oracle {_short(expected)}", {"index": i})]
+            violation = window.answered(i, r, op, got, expected)
+            if violation is not None:
+                rec["outcome"] = "mismatch"
+                return records, [violation]
+            rec["outcome"] = "allowed under a fault"
+            continue
+        window.settled(r, op)
         rec["outcome"] = "ok"
+    violation = window.close(len(records))
+    if violation is not None:
+        records.append({"index": len(ops), "op": "recover", "outcome": violation.summary})
+        return records, [violation]
     return records, []
 
 
