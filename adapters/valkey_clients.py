@@ -25,9 +25,10 @@ from typing import Any, Callable, Sequence
 
 from adapters.lmcache_runtime import _Servers
 from model.calls import DEFAULT_OP_TIMEOUT
+from model.checks import CATALOG
 
 __all__ = ["ValkeyStore", "reference_factory", "NeverReconnectStore", "never_reconnect_factory", "NoTimeoutStore",
-           "no_timeout_factory", "StaleOnErrorStore", "stale_on_error_factory"]
+           "no_timeout_factory", "StaleOnErrorStore", "stale_on_error_factory", "NEMESIS_DEMOS"]
 
 #: Share of the op timeout one socket operation may take (connect, send, read): two attempts fit in the bound.
 SOCKET_SHARE = 0.2
@@ -183,3 +184,8 @@ reference_factory = _factory(ValkeyStore)
 never_reconnect_factory = _factory(NeverReconnectStore)
 no_timeout_factory = _factory(NoTimeoutStore, self_bounded=False)
 stale_on_error_factory = _factory(StaleOnErrorStore)
+
+#: Every known-bad client of the nemesis properties: its factory and the property it violates (`model.checks`).
+NEMESIS_DEMOS: dict[str, tuple[Callable[..., list], str]] = {
+    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
+    for p in CATALOG if p.layer == "nemesis" for ref in p.demos}

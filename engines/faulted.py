@@ -47,6 +47,7 @@ class FaultWindow:
         self.struck: list[tuple[Any, ServerFault]] = []
         self.faulted = False
         self.maybe: dict[tuple[int, str], list] = {}
+        self.owners: dict[bytes, str] = {}  # every value put, by the key it was put under
 
     def what(self) -> str:
         return "; ".join(kind.text(f) for kind, f in self.struck) or "no fault"
@@ -102,6 +103,8 @@ class FaultWindow:
     # -- the client's answers ------------------------------------------------------------------------------
     def prior(self, r: int, op: dict) -> Any:
         """The oracle's value of a put's or delete's key before it runs (what stays possible when it raises)."""
+        if op["op"] == "put":
+            self.owners.setdefault(bytes(op["value"]), op["key"])
         return self.oracle[r].data.get(op["key"]) if op["op"] in ("put", "delete") else None
 
     def timed_out(self, i: int, r: int, exc: StoreCallTimeout) -> Violation:
@@ -156,9 +159,12 @@ class FaultWindow:
                f"{_short(expected)}"
         if not self.faulted:
             return Violation("store-roundtrip", what, {"index": i})
-        wrong = [g for g in (got if isinstance(got, list) else [got]) if g not in (None, False)]
+        wrong = [g for g in (got if isinstance(got, list) else [got]) if g not in (None, False, True)]
         if wrong or self.struck or op["op"] == "contains" and got is True:
-            return Violation("fault-integrity", f"{what} ({'while ' + self.what() if self.struck else 'after a fault'})",
+            whose = [self.owners.get(bytes(g)) for g in wrong if isinstance(g, (bytes, bytearray))]
+            named = "".join(f"; {_short(g)} are the bytes put under {w!r}" + (" before" if w in (op.get("keys") or
+                            [op.get("key")]) else "") for g, w in zip(wrong, whose) if w is not None)
+            return Violation("fault-integrity", f"{what}{named} ({'while ' + self.what() if self.struck else 'after a fault'})",
                              {"index": i})
         return Violation("recovery", f"{what}: after the recovery the client still answers a miss for a key its "
                          "server holds", {"index": i})

@@ -13,7 +13,7 @@ from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
            "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
-           "STORE_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
+           "STORE_PROPERTIES", "NEMESIS_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
 
 
 def soundness(o: Outcome) -> list[Violation]:
@@ -163,8 +163,10 @@ def _preview(b) -> str:
 class Property:
     """One property: its name, its layer, the check that finds it, and the known-bad demos that violate it.
 
-    `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time) or
-    "concurrency" (a store client called from several callers at once). `check`: the function over an `Outcome`
+    `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time),
+    "concurrency" (a store client called from several callers at once) or "nemesis" (a store client, or a protocol
+    over one, through real faults on its servers; a protocol case keeps its own properties there: a fault may lower
+    the plan, never raise it, and the ranks still agree). `check`: the function over an `Outcome`
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
     hang and termination, reported through `run_faults`; the store layers' runners). `demos`: `MOD:ATTR` of each
     known-bad protocol or client built to violate it (every property has one, so every check can fail).
@@ -190,6 +192,13 @@ def _store(name: str, about: str, *demos: str) -> Property:
 def _concurrent(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="concurrency", about=about,
                     demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+
+
+def _nemesis(name: str, about: str, *demos: str) -> Property:
+    """A property under real faults on the servers (`model.faults.SERVER_KINDS`); its demos are real clients
+    (`adapters.valkey_clients`), since only a real server can be paused, killed or filled."""
+    return Property(name=name, layer="nemesis", about=about,
+                    demos=tuple(f"adapters.valkey_clients:{d}" for d in demos))
 
 
 #: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),
@@ -225,6 +234,12 @@ CATALOG: tuple[Property, ...] = (
     _concurrent("wrong-caller", "no result reaches another caller", "crossed_replies_factory"),
     _concurrent("linearizability", "every history is linearizable against a key-value register per key",
                 "stale_cache_factory"),
+    _nemesis("fault-hang", "while a real fault lasts every call returns within its bound (an error or a miss is fine)",
+             "no_timeout_factory"),
+    _nemesis("fault-integrity", "under real faults nothing wrong is returned: the last completed put's bytes or a miss, "
+             "never another key's bytes, never a value from before a delete", "stale_on_error_factory"),
+    _nemesis("recovery", "once the server is back, the client's calls succeed again within --recovery-seconds",
+             "never_reconnect_factory"),
 )
 BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}
 
@@ -236,6 +251,8 @@ CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = tuple(dict.fromkeys(
 PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 #: The store layer's properties.
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
+#: The properties under real faults on the servers (every layer's runs judge them once a fault struck).
+NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
 
 
 def check_outcome(o: Outcome) -> list[Violation]:

@@ -10,7 +10,7 @@ def test_every_property_has_a_resolvable_demo():
     """Each record names at least one known-bad demo, and every demo resolves to a class or factory."""
     assert len({p.name for p in CATALOG}) == len(CATALOG)
     for p in CATALOG:
-        assert p.layer in ("protocol", "store", "concurrency") and p.about and p.demos, p
+        assert p.layer in ("protocol", "store", "concurrency", "nemesis") and p.about and p.demos, p
         for ref in p.demos:
             assert callable(load_attr(ref, "demo")), ref
 
