@@ -168,7 +168,20 @@ def debug_sleep(server: ValkeyServer | Endpoint, seconds: float) -> Strike:
     threading.Thread(target=sleep, name="shardcheck-nemesis-debug-sleep", daemon=True).start()
     asked.wait(2.0)
     strike = _strike("debug-sleep", server, seconds, lambda: done.wait(seconds + 5))
+    _until_unresponsive(server, min(1.0, seconds))  # the command is sent: wait until the server runs it
     return strike
+
+
+def _until_unresponsive(server: ValkeyServer | Endpoint, limit: float) -> None:
+    """Return once the server stops answering a PING within 20 ms (at most `limit` seconds)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            if not _admin(server, "PING", timeout=0.02).startswith(b"+PONG"):
+                return
+        except OSError:
+            return
+        time.sleep(0.002)
 
 
 def _cmd(*args: str) -> bytes:

@@ -233,6 +233,19 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------- one server
 
+def _until_state(pid: int, state: str, limit: float) -> None:
+    """Wait (at most `limit` s) until process `pid` is in `state` (a /proc/PID/stat state letter)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == state:
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.001)
+
+
 class ValkeyServer:
     """One valkey-server process on 127.0.0.1:`port`."""
 
@@ -322,6 +335,7 @@ class ValkeyServer:
             if self.running():
                 os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
                 self.paused = True
+                _until_state(self.proc.pid, "T", 1.0)  # type: ignore[union-attr]  (SIGSTOP is delivered async)
 
     def resume(self) -> None:
         """SIGCONT a paused server (a no-op otherwise)."""
