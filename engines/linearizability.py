@@ -98,8 +98,8 @@ def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
     return [(tuple(sorted(keys_of[r])), groups[r]) for r in sorted(groups)]
 
 
-def _check_part(keys: tuple[str, ...], ops: list[Op], max_steps: int) -> Verdict:
-    model = KVModel(keys)
+def _check_part(keys: tuple[str, ...], ops: list[Op], max_steps: int, spec: type = KVModel) -> Verdict:
+    model = spec(keys)
     n = len(ops)
     events = []
     for i, op in enumerate(ops):
@@ -171,8 +171,10 @@ def _check_part(keys: tuple[str, ...], ops: list[Op], max_steps: int) -> Verdict
     return Verdict(True, steps, keys)
 
 
-def check(history: History | Sequence[Op], *, max_steps: int = 2_000_000, snapshot: bool = False) -> Verdict:
-    """Decide whether `history` is linearizable; the first part that is not (or is undecided) is reported."""
+def check(history: History | Sequence[Op], *, max_steps: int = 2_000_000, snapshot: bool = False,
+          spec: type = KVModel) -> Verdict:
+    """Decide whether `history` is linearizable against `spec` (a `KVModel` class: `model.history.LossyKVModel` for a
+    history through real-server faults); the first part that is not (or is undecided) is reported."""
     ops = history.ops if isinstance(history, History) else list(history)
     if not snapshot:
         ops = per_key(ops)
@@ -180,7 +182,7 @@ def check(history: History | Sequence[Op], *, max_steps: int = 2_000_000, snapsh
     steps = 0
     undecided = None
     for keys, part_ops in parts:
-        v = _check_part(keys, part_ops, max_steps - steps)
+        v = _check_part(keys, part_ops, max_steps - steps, spec)
         steps += v.steps
         if v.linearizable is False:
             v.steps, v.parts = steps, len(parts)

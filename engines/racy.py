@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import attrs
 
 from engines.concurrency import Layout, Rate, make_layout, measure, store_paths, thread_safe
+from model.faults import kind_of
 from model.history import lanes
 from model.trace import Trace
 
-__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search"]
+__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search",
+           "strikes_of", "nemesis_layout", "nemesis_search", "NEMESIS_RUNS"]
 
 CONFIDENCE = 0.99
 #: The most runs a minimisation step spends on one candidate.
@@ -99,8 +101,9 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
 
 
 def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: list[int], origin: str,
-             options: dict | None = None) -> Trace:
-    """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history."""
+             options: dict | None = None, strikes: Sequence[tuple[Any, Any]] = ()) -> Trace:
+    """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history, and the
+    real-server faults each run struck (`config.faults`: `{"fault", "rank", "at": "run", "step", "seconds"}`)."""
     first = rate.first
     assert first is not None, "a finding has a failing run"
     v = first.violations[0]
@@ -109,35 +112,109 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
     return Trace(kind="concurrent", property=v["property"], summary=summary, protocol={"name": "-", "ref": None},
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)}, **(options or {})},
+                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)}, **(options or {}),
+                         **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
                  verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
                                          for x in first.violations],
                           "linearizability": first.verdict, "history": first.history.to_json(),
+                          **({"faults": first.history.faults} if first.history.faults else {}),
                           "picture": lanes(first.history, verdict=first.verdict)},
                  expect={client: "reproduces"}, origin=origin)
 
 
-def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None) -> tuple[str, str]:
-    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring)."""
+def strikes_of(config: dict) -> list[tuple[Any, Any]]:
+    """The (kind, `ServerFault`) pairs a concurrent trace's runs strike (`config.faults`); `ValueError` naming a bad
+    entry."""
+    out = []
+    for i, raw in enumerate(config.get("faults", [])):
+        if not isinstance(raw, dict):
+            raise ValueError(f"config.faults[{i}]: expected an object")
+        try:
+            kind = kind_of(str(raw.get("fault")))
+        except KeyError:
+            raise ValueError(f"config.faults[{i}]: unknown fault {raw.get('fault')!r}") from None
+        if kind.family != "server":
+            raise ValueError(f"config.faults[{i}]: {kind.field} is not a real-server fault")
+        out.append((kind, kind.from_json({k: v for k, v in raw.items() if k != "fault"})))
+    return out
+
+
+def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None,
+           control_for: Callable[..., Any] | None = None) -> tuple[str, str]:
+    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring); its
+    real-server faults strike through `control_for(stores)` in every run."""
     rate = trace.config["rate"]
     k, n = int(rate["k"]), int(rate["n"])
     need, clear = tries_to_reproduce(k, n), tries_to_clear(k, n)
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
+    strikes = strikes_of(trace.config)
+    if strikes and control_for is None:
+        raise ValueError("the trace strikes real-server faults: it needs a nemesis (servers shardcheck started)")
     stores = factory(1, **(options or {}))
+    control = control_for(stores) if strikes else None
     try:
         missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
         if missing:  # nothing to run: the race lives on a path this client does not offer
             return "fixed", f"the client offers no {', '.join(missing)}: the layout cannot run on it"
         for i in range(clear):
-            got = measure(stores[0], layout, runs=1, bound=bound, want=trace.property)
+            got = measure(stores[0], layout, runs=1, bound=bound, want=trace.property, strikes=strikes,
+                          control=control, op_timeout=trace.config.get("op_timeout"),
+                          recovery_seconds=trace.config.get("recovery_seconds"))
             if got.k:
                 return "reproduces", (f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): "
                                       f"{got.first.violations[0]['summary']}")
     finally:
+        if control is not None:
+            control.close()
         for s in stores:
             s.close()
     return "fixed", f"{clear} clean runs: the rate is below a tenth of the recorded {k}/{n} (99%)"
+
+
+#: Runs of each kind's faulted layout in `nemesis_search` (each strikes once; a finding is judged by its rate).
+NEMESIS_RUNS = 3
+
+
+def nemesis_layout(kind: Any, seed: int, *, paths: Sequence[str], op_timeout: float) -> tuple[Layout, list, float]:
+    """A layout of 3 callers over the declared paths, the fault `kind` on the server at the run's third op, and the
+    run's bound (the fault's length plus three op timeouts)."""
+    from model.faults import ServerFault
+    layout = make_layout(seed, threads=3, ops=6, keys=3, paths=paths)
+    seconds = next(kind.singles(1, 1)).seconds and max(0.2, min(3.0, 1.5 * op_timeout))
+    return layout, [(kind, ServerFault(0, "run", 2, seconds))], seconds + 3 * op_timeout + 1.0
+
+
+def nemesis_search(client: Any, *, kinds: Sequence[Any], control_for: Callable[..., Any], seed: int,
+                   should_stop: Callable[[], bool], op_timeout: float, stats: dict,
+                   recovery_seconds: float | None = None) -> Trace | None:
+    """For each kind, `NEMESIS_RUNS` runs of `nemesis_layout` on a fresh store of `client` (a
+    `runtime.registry.Client`), each striking the fault; the first kind that shows a violation, as a trace with its
+    rate (not minimised: each run costs the fault's length)."""
+    for kind in kinds:
+        if should_stop():
+            break
+        stores = client.stores(1, op_timeout=op_timeout)
+        control = control_for(stores, kind)
+        try:
+            if control is None or not thread_safe(stores[0]):
+                continue
+            layout, strikes, bound = nemesis_layout(kind, seed, paths=store_paths(stores[0]), op_timeout=op_timeout)
+            rate = measure(stores[0], layout, runs=NEMESIS_RUNS, bound=bound, strikes=strikes, control=control,
+                           should_stop=should_stop, op_timeout=op_timeout, recovery_seconds=recovery_seconds)
+        finally:
+            if control is not None:
+                control.close()
+            for s in stores:
+                s.close()
+        done = stats.setdefault("kinds", {})
+        done[kind.field] = [rate.k, rate.n]
+        if rate.k:
+            return to_trace(layout, rate, client=client.name, bound=bound, seeds=[seed], strikes=strikes,
+                            origin=f"nemesis:concurrent:{kind.field}",
+                            options={"op_timeout": op_timeout, **({"recovery_seconds": recovery_seconds}
+                                                                  if recovery_seconds is not None else {})})
+    return None
 
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,

@@ -25,7 +25,10 @@ def soundness(o: Outcome) -> list[Violation]:
 
 
 def completeness(o: Outcome) -> list[Violation]:
-    """The plan reaches the longest cached prefix: `planned >= LCP`."""
+    """The plan reaches the longest cached prefix: `planned >= LCP` (a real-server fault before the lookup may
+    lower the plan: a miss is fine while it lasts)."""
+    if o.case.faults.striking("before-lookup"):
+        return []
     if o.planned is not None and o.planned < o.lcp:
         return [Violation("completeness", f"planned {o.planned} chunks though the leading {o.lcp} were cached "
                           f"(reports {o.reports})", {"planned": o.planned, "lcp": o.lcp, "reports": o.reports})]
@@ -87,8 +90,9 @@ def integrity(o: Outcome) -> list[Violation]:
 
 
 def maximality(o: Outcome) -> list[Violation]:
-    """Without a fault after the lookup, every rank loads the whole plan: `u == planned`."""
-    if o.case.faults.after_lookup() or o.planned is None or o.load is None or o.load.violations:
+    """Without a fault after the lookup (nor a real-server fault), every rank loads the whole plan: `u == planned`."""
+    if o.case.faults.after_lookup() or o.case.faults.server_faults() or o.planned is None or o.load is None \
+            or o.load.violations:
         return []
     return [Violation("maximality", f"rank {r} loaded {u} chunks of the planned {o.planned} with no fault "
                       "after the lookup", {"rank": r, "u": u, "planned": o.planned})

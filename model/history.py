@@ -12,8 +12,8 @@ from typing import Any, Iterable, Sequence
 
 import attrs
 
-__all__ = ["Op", "History", "KVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS",
-           "lanes"]
+__all__ = ["Op", "History", "KVModel", "LossyKVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS",
+           "READ_PATHS", "FAULT_PATHS", "lanes"]
 
 #: Paths that change the register.
 WRITE_PATHS = ("put", "delete")
@@ -23,6 +23,10 @@ SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
 #: run of hits; `contains_batch` / `contains_async` the length of that run.
 MULTI_KEY_READS = ("get_batch", "get_prefix", "contains_batch", "contains_async")
 READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
+#: What a real-server fault did to one key, as an op of the nemesis in a history (`LossyKVModel`): `fault-wipe` (a
+#: restart empty: the key is gone), `fault-save` / `fault-restore` (SAVE at the strike, the snapshot loaded at the
+#: restart), `fault-lose` (an eviction by the server's policy: the key may be gone).
+FAULT_PATHS = ("fault-wipe", "fault-save", "fault-restore", "fault-lose")
 
 
 @attrs.define
@@ -80,9 +84,11 @@ class Op:
 
 @attrs.define
 class History:
-    """The ops of one run, in id order."""
+    """The ops of one run, in id order; `faults`: the real-server faults struck during it (kind, rank, when it
+    struck, when it was over, what the recovery probe found), each key's loss as ops of `FAULT_PATHS`."""
 
     ops: list[Op] = attrs.field(factory=list)
+    faults: list[dict] = attrs.field(factory=list)
 
     def pending(self) -> list[Op]:
         return [op for op in self.ops if op.pending]
@@ -136,6 +142,59 @@ class KVModel:
         if path in ("contains_batch", "contains_async"):
             return len(run)
         raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
+
+
+class _Maybe(tuple):
+    """A register that may have lost its value (`fault-lose`): (value, until), until = when the loss was over."""
+
+    __slots__ = ()
+
+
+class LossyKVModel(KVModel):
+    """The key-value register through real-server faults: `KVModel`, plus the nemesis's ops of `FAULT_PATHS`.
+
+    A state is (values, saved): `saved` is what the last `fault-save` held, `fault-restore` puts it back (a restart with
+    data allows exactly what the snapshot held). `fault-lose` makes a value a maybe: a read may answer it or a miss;
+    a miss settles it as gone, and a read of the value invoked after the loss was over settles it as kept.
+    """
+
+    def init(self) -> tuple:
+        return (None,) * len(self.keys), (None,) * len(self.keys)
+
+    def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
+        values, saved = state
+        path = op.path
+        if path in WRITE_PATHS + FAULT_PATHS:
+            i = self.index[op.key]
+            new, keep = list(values), list(saved)
+            if path == "put":
+                new[i] = bytes(op.value)
+            elif path in ("delete", "fault-wipe"):
+                new[i] = None
+            elif path == "fault-save":
+                keep[i] = values[i]
+            elif path == "fault-restore":
+                new[i] = saved[i]
+            elif values[i] is not None:  # fault-lose
+                value = values[i][0] if isinstance(values[i], _Maybe) else values[i]
+                new[i] = _Maybe((value, op.completed if op.completed is not None else float("inf")))
+            return True, (tuple(new), tuple(keep))
+        if op.pending or op.error is not None:
+            return True, state
+        maybes = [i for i, k in enumerate(self.keys) if k in op.keys and isinstance(values[i], _Maybe)]
+        for gone in range(1 << len(maybes)):  # which maybes are gone, as this read sees them
+            seen = list(values)
+            for j, i in enumerate(maybes):
+                seen[i] = None if gone >> j & 1 else values[i][0]
+            if self.answer(tuple(seen), op.path, op.keys) == op.result:
+                settled = list(values)
+                for j, i in enumerate(maybes):
+                    if gone >> j & 1:
+                        settled[i] = None
+                    elif op.invoked > values[i][1]:
+                        settled[i] = values[i][0]
+                return True, (tuple(settled), saved)
+        return False, state
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:
