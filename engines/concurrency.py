@@ -271,9 +271,9 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
 
 def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
-    real-server faults (`History.faults`): an op never completed is `fault-hang`; an error while a fault lasted or
-    within the recovery bound after it is fine, one after that is `recovery`, as is a failed recovery probe; a miss
-    while a fault lasted constrains nothing; a wrong answer is `fault-integrity`, judged against the register the
+    real-server faults (`History.faults`): an op never completed is `fault-hang`; an error or a miss while a fault
+    lasted or within the recovery bound after it is fine (it constrains nothing), an error after that is
+    `recovery`, as is a failed recovery probe; a wrong answer is `fault-integrity`, judged against the register the
     faults allow (`model.history.LossyKVModel`)."""
     out: list[dict] = []
     faults = history.faults
@@ -315,7 +315,7 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
             out.append({"property": "recovery" if faults else "store-error", "op": op.id,
                         "summary": f"{op.label()} raised {op.error}" + (" after the client should have recovered"
                                                                          if faults else "")})
-    ops = [_unconstrained_miss(op) if window and op.invoked <= window[1] else op for op in history.ops]
+    ops = [_unconstrained_miss(op) if window and op.invoked <= window[2] else op for op in history.ops]
     verdict = check(ops, max_steps=max_steps, spec=LossyKVModel if faults else KVModel).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
@@ -330,7 +330,8 @@ def _during(faults: list[dict]) -> str:
 
 
 def _unconstrained_miss(op: Op) -> Op:
-    """A read invoked while a fault lasted that answered a miss (any part of it): it constrains nothing."""
+    """A read invoked while a fault lasted (or within the recovery bound after it) that answered a miss (any part of
+    it): it constrains nothing."""
     res = op.result
     missed = (res is None or res is False or (isinstance(res, list) and (None in res or len(res) < len(op.keys)))
               or (isinstance(res, int) and not isinstance(res, bool) and res < len(op.keys)))
