@@ -140,6 +140,15 @@ _resp_command = resp_command  # (the admin connection that evicts: `adapters.val
 
 # --------------------------------------------------------------------------- server ownership
 
+def _reachable(host: str, port: int, timeout: float = 2.0) -> None:
+    """`ConnectionError` naming host:port when nothing accepts a connection there."""
+    import socket
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+
+
 class _Servers:
     """The servers a factory call uses: given `urls`, or its own (stopped when all stores close)."""
 
@@ -157,17 +166,19 @@ class _Servers:
         else:
             from urllib.parse import urlparse
 
-            if len(urls) != n_servers:
+            if len(urls) < n_servers:
                 raise ValueError(f"topology {topology!r} with {n_ranks} ranks needs {n_servers} "
                                  f"url(s), got {len(urls)}")
             self.endpoints = []
-            for u in urls:
+            for u in urls[:n_servers]:  # (a user's tier may have more servers than this call's ranks)
                 p = urlparse(u)
                 if p.hostname is None or p.port is None:
                     raise ValueError(f"url {u!r} has no host:port")
                 self.endpoints.append((p.hostname, p.port))
                 if p.password and self.password is None:
                     self.password = p.password
+            for host, port in self.endpoints:  # LMCache's native client only logs a failed connect, then hangs
+                _reachable(host, port)
         self._refs = n_ranks
         self._lock = threading.Lock()
 

@@ -32,7 +32,7 @@ import attrs
 from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on
 
 __all__ = ["Endpoint", "Strike", "pause", "kill_restart", "kill_connections", "debug_sleep", "client_pause",
-           "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of"]
+           "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of", "control_maker"]
 
 #: Bytes of filler ("another prompt's chunks") `evict_by_policy` writes, at least; and the size of one.
 FILL_BYTES, FILL_CHUNK = 512 * 1024, 4096
@@ -331,3 +331,15 @@ class Nemesis:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def control_maker(*, user_servers: bool = False) -> Callable[[Sequence[Any], Any], "Nemesis | None"]:
+    """`control_for(stores, kind)`: a `Nemesis` over the stores' servers, or None when they cannot take `kind` (None:
+    any kind): a server shardcheck did not start is a target only with `user_servers` (admin faults only)."""
+    def control_for(stores: Sequence[Any], kind: Any = None) -> Nemesis | None:
+        try:
+            nemesis = Nemesis.for_stores(stores, user_servers=user_servers)
+        except NemesisUnavailable:
+            return None
+        return nemesis if kind is None or nemesis.supports(kind.needs_process) else None
+    return control_for

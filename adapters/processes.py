@@ -45,27 +45,29 @@ class RunnerError(RuntimeError):
     """The runner itself could not run a case (the rendezvous failed, a store could not be made)."""
 
 
-def _context(client: str) -> Any:
+def _context(client: Any) -> Any:
     """A forkserver context that has imported torch (and the first real client's adapter) once: each rank
     process then starts in milliseconds."""
     global _CTX
     if _CTX is None:
         _CTX = multiprocessing.get_context("forkserver")
         preload = ["adapters.processes", "adapters.rank_process", "model.protocols", "runtime.registry"]
-        if client.startswith("lmcache"):
-            preload.append("adapters.patched" if client == "lmcache-patched" else "adapters.lmcache_stores")
+        module = getattr(client.factory, "__module__", "") or ""
+        if module.startswith("adapters."):  # the real clients' adapter, imported once in the forkserver
+            preload.append(module)
         _CTX.set_forkserver_preload(preload)
     return _CTX
 
 
 class ProcessRunner:
-    """`run(protocol, case)` with one OS process per rank; `client` is any `--client` name or `MOD:ATTR`."""
+    """`run(protocol, case)` with one OS process per rank; `client` is a resolved `runtime.registry.Client` (or a name
+    or `MOD:ATTR` of one), handed whole to every rank process."""
 
-    def __init__(self, client: str = "model", *, options: dict | None = None, timeout: float | None = None,
+    def __init__(self, client: Any = "model", *, options: dict | None = None, timeout: float | None = None,
                  op_timeout: float = DEFAULT_OP_TIMEOUT) -> None:
         from runtime.registry import resolve_client
-        self.client, self.options = client, dict(options or {})
-        self.in_memory = resolve_client(client).in_memory
+        self.client, self.options = resolve_client(client), dict(options or {})
+        self.in_memory = self.client.in_memory
         if timeout is None:
             timeout = DEFAULT_TIMEOUT if self.in_memory else REAL_CLIENT_TIMEOUT
         self.timeout, self.op_timeout = float(timeout), float(op_timeout)

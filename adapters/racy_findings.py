@@ -1,7 +1,7 @@
 """Racy findings of lmcache 0.5.6: concurrent-layer traces with their measured rates.
 
 `shardcheck regen findings` measures each finding of `RACY_FINDINGS` on the client it records
-(`RUNS` runs of its layout), then judges the trace on every client with `engines.racy.replay` (statistically,
+(`RUNS` runs of its layout), then judges the trace on every client with `engines.replay.judge` (statistically,
 99% confidence) and writes `counterexamples/lmcache-<name>.json` with the rate and the expectations.
 """
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Callable, Sequence
 
 from adapters.replay import CLIENTS, ROOT, _factory
 from engines.concurrency import Layout, measure
-from engines.racy import replay, to_trace
+from engines.racy import to_trace
+from engines.replay import ReplayOn, judge
 from model.trace import Trace
+from runtime.registry import resolve_client
 
 __all__ = ["RACY_FINDINGS", "RUNS", "OPTIONS", "BOUND", "build"]
 
@@ -72,7 +74,9 @@ def build(names: Sequence[str] = tuple(RACY_FINDINGS), out_dir: Path = ROOT / "c
         trace.summary = f"{what} Measured: {rate.k} of {rate.n} runs of this layout."
         notes = []
         for other in CLIENTS:
-            outcome, why = replay(trace, _factory(other), options=OPTIONS)
+            client = resolve_client(other)
+            verdict = judge(trace, ReplayOn(client=client, options=client.accepted(OPTIONS)))
+            outcome, why = verdict.outcome, verdict.why
             trace.expect[other] = outcome
             notes.append(f"{other}: {outcome} ({why})")
             say(f"  {other:16} {outcome:10} {why}")

@@ -221,11 +221,10 @@ WAIT_BOUND = DEFAULT_OP_TIMEOUT
 _HUNG = object()
 
 
-def _make_store(client: str, options: dict, op_timeout: float) -> Any:
-    from runtime.registry import resolve_client
-    resolved = resolve_client(client)
-    store = resolved.stores(1, **options)[0]
-    if resolved.in_memory:
+def _make_store(client: Any, options: dict, op_timeout: float) -> Any:
+    """This rank's store of `client` (a resolved `runtime.registry.Client`), bounded unless in memory."""
+    store = client.stores(1, **options)[0]
+    if client.in_memory:
         return store
     from runtime.bounded import BoundedStore
     return BoundedStore(store, op_timeout)
@@ -246,7 +245,7 @@ def _lookup(protocol: Any, rk: _Rank, hashes: list[str]) -> int:
     return report
 
 
-def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, client: str, options: dict, case: Any,
+def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, client: Any, options: dict, case: Any,
               hashes: list[str], kv: list[bytes], *, timeout: float, op_timeout: float, parent_pid: int) -> None:
     """The body of rank `rank`'s process; talks to the parent over `conn` (see `adapters.processes`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it kills and reaps us

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 
 from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
+from model.outcome import Violation
 from model.trace import Trace
 
 __all__ = ["ROOT", "CLIENTS", "FINDINGS", "MEASURED", "RECORDED_ON", "trace_of", "build", "CHILD"]
@@ -184,16 +185,16 @@ def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counte
                 outcome, why, records, violations = _in_child(name, client)
             else:
                 records, violations = run(t, _factory(client))
-                if violations and violations[0]["detail"].get("index") == -1 and t.property != "store-error":
-                    raise RuntimeError(f"{name} on {client}: cannot measure, {violations[0]['summary']}")
-                props = [v["property"] for v in violations]
+                if violations and violations[0].detail.get("index") == -1 and t.property != "store-error":
+                    raise RuntimeError(f"{name} on {client}: cannot measure, {violations[0].summary}")
+                props = [v.property for v in violations]
                 outcome = "reproduces" if t.property in props else "fixed"
-                why = violations[0]["summary"] if violations else "no violation"
+                why = violations[0].summary if violations else "no violation"
             expect[client] = outcome
             secs = records[-1].get("total_seconds") if records else None
             notes.append(f"{client}: {outcome} ({why}; run {secs} s)")
             if client == t.client and violations:
-                t.verdict = {"violations": violations}
+                t.verdict = {"violations": [v.to_json() for v in violations]}
                 by_index = {rec["index"]: rec for rec in records if "index" in rec}
                 t.ops = [dict(o, **{k: v for k, v in by_index.get(i, {}).items()
                                     if k in ("result", "oracle", "outcome", "seconds")})
@@ -219,7 +220,7 @@ sys.path.insert(0, {root!r})
 from adapters.replay import run, trace_of, _factory
 t = trace_of({name!r})
 records, violations = run(t, _factory({client!r}))
-print(json.dumps([records, violations]), flush=True)
+print(json.dumps([records, [v.to_json() for v in violations]]), flush=True)
 os._exit(0)  # a failed glide connect leaves retrying threads behind: do not wait for them
 """
 
@@ -236,6 +237,6 @@ def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
         raise RuntimeError(f"{name} on {client}: the replay in a child process failed ({type(exc).__name__}); "
                            f"{detail}") from None
     t = trace_of(name)
-    props = [v["property"] for v in violations]
-    outcome = "reproduces" if t.property in props else "fixed"
-    return outcome, violations[0]["summary"] if violations else "no violation", records, violations
+    found = [Violation.from_json(v) for v in violations]
+    outcome = "reproduces" if t.property in {v.property for v in found} else "fixed"
+    return outcome, found[0].summary if found else "no violation", records, found

@@ -29,7 +29,7 @@ import attrs
 
 from engines.linearizability import check
 from model.contract import StoreCallTimeout
-from model.history import MULTI_KEY_READS, History, KVModel, LossyKVModel, Op
+from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, History, Op
 from model.recovery import default_recovery_seconds, probe
 
 __all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
@@ -269,12 +269,12 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
     return (None, exc) if exc is not None else (fut.result(), None)
 
 
-def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], dict]:
+def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
     real-server faults (`History.faults`): an op never completed is `fault-hang`; an error or a miss while a fault
     lasted or within the recovery bound after it is fine (it constrains nothing), an error after that is
     `recovery`, as is a failed recovery probe; a wrong answer is `fault-integrity`, judged against the register the
-    faults allow (`model.history.LossyKVModel`)."""
+    faults allow (`model.history.LOSSY_KV_MODEL`)."""
     out: list[dict] = []
     faults = history.faults
     window = (min(f["struck"] for f in faults), max(f["healed"] for f in faults),
@@ -316,7 +316,7 @@ def judge(history: History, *, max_steps: int = 500_000) -> tuple[list[dict], di
                         "summary": f"{op.label()} raised {op.error}" + (" after the client should have recovered"
                                                                          if faults else "")})
     ops = [_unconstrained_miss(op) if window and op.invoked <= window[2] else op for op in history.ops]
-    verdict = check(ops, max_steps=max_steps, spec=LossyKVModel if faults else KVModel).to_json()
+    verdict = check(ops, LOSSY_KV_MODEL if faults else KV_MODEL, max_states=max_states).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
         out.append({"property": "fault-integrity" if faults else "linearizability", "op": bad.id,

@@ -7,8 +7,9 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import attrs
 
-from engines.search import Found, Runner
+from engines.api import Runner
 from model.faults import FAULT_KINDS
+from model.finding import Finding
 from model.harness import Case, run_case
 from model.outcome import OtherPrompt
 
@@ -84,28 +85,26 @@ def _simpler(other: OtherPrompt) -> Iterator[OtherPrompt]:
         yield attrs.evolve(other, after=False)
 
 
-def minimise(protocol: Any, found: Found, *, runner: Runner = run_case, budget_runs: int = 2000,
-             should_stop: Callable[[], bool] = lambda: False) -> Found:
-    """Greedily shrink the case while it still violates the same property (smallest ranks, chunks, faults)."""
-    target = found.outcome.violations[0].property
+def minimise(protocol: Any, found: Finding, *, runner: Runner = run_case, budget_runs: int = 2000,
+             should_stop: Callable[[], bool] = lambda: False) -> Finding:
+    """Greedily shrink a protocol finding's case while it still violates the same property (smallest ranks, chunks,
+    faults); the finding of the smallest case, its violation of that property first."""
+    assert found.case is not None, "a protocol finding carries its case"
+    target = found.property
     best, runs = found, 0
     progress = True
     while progress and runs < budget_runs:
         progress = False
         for smaller in shrinks(best.case):
             if should_stop() or runs >= budget_runs:
-                return _lead_with(best, target)
+                return best.lead_with(target)
             runs += 1
             out = runner(protocol, smaller)
             if target in out.violated():
-                best = Found(smaller, out, found.engine)
+                best = best.with_case(smaller, out)
                 progress = True
                 break
-    return _lead_with(best, target)
-
-
-def _lead_with(found: Found, prop: str) -> Found:
-    """Put the violation of `prop` first (it names the trace)."""
-    vs = found.outcome.violations
-    vs.sort(key=lambda v: v.property != prop)
-    return found
+    if best is not found:
+        best.notes.append(f"minimised from {found.case.n_ranks} ranks x {found.case.n_chunks} chunks, "
+                          f"{found.case.faults.size()} fault(s) in {runs} runs")
+    return best.lead_with(target)

@@ -1,48 +1,34 @@
-"""Racy findings: searched for, judged by their rate, minimised, written and replayed as `concurrent` traces.
+"""Racy findings: searched for, minimised and written as `concurrent` traces with their measured rate; the
+concurrent layer's engine of `check` (`Concurrency`).
 
-A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs. With the
-recorded rate `p = k / n`, at 99% confidence:
-
-- `tries_to_reproduce(k, n)`: the runs after which a bug still at rate `p` has shown at least once
-  (`(1 - p)^N <= 0.01`);
-- `tries_to_clear(k, n)`: the clean runs after which the rate is below `p / 10` (`(1 - p/10)^M <= 0.01`).
-
-`replay` runs a trace's layout up to `tries_to_clear` times: `reproduces` as soon as the trace's property
-shows, `fixed` only after that many clean runs.
+A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs on fresh stores
+(`model.finding.Rate`); its replay is judged by that rate (`engines.replay.judge`).
 """
 from __future__ import annotations
 
-import math
+import contextlib
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import attrs
 
+from engines.api import SearchContext
 from engines.concurrency import Layout, Rate, make_layout, measure, store_paths, thread_safe
 from model.faults import kind_of
+from model.finding import Finding, Rate as FindingRate
 from model.history import lanes
-from model.trace import Trace
+from model.outcome import Violation
+from model.trace import Trace, violations_of
 
-__all__ = ["CONFIDENCE", "tries_to_reproduce", "tries_to_clear", "minimise", "to_trace", "replay", "search",
-           "strikes_of", "nemesis_layout", "nemesis_search", "NEMESIS_RUNS"]
+__all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
+           "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT"]
 
-CONFIDENCE = 0.99
 #: The most runs a minimisation step spends on one candidate.
 MAX_CANDIDATE_RUNS = 20
-
-
-def tries_to_reproduce(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
-    """Runs within which a bug of rate k/n shows at least once with probability `confidence`."""
-    p = k / n
-    if p >= 1.0:
-        return 1
-    return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
-
-
-def tries_to_clear(k: int, n: int, *, confidence: float = CONFIDENCE) -> int:
-    """Clean runs after which the rate is below a tenth of k/n with `confidence`."""
-    p = k / n / 10
-    return max(1, math.ceil(math.log(1 - confidence) / math.log(1 - p)))
+#: Seconds one run of a layout may take in `check` (a real client gets longer), and the per-call timeout given to a
+#: client that bounds its own calls.
+CONCURRENT_BOUND = {"in-memory": 1.0, "real": 3.0}
+CONCURRENT_OP_TIMEOUT = 1.0
 
 
 def _on(store: Any, fresh: Callable[[], list] | None, layout: Layout, **kw: Any) -> Rate:
@@ -63,7 +49,7 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
     """Fewest threads, then fewest ops, then the shortest values, keeping the `want` violation showing within
     the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate), each candidate on a fresh
     store when `fresh` makes them."""
-    runs = min(MAX_CANDIDATE_RUNS, tries_to_reproduce(rate.k, rate.n))
+    runs = min(MAX_CANDIDATE_RUNS, FindingRate(rate.k, rate.n).runs_to_show())
 
     def fails(candidate: Layout) -> bool:
         return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop,
@@ -123,8 +109,8 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
 
 
 def strikes_of(config: dict) -> list[tuple[Any, Any]]:
-    """The (kind, `ServerFault`) pairs a concurrent trace's runs strike (`config.faults`); `ValueError` naming a bad
-    entry."""
+    """The (kind, `ServerFault`) pairs every run of a concurrent trace strikes (`config.faults`); `ValueError` naming a
+    bad entry."""
     out = []
     for i, raw in enumerate(config.get("faults", [])):
         if not isinstance(raw, dict):
@@ -139,121 +125,125 @@ def strikes_of(config: dict) -> list[tuple[Any, Any]]:
     return out
 
 
-def replay(trace: Trace, factory: Callable[..., list], *, options: dict | None = None,
-           control_for: Callable[..., Any] | None = None) -> tuple[str, str]:
-    """Judge a concurrent trace statistically on a fresh store of `factory` (see the module docstring); its
-    real-server faults strike through `control_for(stores)` in every run."""
-    rate = trace.config["rate"]
-    k, n = int(rate["k"]), int(rate["n"])
-    need, clear = tries_to_reproduce(k, n), tries_to_clear(k, n)
+@contextlib.contextmanager
+def layout_runs(trace: Trace, stores: list, control: Any = None) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """`once()`: one run of a concurrent trace's layout on `stores[0]` (closed at the end), under a fresh key prefix
+    each time: its violations (of any property) and a note. A layout that uses a path the client does not offer
+    cannot run: no violation, and the note says so. A trace's real-server faults (`strikes_of`) strike in every run
+    through `control` (closed at the end too)."""
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
+    missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
     strikes = strikes_of(trace.config)
-    if strikes and control_for is None:
-        raise ValueError("the trace strikes real-server faults: it needs a nemesis (servers shardcheck started)")
-    stores = factory(1, **(options or {}))
-    control = control_for(stores) if strikes else None
-    try:
-        missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
+    faulted = {"strikes": strikes, "control": control, "op_timeout": trace.config.get("op_timeout"),
+               "recovery_seconds": trace.config.get("recovery_seconds")} if strikes else {}
+
+    def once() -> tuple[list[Violation], str]:
         if missing:  # nothing to run: the race lives on a path this client does not offer
-            return "fixed", f"the client offers no {', '.join(missing)}: the layout cannot run on it"
-        for i in range(clear):
-            got = measure(stores[0], layout, runs=1, bound=bound, want=trace.property, strikes=strikes,
-                          control=control, op_timeout=trace.config.get("op_timeout"),
-                          recovery_seconds=trace.config.get("recovery_seconds"))
-            if got.k:
-                return "reproduces", (f"run {i + 1} (recorded {k}/{n}: within {need} runs at 99%): "
-                                      f"{got.first.violations[0]['summary']}")
+            return [], f"the client offers no {', '.join(missing)}: the layout cannot run on it"
+        got = measure(stores[0], layout, runs=1, bound=bound, **faulted)
+        if not got.k:
+            return [], ""
+        return [Violation(v["property"], v["summary"], {"op": v["op"]}) for v in got.first.violations], ""
+    try:
+        yield once
     finally:
         if control is not None:
             control.close()
         for s in stores:
             s.close()
-    return "fixed", f"{clear} clean runs: the rate is below a tenth of the recorded {k}/{n} (99%)"
 
 
-#: Runs of each kind's faulted layout in `nemesis_search` (each strikes once; a finding is judged by its rate).
-NEMESIS_RUNS = 3
+@attrs.define
+class ConcurrencyCoverage:
+    """What the concurrent layer ran: layouts, runs and ops, over which declared paths; layouts whose violation did not
+    show again on a fresh store (left by earlier layouts); why it did not run, when it did not."""
 
+    layouts: int = 0
+    runs: int = 0
+    ops: int = 0
+    paths: tuple[str, ...] = ()
+    not_on_a_fresh_store: int = 0
+    skipped: str = ""
 
-def nemesis_layout(kind: Any, seed: int, *, paths: Sequence[str], op_timeout: float) -> tuple[Layout, list, float]:
-    """A layout of 3 callers over the declared paths, the fault `kind` on the server at the run's third op, and the
-    run's bound (the fault's length plus three op timeouts)."""
-    from model.faults import ServerFault
-    layout = make_layout(seed, threads=3, ops=6, keys=3, paths=paths)
-    seconds = next(kind.singles(1, 1)).seconds and max(0.2, min(3.0, 1.5 * op_timeout))
-    return layout, [(kind, ServerFault(0, "run", 2, seconds))], seconds + 3 * op_timeout + 1.0
+    def text(self) -> str:
+        if self.skipped:
+            return f"not run: {self.skipped}"
+        stale = f"; {self.not_on_a_fresh_store} layout(s) not shown again on a fresh store" \
+            if self.not_on_a_fresh_store else ""
+        return (f"{self.layouts:,} layouts, {self.runs:,} runs, {self.ops:,} ops over "
+                f"{', '.join(self.paths) or 'no path'}{stale}")
 
-
-def nemesis_search(client: Any, *, kinds: Sequence[Any], control_for: Callable[..., Any], seed: int,
-                   should_stop: Callable[[], bool], op_timeout: float, stats: dict,
-                   recovery_seconds: float | None = None) -> Trace | None:
-    """For each kind, `NEMESIS_RUNS` runs of `nemesis_layout` on a fresh store of `client` (a
-    `runtime.registry.Client`), each striking the fault; the first kind that shows a violation, as a trace with its
-    rate (not minimised: each run costs the fault's length)."""
-    for kind in kinds:
-        if should_stop():
-            break
-        stores = client.stores(1, op_timeout=op_timeout)
-        control = control_for(stores, kind)
-        try:
-            if control is None or not thread_safe(stores[0]):
-                continue
-            layout, strikes, bound = nemesis_layout(kind, seed, paths=store_paths(stores[0]), op_timeout=op_timeout)
-            rate = measure(stores[0], layout, runs=NEMESIS_RUNS, bound=bound, strikes=strikes, control=control,
-                           should_stop=should_stop, op_timeout=op_timeout, recovery_seconds=recovery_seconds)
-        finally:
-            if control is not None:
-                control.close()
-            for s in stores:
-                s.close()
-        done = stats.setdefault("kinds", {})
-        done[kind.field] = [rate.k, rate.n]
-        if rate.k:
-            return to_trace(layout, rate, client=client.name, bound=bound, seeds=[seed], strikes=strikes,
-                            origin=f"nemesis:concurrent:{kind.field}",
-                            options={"op_timeout": op_timeout, **({"recovery_seconds": recovery_seconds}
-                                                                  if recovery_seconds is not None else {})})
-    return None
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
 
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,
-           stats: dict, runs_per_layout: int = 3, measure_runs: int = 20,
+           coverage: ConcurrencyCoverage | None = None, runs_per_layout: int = 3, measure_runs: int = 20,
            minimise_stop: Callable[[], bool] | None = None, fresh: Callable[[], list] | None = None) -> Trace | None:
     """Seeded layouts over the store's declared paths, growing in threads and ops, until a run shows a
     violation or `should_stop()`. With `fresh` (a maker of fresh stores), a finding must show again on a fresh
     store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
     measured on fresh stores, as a replay runs it; it is returned as a trace."""
+    cov = coverage if coverage is not None else ConcurrencyCoverage()
     if not thread_safe(store):
-        stats["concurrency"] = "skipped: the client declares thread_safe = False"
+        cov.skipped = "the client declares thread_safe = False"
         return None
-    paths = store_paths(store)
+    cov.paths = paths = store_paths(store)
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
-    i = layouts = total = stale = 0
+    i = 0
     while not should_stop():
         threads, ops, keys = sizes[min(i // 4, len(sizes) - 1)]
         layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths)
         i += 1
-        layouts += 1
+        cov.layouts += 1
         rate = measure(store, layout, runs=runs_per_layout, bound=bound, should_stop=should_stop)
-        total += rate.n
-        stats["concurrency"] = {"layouts": layouts, "runs": total, "paths": list(paths), "not_on_a_fresh_store": stale}
+        cov.runs += rate.n
+        cov.ops += rate.n * layout.n_ops
         if not rate.k:
             continue
         want = rate.first.violations[0]["property"]
         stop = minimise_stop or should_stop
-        t0 = time.monotonic()
         if fresh is not None:
             rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
             if not rate.k:
-                stale += 1
-                stats["concurrency"]["not_on_a_fresh_store"] = stale
+                cov.not_on_a_fresh_store += 1
                 continue
         small = minimise(store, layout, want, rate, bound=bound, should_stop=stop, fresh=fresh)
         final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
         if not final.k:  # the minimised layout lost its rate before we could measure it: keep the original
             small, final = layout, rate
-        stats["concurrency"].update(found=want, minimise_seconds=round(time.monotonic() - t0, 3),
-                                    rate=[final.k, final.n])
         return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency")
     return None
+
+
+class Concurrency:
+    """`check`'s concurrent layer: many ops at once on one fresh store of the client; a finding comes minimised and
+    measured on fresh stores. A run is never cut short (a pending op would read as lost): one starts only when its
+    whole bound fits in the phase."""
+
+    name = "concurrency"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        client = ctx.target.client
+        real = client.self_bounded
+        bound = CONCURRENT_BOUND["real" if real else "in-memory"]
+        ours = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
+        options = ctx.target.store_options(**ours)
+        phase_stop, whole_stop = ctx.should_stop, ctx.deadline - bound
+        stores = client.stores(1, **options)
+        try:
+            trace = search(stores[0], client=client.name, seed=ctx.seed, bound=bound,
+                           should_stop=lambda: phase_stop() or time.monotonic() + bound >= ctx.phase_end,
+                           coverage=ctx.coverage.of(self.name, ConcurrencyCoverage),
+                           minimise_stop=lambda: time.monotonic() >= whole_stop,
+                           fresh=lambda: client.stores(1, **options))
+        finally:
+            for s in stores:
+                s.close()
+        if trace is None:
+            return None
+        trace.config.update(client.accepted(ours))
+        rate = trace.config["rate"]
+        return Finding(engine=self.name, violations=violations_of(trace), trace=trace,
+                       rate=FindingRate(rate["k"], rate["n"]))

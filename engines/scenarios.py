@@ -9,17 +9,17 @@ and a failure is a `store-ops` trace that `replay` re-runs on fresh stores.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
-from engines.faulted import fault_op
+import attrs
+
+from engines.api import SearchContext
 from engines.storeops import run_ops
-from model.faults import FAULT_OP_TIMEOUTS, SERVER_KINDS, FaultKind
-from model.trace import Trace, encode
+from model.finding import Finding
+from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
 
-__all__ = ["SCENARIOS", "scenario_ops", "run_scenarios", "LENGTHS", "nemesis_ops", "run_nemesis_scenarios",
-           "fault_seconds"]
+__all__ = ["SCENARIOS", "TWO_RANKS", "scenario_ops", "run_scenarios", "LENGTHS", "Scenarios", "ScenarioCoverage"]
 
 _runs = itertools.count()
 
@@ -68,17 +68,26 @@ def scenario_ops(name: str, *, max_value: int | None = None, batch: bool = True)
     return [op for op in ops if batch or op["op"] != "get_batch"]
 
 
-def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS) -> list[Trace]:
+def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] = SCENARIOS,
+                  options: dict | None = None, coverage: "ScenarioCoverage | None" = None,
+                  n_ranks: int = 2, first_only: bool = False) -> list[Trace]:
     """Run every scenario on bounded stores of `client` (one set, made anew after a call hung, each scenario under
-    its own keys): the store-ops trace of each one that fails (`replay` re-runs it on fresh stores)."""
+    its own keys; `options`: the factory's, besides `op_timeout`): the store-ops trace of each one that fails
+    (`replay` re-runs it on fresh stores), or of the first one with `first_only`. With `n_ranks=1` the scenarios
+    that need two ranks do not run."""
+    cov = coverage if coverage is not None else ScenarioCoverage()
     stores: list = []
     found = []
+    factory_options = {**client.accepted({"op_timeout": op_timeout}), **(options or {})}
     try:
         for name in names:
+            if n_ranks < 2 and name in TWO_RANKS:
+                cov.not_run.append(name)
+                continue
             if not stores or any(s.broken for s in stores):
                 for s in stores:
                     s.close()
-                stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
+                stores = [BoundedStore(s, op_timeout) for s in client.stores(n_ranks, **factory_options)]
             max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
             batch = all(callable(getattr(s.inner, "get_batch", None)) for s in stores)
             ops = scenario_ops(name, max_value=max_value, batch=batch)
@@ -86,87 +95,55 @@ def run_scenarios(client: Client, *, op_timeout: float, names: tuple[str, ...] =
             tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else {"keys": [tag + k for k in op["keys"]]})}
                       for op in ops]
             _, violations = run_ops(stores, tagged, wait_bound=op_timeout)
+            cov.scenarios.append(name)
+            cov.ops += len(ops)
             if violations:
                 v = violations[0]
                 found.append(Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
                                    protocol={"name": "-", "ref": None}, client=client.name,
-                                   config={"n_ranks": 2, "op_timeout": op_timeout}, ops=ops,
-                                   verdict={"violations": [{"property": v.property, "summary": v.summary,
-                                                            "detail": encode(v.detail)}]},
+                                   config={"n_ranks": n_ranks, "op_timeout": op_timeout}, ops=ops,
+                                   verdict={"violations": [v.to_json()]},
                                    expect={client.name: "reproduces"}, origin=f"scenario:{name}"))
+                if first_only:
+                    break
     finally:
         for s in stores:
             s.close()
     return found
 
 
-# -- through real faults on the servers (the nemesis) ------------------------------------------------------
-def fault_seconds(kind: FaultKind, op_timeout: float) -> float:
-    """How long `kind` lasts in a scenario: a lasting fault longer than one call's bound (`FAULT_OP_TIMEOUTS`), a
-    restart's down time a tenth of it; 0 for the instantaneous ones."""
-    default = next(kind.singles(1, 1)).seconds
-    if not default:
-        return 0.0
-    return round(FAULT_OP_TIMEOUTS * op_timeout if default >= 1.0 else 0.2 * op_timeout, 3)
+#: The scenarios that need two ranks' stores.
+TWO_RANKS = ("rank-isolation",)
 
 
-def nemesis_ops(kind: FaultKind, *, op_timeout: float, batch: bool = True, max_value: int | None = None) -> list[dict]:
-    """Keys written (one deleted), `kind` struck on rank 0's server, every read path while it lasts, the recovery,
-    and every path again after it, with a write and a delete (rank 1's server is never struck)."""
-    def v(tag: str) -> list[int]:
-        return _value(tag, 40 if max_value is None else min(40, max_value))
+@attrs.define
+class ScenarioCoverage:
+    """The fixed scenarios that ran, their ops, and those that could not run."""
 
-    reads = [{"rank": 0, "op": "get", "key": "sc:n0"}, {"rank": 0, "op": "get", "key": "sc:ndel"},
-             {"rank": 0, "op": "contains", "key": "sc:n1"}, {"rank": 0, "op": "get_async", "key": "sc:n0"},
-             {"rank": 0, "op": "get_batch", "keys": ["sc:n0", "sc:n1", "sc:ndel"]}]
-    ops = [{"rank": 0, "op": "put", "key": "sc:n0", "value": v("n0")},
-           {"rank": 0, "op": "put", "key": "sc:n1", "value": v("n1")},
-           {"rank": 0, "op": "put", "key": "sc:ndel", "value": v("ndel")},
-           {"rank": 0, "op": "delete", "key": "sc:ndel"},
-           {"rank": 1, "op": "put", "key": "sc:other", "value": v("other")},
-           fault_op(kind.field, 0, fault_seconds(kind, op_timeout)), *reads,
-           {"rank": 1, "op": "get", "key": "sc:other"},
-           {"op": "recover"}, *reads,
-           {"rank": 0, "op": "put", "key": "sc:n2", "value": v("n2")}, {"rank": 0, "op": "get", "key": "sc:n2"},
-           {"rank": 0, "op": "delete", "key": "sc:n0"}, {"rank": 0, "op": "get", "key": "sc:n0"}]
-    return [op for op in ops if batch or op.get("op") != "get_batch"]
+    scenarios: list[str] = attrs.field(factory=list)
+    ops: int = 0
+    not_run: list[str] = attrs.field(factory=list)
+
+    def text(self) -> str:
+        skipped = f" ({', '.join(self.not_run)} not run: it needs 2 ranks)" if self.not_run else ""
+        return f"{len(self.scenarios)} of {len(SCENARIOS)} fixed scenarios, {self.ops:,} ops{skipped}"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
 
 
-def run_nemesis_scenarios(client: Client, *, op_timeout: float, kinds: tuple[FaultKind, ...] = SERVER_KINDS,
-                          control_for: Any, recovery_seconds: float | None = None,
-                          should_stop: Any = lambda: False) -> list[Trace]:
-    """`nemesis_ops` of every kind on fresh bounded stores of `client`, struck through `control_for(stores)` (a
-    `ServerControl`, closed after each, or None: the kind is skipped); the store-ops trace of each that fails."""
-    found = []
-    for kind in kinds:
-        if should_stop():
-            break
-        stores = [BoundedStore(s, op_timeout) for s in client.stores(2, op_timeout=op_timeout)]
-        control = None
-        try:
-            control = control_for(stores, kind)
-            if control is None:
-                continue
-            max_value = min((s.max_value_bytes or 1 << 30) for s in stores)
-            batch = all(callable(getattr(s.inner, "get_batch", None)) for s in stores)
-            ops = nemesis_ops(kind, op_timeout=op_timeout, batch=batch, max_value=max_value)
-            tag = f"nemesis:{next(_runs)}:"
-            tagged = [{**op, **({"key": tag + op["key"]} if "key" in op else
-                                {"keys": [tag + k for k in op["keys"]]} if "keys" in op else {})} for op in ops]
-            _, violations = run_ops(stores, tagged, wait_bound=op_timeout, control=control,
-                                    recovery_seconds=recovery_seconds)
-        finally:
-            if control is not None:
-                control.close()
-            for s in stores:
-                s.close()
-        if violations:
-            v = violations[0]
-            config = {"n_ranks": 2, "op_timeout": op_timeout,
-                      **({"recovery_seconds": recovery_seconds} if recovery_seconds is not None else {})}
-            found.append(Trace(kind="store-ops", property=v.property, summary=f"{kind.field}: {v.summary}",
-                               protocol={"name": "-", "ref": None}, client=client.name, config=config, ops=ops,
-                               verdict={"violations": [{"property": v.property, "summary": v.summary,
-                                                        "detail": encode(v.detail)}]},
-                               expect={client.name: "reproduces"}, origin=f"nemesis:{kind.field}"))
-    return found
+class Scenarios:
+    """`check`'s first engine: the client's fixed scenarios (a client that fails one fails at once)."""
+
+    name = "scenarios"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        failed = run_scenarios(t.client, op_timeout=ctx.op_timeout, options=dict(t.client_options),
+                               coverage=ctx.coverage.of(self.name, ScenarioCoverage), n_ranks=t.rank_cap(2),
+                               first_only=True)
+        if not failed:
+            return None
+        trace = failed[0]
+        return Finding(engine=f"scenario:{trace.origin.partition(':')[2]}", violations=violations_of(trace),
+                       trace=trace)

@@ -1,5 +1,6 @@
-"""The `check` case engines: exhaustive enumeration of small configurations and seeded random simulation (the
-first violation found is shrunk by `engines.minimise`). Pure: time and I/O come in through callables."""
+"""The protocol-case engines of `check`: exhaustive enumeration of small configurations (with swarm cases beside it)
+and seeded random cases; each returns the first violation as a `Finding` (shrunk later by `engines.minimise`).
+Pure: time and I/O come in through callables."""
 from __future__ import annotations
 
 import itertools
@@ -8,14 +9,17 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
+from engines.api import Runner, SearchContext
 from model.faults import FAULT_KINDS, Eviction, FaultPlan
+from model.finding import Finding
 from model.harness import Case, Outcome, run_case
 from model.outcome import OtherPrompt
+from model.trace import Trace
 
-__all__ = ["Runner", "LEVELS", "enumerate_cases", "enumeration_sizes", "other_prompts", "random_case", "search",
-           "Found", "SearchStats", "coverage_lines", "SWARM_EVERY"]
+__all__ = ["Runner", "LEVELS", "ENUM_RANKS", "ENUM_CHUNKS", "enumerate_cases", "enumeration_sizes", "other_prompts",
+           "random_case", "search", "random_search", "plain_finding", "Enumeration", "RandomCases",
+           "EnumerationCoverage", "RandomCoverage", "SWARM_EVERY"]
 
-Runner = Callable[[Any, Case], Outcome]
 ENUM_RANKS = range(1, 5)
 ENUM_CHUNKS = range(0, 11)
 
@@ -79,9 +83,10 @@ def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None,
                     yield Case(n, k, faults=attrs.evolve(plan, **{kind.field: (item,)}))
 
 
-def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32, others: bool = True) -> Case:
+def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32, others: bool = True,
+                min_ranks: int = 1) -> Case:
     """A seeded random case beyond the enumerated sizes: random sizes, cached set, faults and schedule seed."""
-    n, k = rng.randint(1, max_ranks), rng.randint(0, max_chunks)
+    n, k = rng.randint(min_ranks, max_ranks), rng.randint(0, max_chunks)
     faults = FaultPlan(**{kind.field: kind.draw(rng, n, k) for kind in FAULT_KINDS})
     salt, seed = f"r{rng.getrandbits(32):08x}", rng.getrandbits(32)
     tier = []
@@ -93,138 +98,161 @@ def random_case(rng: random.Random, *, max_ranks: int = 8, max_chunks: int = 32,
     return Case(n, k, salt=salt, faults=faults, seed=seed, others=tuple(tier))
 
 
-@attrs.define
-class Found:
-    """The first violation an engine found: the case, its outcome, and which engine."""
-
-    case: Case
-    outcome: Outcome
-    engine: str
+#: Large random shapes sampled alongside enumeration (one every SWARM_EVERY cases), so a bug that needs a big shape
+#: is found in seconds, not after the enumeration's ladder reaches it.
+SWARM_EVERY = 16
 
 
 @attrs.define
-class SearchStats:
-    """What the engines covered: cases per engine, the sizes each one exhausted, the largest it tried."""
+class EnumerationCoverage:
+    """What the enumeration covered: cases (and the swarm's big random ones), the sizes it exhausted."""
 
     cases: int = 0
-    by_engine: dict[str, int] = attrs.field(factory=dict)
-    sizes_done: list[list[int]] = attrs.field(factory=list)
-    largest: dict[str, list[int]] = attrs.field(factory=dict)
-    #: The engine running now (progress reports show it).
-    phase: str = ""
-    #: Explorer configurations searched to the end: {"ranks", "chunks", "faults", "states"}.
-    explored: list[dict] = attrs.field(factory=list)
-    #: Store-client read/lookup paths the properties called, and how often.
-    paths: dict[str, int] = attrs.field(factory=dict)
+    swarm_cases: int = 0
+    sizes_done: list[tuple[int, int]] = attrs.field(factory=list)
+    largest: tuple[int, int] | None = None
+    largest_swarm: tuple[int, int] | None = None
 
-    def count(self, engine: str, case: Case) -> None:
-        self.cases += 1
-        self.by_engine[engine] = self.by_engine.get(engine, 0) + 1
-        top = self.largest.get(engine)
-        size = [case.n_ranks, case.n_chunks]
-        if top is None or (sum(size), size[0]) > (sum(top), top[0]):
-            self.largest[engine] = size
+    def count(self, case: Case, swarm: bool = False) -> None:
+        size = (case.n_ranks, case.n_chunks)
+        if swarm:
+            self.swarm_cases += 1
+            self.largest_swarm = _larger(self.largest_swarm, size)
+        else:
+            self.cases += 1
+            self.largest = _larger(self.largest, size)
 
-    def exhausted(self) -> dict | None:
-        """The enumeration's exhausted sizes as the largest box of them: every size up to `ranks` x `chunks`."""
-        done = {tuple(d) for d in self.sizes_done}
+    def exhausted(self) -> tuple[int, int] | None:
+        """The largest box of exhausted sizes: every size up to (ranks, chunks) was enumerated to the end."""
+        done = set(self.sizes_done)
         best = None
         for n in sorted({d[0] for d in done}):
             for k in sorted({d[1] for d in done}):
                 if all((a, b) in done for a in range(1, n + 1) for b in range(0, k + 1)):
                     if best is None or n * (k + 1) > best[0] * (best[1] + 1):
                         best = (n, k)
-        return None if best is None else {"ranks": best[0], "chunks": best[1]}
+        return best
 
-    def coverage(self) -> dict:
-        """Per engine: what it exhausted, how much it ran, the largest size it tried (JSON)."""
-        out: dict[str, dict] = {}
-        if "enumerate" in self.by_engine:
-            out["enumerate"] = {"cases": self.by_engine["enumerate"], "exhausted": self.exhausted(),
-                                "sizes_done": len(self.sizes_done), "largest": self.largest.get("enumerate"),
-                                "each_size": "every cached set; one other prompt in the tier; one fault of each kind"}
-        if self.explored or "explore" in self.largest:
-            out["explore"] = {"exhausted": self.explored, "states": sum(e["states"] for e in self.explored),
-                              "largest": self.largest.get("explore")}
-        if "hypothesis_steps" in self.by_engine:
-            out["hypothesis"] = {"rule_steps": self.by_engine["hypothesis_steps"]}
-        for engine in ("swarm", "random"):
-            if engine in self.by_engine:
-                out[engine] = {"cases": self.by_engine[engine], "largest": self.largest.get(engine)}
-        if self.paths:
-            out["paths"] = dict(sorted(self.paths.items()))
-        return out
+    def text(self) -> str:
+        box = self.exhausted()
+        what = f"exhausted 1-{box[0]} ranks x 0-{box[1]} chunks" if box else "exhausted no size"
+        swarm = f"; swarm {self.swarm_cases:,} random cases up to {_size(self.largest_swarm)}" if self.swarm_cases else ""
+        return (f"{what} (every cached set; one other prompt in the tier; one fault of each kind); {self.cases:,} "
+                f"cases, largest {_size(self.largest)}{swarm}")
 
-    def coverage_lines(self) -> list[str]:
-        """`coverage()` in words, one line per engine."""
-        return coverage_lines(self.coverage())
+    def to_json(self) -> dict:
+        box = self.exhausted()
+        return {"cases": self.cases, "swarm_cases": self.swarm_cases, "sizes_done": len(self.sizes_done),
+                "exhausted": {"ranks": box[0], "chunks": box[1]} if box else None,
+                "largest": list(self.largest) if self.largest else None}
 
 
-def coverage_lines(c: dict) -> list[str]:
-    """A `SearchStats.coverage()` dict in words, one line per engine."""
-    lines = []
-    if "enumerate" in c:
-        e = c["enumerate"]
-        box = e["exhausted"]
-        what = (f"exhausted 1-{box['ranks']} ranks x 0-{box['chunks']} chunks" if box else "exhausted no size")
-        lines.append(f"enumeration: {what} ({e['each_size']}); {e['cases']:,} cases, largest "
-                     f"{_size(e['largest'])}")
-    if "explore" in c:
-        x = c["explore"]
-        done = ", ".join(f"{d['ranks']}x{d['chunks']}/{d['faults']}f" for d in x["exhausted"][-4:]) or "none"
-        lines.append(f"explorer: {len(x['exhausted'])} configurations exhausted (every interleaving; last: {done}); "
-                     f"{x['states']:,} states")
-    if "hypothesis" in c:
-        lines.append(f"hypothesis: {c['hypothesis']['rule_steps']:,} rule steps")
-    for engine in ("swarm", "random"):
-        if engine in c:
-            lines.append(f"{engine}: {c[engine]['cases']:,} cases, largest {_size(c[engine]['largest'])}")
-    if "paths" in c:
-        lines.append("client paths exercised: " + ", ".join(f"{p} x{n}" for p, n in c["paths"].items()))
-    return lines
+@attrs.define
+class RandomCoverage:
+    """Seeded random cases beyond the enumerated sizes."""
+
+    cases: int = 0
+    largest: tuple[int, int] | None = None
+
+    def count(self, case: Case) -> None:
+        self.cases += 1
+        self.largest = _larger(self.largest, (case.n_ranks, case.n_chunks))
+
+    def text(self) -> str:
+        return f"{self.cases:,} cases, largest {_size(self.largest)}"
+
+    def to_json(self) -> dict:
+        return {"cases": self.cases, "largest": list(self.largest) if self.largest else None}
 
 
+def _larger(top: tuple[int, int] | None, size: tuple[int, int]) -> tuple[int, int]:
+    return size if top is None or (sum(size), size[0]) > (sum(top), top[0]) else top
 
 
-def _size(size: list[int] | None) -> str:
+def _size(size: tuple[int, int] | None) -> str:
     return "-" if not size else f"{size[0]} ranks x {size[1]} chunks"
 
 
-#: Large random shapes sampled alongside enumeration (one every SWARM_EVERY cases), so a bug that needs a big shape
-#: is found in seconds, not after the enumeration's ladder reaches it.
-SWARM_EVERY = 16
+def plain_finding(case: Case, outcome: Outcome, engine: str) -> Finding:
+    """The finding of a protocol case with no client or protocol reference (engines run outside `check`)."""
+    return Finding(engine=engine, violations=list(outcome.violations), case=case, outcome=outcome,
+                   trace=Trace.from_outcome(outcome, protocol_ref=None, origin=engine))
+
+
+FindingOf = Callable[[Case, Outcome, str], Finding]
 
 
 def search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[], bool] = lambda: False,
-           seed: int = 0, stats: SearchStats | None = None, levels: tuple[str, ...] = LEVELS,
-           random_cases: bool = True, swarm: bool = False, others: bool = True,
-           sizes: list[tuple[int, int]] | None = None) -> Found | None:
-    """Enumerate every level for each size (`sizes`, default every enumerated size), smallest first, then
-    simulate random cases until `should_stop()`; return the first violation. `swarm`: during enumeration, every
-    `SWARM_EVERY`-th case is a random one of any size up to 8 ranks x 32 chunks (its own seeded stream)."""
-    stats = stats if stats is not None else SearchStats()
+           seed: int = 0, coverage: EnumerationCoverage | None = None, levels: tuple[str, ...] = LEVELS,
+           swarm: bool = False, others: bool = True, sizes: list[tuple[int, int]] | None = None,
+           finding_of: FindingOf = plain_finding, min_ranks: int = 1, max_ranks: int = 8) -> Finding | None:
+    """Enumerate every level for each size (`sizes`, default every enumerated size), smallest first; return the first
+    violation. `swarm`: every `SWARM_EVERY`-th case is also a random one of any size up to `max_ranks` x 32 chunks
+    (its own seeded stream)."""
+    cov = coverage if coverage is not None else EnumerationCoverage()
     swarm_rng = random.Random(f"swarm-{seed}")
-    for size in (sizes or enumeration_sizes() if levels else []):
+    for size in sizes if sizes is not None else enumeration_sizes():
         for level in levels:
             for case in enumerate_cases(level, [size]):
                 if should_stop():
                     return None
-                stats.count("enumerate", case)
+                cov.count(case)
                 out = runner(protocol, case)
                 if out.violations:
-                    return Found(case, out, f"enumerate:{level}")
-                if swarm and stats.by_engine["enumerate"] % SWARM_EVERY == 0:
-                    big = random_case(swarm_rng, others=others)
-                    stats.count("swarm", big)
+                    return finding_of(case, out, f"enumerate:{level}")
+                if swarm and cov.cases % SWARM_EVERY == 0:
+                    big = random_case(swarm_rng, others=others, min_ranks=min(min_ranks, max_ranks),
+                                      max_ranks=max_ranks)
+                    cov.count(big, swarm=True)
                     out = runner(protocol, big)
                     if out.violations:
-                        return Found(big, out, "swarm")
-        stats.sizes_done.append(list(size))
+                        return finding_of(big, out, "swarm")
+        cov.sizes_done.append(size)
+    return None
+
+
+def random_search(protocol: Any, *, runner: Runner = run_case, should_stop: Callable[[], bool] = lambda: False,
+                  seed: int = 0, coverage: RandomCoverage | None = None, others: bool = True,
+                  finding_of: FindingOf = plain_finding, min_ranks: int = 1, max_ranks: int = 8) -> Finding | None:
+    """Seeded random cases until `should_stop()`; the first violation."""
+    cov = coverage if coverage is not None else RandomCoverage()
     rng = random.Random(seed)
-    while random_cases and not should_stop():
-        case = random_case(rng, others=others)
-        stats.count("random", case)
+    while not should_stop():
+        case = random_case(rng, others=others, min_ranks=min_ranks, max_ranks=max_ranks)
+        cov.count(case)
         out = runner(protocol, case)
         if out.violations:
-            return Found(case, out, "random")
+            return finding_of(case, out, "random")
     return None
+
+
+def _multi_prompt(ctx: SearchContext) -> bool:
+    """Whether cases may hold other prompts in the tier (the process runner runs one prompt at a time)."""
+    return ctx.target.runner == "sim"
+
+
+class Enumeration:
+    """`check`'s enumeration: every small configuration, level by level (`LEVELS`), with swarm cases beside it."""
+
+    name = "enumerate"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        levels = LEVELS if _multi_prompt(ctx) else tuple(level for level in LEVELS if level != "prompts")
+        return search(t.protocol.obj, runner=ctx.run, should_stop=ctx.should_stop, seed=ctx.seed,
+                      coverage=ctx.coverage.of(self.name, EnumerationCoverage), levels=levels, swarm=True,
+                      others=_multi_prompt(ctx), finding_of=ctx.protocol_finding, min_ranks=t.ranks or 1,
+                      max_ranks=t.rank_cap(8),
+                      sizes=[s for s in enumeration_sizes() if t.allows(s[0])])
+
+
+class RandomCases:
+    """`check`'s last engine: seeded random cases of any size up to 8 ranks x 32 chunks until the budget ends."""
+
+    name = "random"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        return random_search(t.protocol.obj, runner=ctx.run, should_stop=ctx.should_stop, seed=ctx.seed,
+                             coverage=ctx.coverage.of(self.name, RandomCoverage), others=_multi_prompt(ctx),
+                             finding_of=ctx.protocol_finding, min_ranks=t.ranks or 1, max_ranks=t.rank_cap(8))

@@ -122,9 +122,11 @@ def _short(v: Any) -> str:
 OPTION_KEYS = ("topology", "use_mla", "op_timeout", "password")
 
 
-def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[dict]]:
+def run(trace: Trace, factory: Callable[..., list],
+        control_for: Callable[[list], Any] | None = None) -> tuple[list[dict], list[Violation]]:
     """Run the trace's ops with `engines.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
-    trace recorded); returns (records, violations as dicts) — at most one violation, the first."""
+    trace recorded); returns (records, violations) — at most one violation, the first (a factory that raised is
+    `store-error` at op index -1). Fault ops strike through `control_for(stores)` (closed after)."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))
@@ -133,59 +135,66 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[di
     try:
         stores = factory(n, **options)
     except Exception as e:
-        return [], [{"property": "store-error", "summary": f"factory({n}, **{options}) raised "
-                     f"{type(e).__name__}: {e}", "detail": {"index": -1}}]
+        return [], [Violation("store-error", f"factory({n}, **{options}) raised {type(e).__name__}: {e}",
+                              {"index": -1})]
+    control = None
     try:
-        records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic)
+        if control_for is not None and any(op.get("op") == "fault" for op in trace.ops):
+            control = control_for(stores)
+        records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic,
+                                      control=control, recovery_seconds=cfg.get("recovery_seconds"))
     finally:
+        if control is not None:
+            control.close()
         for s in stores:
             if hasattr(s, "close"):
                 s.close()
     records = [encode(r) for r in records]
     records.append({"total_seconds": round(time.monotonic() - t0, 3)})
-    return records, [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in violations]
+    return records, violations
 
 
-def violation_key(trace: Trace, violations: list[dict]) -> tuple[str, str] | None:
+def violation_key(trace: Trace, violations: list[Violation]) -> tuple[str, str] | None:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
     when building the client failed); None without a violation."""
     if not violations:
         return None
-    index = violations[0]["detail"].get("index", -1)
-    return violations[0]["property"], trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+    index = violations[0].detail.get("index", -1)
+    return violations[0].property, trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
 
 
-def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
+def kept_by_removal(trace: Trace, factory: Callable[..., list], control_for: Any = None) -> list[int]:
     """The indexes `i` of ops whose removal keeps the trace's violation on `factory` (empty: 1-minimal)."""
-    _, violations = run(trace, factory)
+    _, violations = run(trace, factory, control_for)
     want = violation_key(trace, violations)
     if want is None or want[0] != trace.property:
         raise ValueError(f"the trace does not show its {trace.property} violation on this client")
     kept = []
     for i in range(len(trace.ops)):
         shorter = attrs.evolve(trace, ops=trace.ops[:i] + trace.ops[i + 1:])
-        if violation_key(shorter, run(shorter, factory)[1]) == want:
+        if violation_key(shorter, run(shorter, factory, control_for)[1]) == want:
             kept.append(i)
     return kept
 
 
-def bounded_factory(trace: Any, client: Client) -> Any:
-    """Fresh stores from the client factory, with the options the trace recorded (the in-memory model takes
-    none); every call bounded by the trace's op timeout."""
+def bounded_factory(trace: Any, client: Client, options: dict | None = None) -> Any:
+    """Fresh stores from the client factory, with the options the trace recorded and the user's `options` (the
+    in-memory model takes none); every call bounded by the trace's op timeout."""
     timeout = float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT))
+    extra = dict(options or {})
 
-    def make(n: int, **options: Any) -> list:
-        return [BoundedStore(s, timeout) for s in client.stores(n, **options)]
+    def make(n: int, **recorded: Any) -> list:
+        return [BoundedStore(s, timeout) for s in client.stores(n, **{**client.accepted(recorded), **extra})]
     return make
 
 
-def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
-                       progress: Any = None) -> tuple[Any, bool]:
+def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress: Any = None,
+                       options: dict | None = None, control_for: Any = None) -> tuple[Any, bool]:
     """The trace with as few ops as still show its violation (the same property at the same kind of op) on
     fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
-    (a flaky client) is returned as it is, not minimal."""
-    bounded = bounded_factory(trace, client)
-    first = run(trace, bounded)[1]
+    (a flaky client) is returned as it is, not minimal. Its fault ops strike through `control_for(stores)`."""
+    bounded = bounded_factory(trace, client, options)
+    first = run(trace, bounded, control_for)[1]
     want = violation_key(trace, first)
     if want is None or want[0] != trace.property:
         return trace, False
@@ -194,7 +203,7 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
     def still_fails(ops: list[dict]) -> bool:
         runs[0] += 1
         shorter = attrs.evolve(trace, ops=ops)
-        violations = run(shorter, bounded)[1]
+        violations = run(shorter, bounded, control_for)[1]
         if violation_key(shorter, violations) != want:
             return False
         seen[0] = violations  # the violations of the shortest sequence so far
@@ -205,16 +214,17 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any,
         progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
                  f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")
     note = f"minimised from {len(trace.ops)} ops ({'1-minimal' if minimal else 'stopped early'})"
-    summary = seen[0][0]["summary"] if ops != list(trace.ops) else trace.summary
-    return attrs.evolve(trace, ops=ops, verdict={"violations": seen[0]}, summary=summary,
+    summary = seen[0][0].summary if ops != list(trace.ops) else trace.summary
+    return attrs.evolve(trace, ops=ops, verdict={"violations": [v.to_json() for v in seen[0]]}, summary=summary,
                         notes=f"{trace.notes} | {note}" if trace.notes else note), minimal
 
 
 def replay(trace: Trace, factory: Callable[..., list]) -> tuple[str, str]:
+    """One run of a store-ops trace on `factory`: `reproduces` or `fixed`, and why."""
     _, violations = run(trace, factory)
-    props = [v["property"] for v in violations]
+    props = [v.property for v in violations]
     if trace.property in props:
-        return "reproduces", violations[0]["summary"]
-    return "fixed", "no violation" if not props else f"other violation: {violations[0]['summary']}"
+        return "reproduces", violations[0].summary
+    return "fixed", "no violation" if not props else f"other violation: {violations[0].summary}"
 
 

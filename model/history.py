@@ -4,16 +4,18 @@ An `Op` is one call as a caller saw it: who called (`caller`), which read/write 
 when it was invoked and when it completed (`None`: it never completed), and its result or error. A `History`
 is the ops of one run. `KVModel` is the sequential specification: a register per key holding bytes or
 nothing, with every read path of the contract (and the batch and prefix forms adapters offer) as a function
-of the register state. `lanes` is a plain data form of a history for pictures.
+of the register state. `Model` is a sequential specification as a record, the form the linearizability checker
+takes (Porcupine's: init, step, equal and the describe hooks a picture uses); `KV_MODEL` is the key-value
+register in that form, the one specification. `lanes` is a plain data form of a history for pictures.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import attrs
 
-__all__ = ["Op", "History", "KVModel", "LossyKVModel", "WRITE_PATHS", "SINGLE_KEY_READS", "MULTI_KEY_READS",
-           "READ_PATHS", "FAULT_PATHS", "lanes"]
+__all__ = ["Op", "History", "KVModel", "Model", "KV_MODEL", "LOSSY_KV_MODEL", "split_per_key", "WRITE_PATHS",
+           "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "FAULT_PATHS", "lanes"]
 
 #: Paths that change the register.
 WRITE_PATHS = ("put", "delete")
@@ -111,6 +113,28 @@ class KVModel:
     def init(self) -> tuple:
         return (None,) * len(self.keys)
 
+    @staticmethod
+    def register_view(op: Op) -> tuple[str, Any] | None:
+        """What a single-key `op` does to its register (see `Model.register_view`); None for a multi-key op or an
+        unknown path. A read that never answered or failed is a read of anything: ("read", op) never matches, so
+        callers drop such reads first (they constrain nothing)."""
+        if len(op.keys) != 1:
+            return None
+        if op.path == "put":
+            return ("write", bytes(op.value) if op.value is not None else b"")
+        if op.path == "delete":
+            return ("write", None)
+        if op.path == "contains":
+            if op.result == True:  # noqa: E712 -- as `step` compares: 1 is True there too
+                return (READ_ANY, None)
+            return ("read", None) if op.result == False else ("read", ("$malformed", repr(op.result)))  # noqa: E712
+        if op.path in ("get", "get_async", "get_sync"):
+            res = op.result
+            if res is None or isinstance(res, (bytes, bytearray)):
+                return ("read", None if res is None else bytes(res))
+            return ("read", ("$malformed", repr(res)))
+        return None
+
     def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
         """Whether `op` (with its recorded result) is legal in `state`, and the state after it."""
         path = op.path
@@ -144,57 +168,40 @@ class KVModel:
         raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
 
 
-class _Maybe(tuple):
-    """A register that may have lost its value (`fault-lose`): (value, until), until = when the loss was over."""
 
-    __slots__ = ()
+#: What `KVModel.register_view` answers for a read that only says the key holds some value (`contains` True).
+READ_ANY = "read-any"
 
 
-class LossyKVModel(KVModel):
-    """The key-value register through real-server faults: `KVModel`, plus the nemesis's ops of `FAULT_PATHS`.
+def _describe_value(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        b = bytes(v)
+        return repr(b if len(b) <= 24 else b[:24] + b"...")
+    return repr(v)
 
-    A state is (values, saved): `saved` is what the last `fault-save` held, `fault-restore` puts it back (a restart with
-    data allows exactly what the snapshot held). `fault-lose` makes a value a maybe: a read may answer it or a miss;
-    a miss settles it as gone, and a read of the value invoked after the loss was over settles it as kept.
-    """
 
-    def init(self) -> tuple:
-        return (None,) * len(self.keys), (None,) * len(self.keys)
+@attrs.frozen
+class Model:
+    """A sequential specification, for the linearizability checker (`engines.linearizability.check`).
 
-    def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
-        values, saved = state
-        path = op.path
-        if path in WRITE_PATHS + FAULT_PATHS:
-            i = self.index[op.key]
-            new, keep = list(values), list(saved)
-            if path == "put":
-                new[i] = bytes(op.value)
-            elif path in ("delete", "fault-wipe"):
-                new[i] = None
-            elif path == "fault-save":
-                keep[i] = values[i]
-            elif path == "fault-restore":
-                new[i] = saved[i]
-            elif values[i] is not None:  # fault-lose
-                value = values[i][0] if isinstance(values[i], _Maybe) else values[i]
-                new[i] = _Maybe((value, op.completed if op.completed is not None else float("inf")))
-            return True, (tuple(new), tuple(keep))
-        if op.pending or op.error is not None:
-            return True, state
-        maybes = [i for i, k in enumerate(self.keys) if k in op.keys and isinstance(values[i], _Maybe)]
-        for gone in range(1 << len(maybes)):  # which maybes are gone, as this read sees them
-            seen = list(values)
-            for j, i in enumerate(maybes):
-                seen[i] = None if gone >> j & 1 else values[i][0]
-            if self.answer(tuple(seen), op.path, op.keys) == op.result:
-                settled = list(values)
-                for j, i in enumerate(maybes):
-                    if gone >> j & 1:
-                        settled[i] = None
-                    elif op.invoked > values[i][1]:
-                        settled[i] = values[i][0]
-                return True, (tuple(settled), saved)
-        return False, state
+    `init(keys)`: the state of the part of a history over `keys` before any op; `step(keys, state, op)`: whether
+    the op, with its recorded result, is legal in `state` of the part over `keys`, and the state after it; `equal(a, b)`: whether two
+    states are the same (the search's memo; states must also hash alike when equal); `describe_op(op)` and
+    `describe_state(state)`: text for a picture or a report. Optional `register_view(op)`: for a model that is
+    one register per key, what the op does to its key's register: ("write", value) (None: the key deleted),
+    ("read", value) (None: a miss), (`READ_ANY`, None) (the key holds some value), or None when the op is
+    outside that form; with it the checker decides unique-value parts without search. Optional `split(ops)`:
+    the ops with every multi-key op cut into what it says about each key, when the specification is one
+    independent object per key (the checker then judges each key's part separately)."""
+
+    name: str
+    init: Callable[[Sequence[str]], Any]
+    step: Callable[[tuple[str, ...], Any, Op], tuple[bool, Any]]
+    equal: Callable[[Any, Any], bool] = lambda a, b: a == b
+    describe_op: Callable[[Op], str] = lambda op: op.label()
+    describe_state: Callable[[Any], str] = repr
+    register_view: Callable[[Op], tuple[str, Any] | None] | None = None
+    split: Callable[[Sequence[Op]], list[Op]] | None = None
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:
@@ -213,3 +220,130 @@ def lanes(history: History, *, verdict: dict | None = None) -> dict:
         out["linearizable_prefix"] = list(verdict.get("prefix", []))
         out["unplaceable"] = verdict.get("unplaceable")
     return out
+
+
+
+def split_per_key(ops: Sequence[Op]) -> list[Op]:
+    """`ops` with every multi-key read split into single-key reads (same id, caller and interval): `get_batch`
+    each value; `get_prefix` / `contains_batch` / `contains_async` the hits of the leading run, then a miss of
+    the key after it. A multi-key read that never answered (or failed) constrains nothing and is left out; a
+    malformed answer becomes a read of its first key that no state answers."""
+    out: list[Op] = []
+    for op in ops:
+        if len(op.keys) == 1 or op.path in WRITE_PATHS:
+            out.append(op)
+            continue
+        if op.pending or op.error is not None:
+            continue
+        res = op.result
+        if op.path == "get_batch":
+            parts = [("get", k, v) for k, v in zip(op.keys, res if isinstance(res, list) else [])]
+            if not isinstance(res, list) or len(res) != len(op.keys):
+                parts = [("get", op.keys[0], ("$malformed", repr(res)))]
+        else:
+            hits = len(res) if isinstance(res, list) else res if isinstance(res, int) else -1
+            if not 0 <= hits <= len(op.keys):
+                parts = [("get", op.keys[0], ("$malformed", repr(res)))]
+            elif op.path == "get_prefix":
+                parts = [("get", k, v) for k, v in zip(op.keys, res)]
+            else:
+                parts = [("contains", k, True) for k in op.keys[:hits]]
+            if 0 <= hits < len(op.keys):
+                parts.append(("contains", op.keys[hits], False))
+        for path, key, result in parts:
+            out.append(attrs.evolve(op, path=path, keys=(key,), result=result))
+    return out
+
+
+_KV_BY_KEYS: dict[tuple[str, ...], KVModel] = {}
+
+
+def _kv_init(keys: Sequence[str]) -> tuple:
+    return (None,) * len(keys)
+
+
+def _kv_step(keys: tuple[str, ...], state: tuple, op: Op) -> tuple[bool, tuple]:
+    if len(keys) == 1:  # the common case (a part per key): no index
+        path = op.path
+        if path == "put":
+            return True, (bytes(op.value),)
+        if path == "delete":
+            return True, (None,)
+        if op.pending or op.error is not None:
+            return True, state
+        if path == "contains":
+            return (state[0] is not None) == op.result, state
+        if path in ("get", "get_async", "get_sync"):
+            return state[0] == op.result, state
+    kv = _KV_BY_KEYS.get(keys)
+    if kv is None:
+        kv = _KV_BY_KEYS.setdefault(tuple(keys), KVModel(keys))
+    return kv.step(state, op)
+
+
+def _kv_describe_state(state: tuple) -> str:
+    return "(" + ", ".join(_describe_value(v) for v in state) + ")"
+
+
+#: The key-value register per key (`KVModel`) as a `Model` record: a state is a tuple of values, one per key of
+#: the part (in the part's key order).
+KV_MODEL = Model("kv-register", init=_kv_init, step=_kv_step, describe_state=_kv_describe_state,
+                 register_view=KVModel.register_view, split=split_per_key)
+
+
+# -- the register through real-server faults (the nemesis) -------------------------------------------------------
+class _Maybe(tuple):
+    """A register that may have lost its value (`fault-lose`): (value, until), until = when the loss was over."""
+
+    __slots__ = ()
+
+
+def _lossy_init(keys: Sequence[str]) -> tuple:
+    return (None,) * len(keys), (None,) * len(keys)
+
+
+def _lossy_step(keys: tuple[str, ...], state: tuple, op: Op) -> tuple[bool, tuple]:
+    """`_kv_step` plus the nemesis's ops of `FAULT_PATHS` (see `LOSSY_KV_MODEL`); a state is (values, saved)."""
+    values, saved = state
+    path = op.path
+    if path in WRITE_PATHS + FAULT_PATHS:
+        i = keys.index(op.key)
+        new, keep = list(values), list(saved)
+        if path == "put":
+            new[i] = bytes(op.value)
+        elif path in ("delete", "fault-wipe"):
+            new[i] = None
+        elif path == "fault-save":
+            keep[i] = values[i]
+        elif path == "fault-restore":
+            new[i] = saved[i]
+        elif values[i] is not None:  # fault-lose
+            value = values[i][0] if isinstance(values[i], _Maybe) else values[i]
+            new[i] = _Maybe((value, op.completed if op.completed is not None else float("inf")))
+        return True, (tuple(new), tuple(keep))
+    if op.pending or op.error is not None:
+        return True, state
+    maybes = [i for i, k in enumerate(keys) if k in op.keys and isinstance(values[i], _Maybe)]
+    for gone in range(1 << len(maybes)):  # which maybes are gone, as this read sees them
+        seen = list(values)
+        for j, i in enumerate(maybes):
+            seen[i] = None if gone >> j & 1 else values[i][0]
+        if KVModel(keys).answer(tuple(seen), op.path, op.keys) == op.result:
+            settled = list(values)
+            for j, i in enumerate(maybes):
+                if gone >> j & 1:
+                    settled[i] = None
+                elif op.invoked > values[i][1]:
+                    settled[i] = values[i][0]
+            return True, (tuple(settled), saved)
+    return False, state
+
+
+#: The key-value register through real-server faults: `KV_MODEL` plus the nemesis's ops of `FAULT_PATHS` (what each
+#: fault did to a key). `saved` is what the last `fault-save` held and `fault-restore` puts it back (a restart with data
+#: allows exactly what the snapshot held); `fault-lose` makes a value a maybe: a read may answer it or a miss, a miss
+#: settles it as gone, and a read of the value invoked after the loss was over settles it as kept. No register view:
+#: every part goes to the search.
+LOSSY_KV_MODEL = Model("kv-register-through-faults", init=_lossy_init, step=_lossy_step,
+                       describe_state=lambda s: "(" + ", ".join(_describe_value(v) for v in s[0]) + ")",
+                       split=split_per_key)

@@ -5,6 +5,7 @@ from typing import Any
 
 import attrs
 
+from model.codec import decode, encode
 from model.faults import FaultPlan
 
 __all__ = ["Violation", "Event", "SimResult", "OtherPrompt", "Case", "Outcome", "leading_run", "default_step_bound"]
@@ -17,6 +18,18 @@ class Violation:
     property: str
     summary: str
     detail: dict = attrs.field(factory=dict)
+
+    def to_json(self) -> dict:
+        """The one JSON shape of a violation (a trace's `verdict.violations[i]`)."""
+        return {"property": self.property, "summary": self.summary, "detail": encode(self.detail)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Violation":
+        """The violation of a trace's verdict entry, detail included; `ValueError` naming what is wrong."""
+        if not isinstance(data, dict) or not isinstance(data.get("property"), str):
+            raise ValueError("expected an object with a string 'property'")
+        detail = decode(data.get("detail") or {})
+        return cls(data["property"], str(data.get("summary", "")), detail if isinstance(detail, dict) else {})
 
 
 @attrs.define

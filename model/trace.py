@@ -7,7 +7,6 @@ A malformed file raises `TraceError` naming the file and the field.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import itertools
 import json
@@ -17,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from model import effects
-from model.faults import Eviction, FaultPlan
+from model.codec import TraceError, decode, encode
+from model.faults import FaultPlan, kind_of
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
 from model.history import READ_PATHS, WRITE_PATHS
@@ -37,74 +36,6 @@ MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 
 #: expectation is measured (`shardcheck regen` replays there): a stock client's own bug (a GET of a missing key
 #: that hangs, a dropped put) can mask the protocol's, and the expectation records that honestly.
 PROTOCOL_BUG_EXPECT = {"model": "reproduces", "lmcache": "reproduces", "lmcache-patched": "reproduces"}
-
-
-class TraceError(Exception):
-    """A trace file that cannot be used: names the file and the field."""
-
-    def __init__(self, path: str | Path | None, field: str, message: str) -> None:
-        self.path, self.field = str(path) if path else "<trace>", field
-        super().__init__(f"{self.path}: field '{field}': {message}")
-
-
-# -- values ---------------------------------------------------------------------------------------
-_EFFECTS = {cls.__name__: cls for cls in (effects.Put, effects.Get, effects.GetAsync, effects.Wait,
-                                          effects.AllReduceMin, effects.AllGather, effects.Broadcast)}
-
-
-def encode(value: Any) -> Any:
-    """A JSON-able form of a value that occurs in a run (bytes, handles, effects, int-keyed maps...)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return {"$bytes": base64.b64encode(bytes(value)).decode()}
-    if value is effects.TIMED_OUT:
-        return {"$timed_out": True}
-    if isinstance(value, effects.Handle):
-        return {"$handle": [value.rank, value.seq, value.key]}
-    if type(value).__name__ in _EFFECTS and attrs.has(type(value)):
-        return {"$effect": type(value).__name__, **{k: encode(v) for k, v in attrs.asdict(value, recurse=False).items()}}
-    if isinstance(value, Eviction):
-        return {"$evict": attrs.asdict(value)}
-    if isinstance(value, dict):
-        if all(isinstance(k, str) and not k.startswith("$") for k in value):
-            return {k: encode(v) for k, v in value.items()}
-        return {"$map": [[encode(k), encode(v)] for k, v in value.items()]}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [encode(v) for v in value]
-    return {"$repr": repr(value)}
-
-
-def decode(value: Any, field: str = "value", path: Any = None) -> Any:
-    """The inverse of `encode`."""
-    if isinstance(value, list):
-        return [decode(v, f"{field}[{i}]", path) for i, v in enumerate(value)]
-    if not isinstance(value, dict):
-        return value
-    try:
-        if "$bytes" in value:
-            return base64.b64decode(value["$bytes"], validate=True)
-        if "$timed_out" in value:
-            return effects.TIMED_OUT
-        if "$handle" in value:
-            r, s, k = value["$handle"]
-            return effects.Handle(int(r), int(s), str(k))
-        if "$effect" in value:
-            cls = _EFFECTS[value["$effect"]]
-            return cls(**{k: decode(v, f"{field}.{k}", path) for k, v in value.items() if k != "$effect"})
-        if "$evict" in value:
-            return Eviction(**value["$evict"])
-        if "$map" in value:
-            return {_hashable(decode(k, field, path)): decode(v, field, path) for k, v in value["$map"]}
-        if "$repr" in value:
-            return value["$repr"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TraceError(path, field, f"cannot decode {json.dumps(value)[:80]}: {exc}") from None
-    return {k: decode(v, f"{field}.{k}", path) for k, v in value.items()}
-
-
-def _hashable(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
 
 
 # -- the trace --------------------------------------------------------------------------------------
@@ -148,8 +79,7 @@ class Trace:
                      "result": encode(e.result), "note": e.note} for e in outcome.events],
             lookup={"reports": outcome.reports, "planned": outcome.planned, "lcp": outcome.lcp,
                     "cached": sorted(outcome.cached)},
-            verdict={"violations": [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)}
-                                    for v in outcome.violations]},
+            verdict={"violations": [v.to_json() for v in outcome.violations]},
             expect=dict(expect or {}), origin=origin)
 
     def case(self) -> Case:
@@ -229,7 +159,9 @@ class Trace:
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_RANKS:
                 raise TraceError(path, "config.n_ranks", f"expected an integer in 1..{MAX_RANKS}, got {n!r}")
             for i, op in enumerate(data["ops"]):
-                if not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("rank"), int):
+                if isinstance(op, dict) and op.get("op") in ("fault", "recover"):
+                    _validate_fault_op(op, n, path, f"ops[{i}]")
+                elif not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("rank"), int):
                     raise TraceError(path, f"ops[{i}]", "expected an object with 'op' (str) and 'rank' (int)")
         known = {f.name for f in attrs.fields(cls)}
         unknown = set(data) - known - {"schema", "version"}
@@ -265,6 +197,25 @@ def _need(data: dict, name: str, typ: type, path: Any) -> None:
         raise TraceError(path, name, "missing")
     if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
         raise TraceError(path, name, f"expected {typ.__name__}, got {type(data[name]).__name__}")
+
+
+def _validate_fault_op(op: dict, n_ranks: int, path: Any, field: str) -> None:
+    """A store-ops trace's real-server fault op (`{"op": "fault", "fault": FIELD, "rank", "seconds"}`) or its
+    recovery (`{"op": "recover"}`)."""
+    if op["op"] == "recover":
+        return
+    try:
+        kind = kind_of(str(op.get("fault")))
+    except KeyError:
+        raise TraceError(path, f"{field}.fault", f"unknown fault kind {op.get('fault')!r}") from None
+    if kind.family != "server":
+        raise TraceError(path, f"{field}.fault", f"{kind.field} is not a real-server fault")
+    try:
+        fault = kind.from_json({"rank": op.get("rank"), "at": "op", "seconds": op.get("seconds", 0.0)})
+    except ValueError as exc:
+        raise TraceError(path, field, str(exc)) from None
+    if not 0 <= fault.rank < n_ranks:
+        raise TraceError(path, f"{field}.rank", f"rank {fault.rank} is not one of the {n_ranks} ranks")
 
 
 def _validate_concurrent(data: dict, path: Any) -> None:
@@ -347,5 +298,5 @@ def faults_from_json(data: dict) -> FaultPlan:
 
 
 def violations_of(trace: Trace) -> list[Violation]:
-    """The violations recorded in a trace's verdict."""
-    return [Violation(v["property"], v.get("summary", "")) for v in trace.verdict.get("violations", [])]
+    """The violations recorded in a trace's verdict, detail included."""
+    return [Violation.from_json(v) for v in trace.verdict.get("violations", [])]

@@ -32,6 +32,11 @@ class RunConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
+    #: Failures' traces collected in memory instead of written (`properties.reporting.write_found`), or None.
+    found: list | None = None
+    #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
+    client_options: dict = attrs.field(factory=dict)
+    max_ranks: int | None = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -60,10 +65,21 @@ class RunConfig:
         """Whether the client is in memory (calls cannot block: no bounding, no thread hop)."""
         return self.resolved_client().in_memory
 
+    def factory_options(self) -> dict:
+        """The options of a factory call: the user's, and the op timeout where the client takes it."""
+        return {**self.resolved_client().accepted({"op_timeout": self.op_timeout}), **self.client_options}
+
+    def rank_cap(self, n_ranks: int) -> int:
+        """`n_ranks`, or fewer when the user keeps the machines within fewer servers (`--max-ranks`)."""
+        return min(n_ranks, self.max_ranks or MAX_RANKS)
+
     def stores(self, n_ranks: int) -> list:
         """The first `n_ranks` of the session's stores (created on first use, validated)."""
         if self._stores is None:
-            self._stores = self.resolved_client().stores(MAX_RANKS, op_timeout=self.op_timeout)
+            self._stores = self.resolved_client().stores(self.rank_cap(MAX_RANKS), **self.factory_options())
+        if n_ranks > len(self._stores):
+            raise ValueError(f"{n_ranks} ranks asked for, but the session has {len(self._stores)} stores "
+                             "(--max-ranks); use rank_cap()")
         return self._stores[:n_ranks]
 
     def discard(self) -> None:
@@ -90,7 +106,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     global CURRENT
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
-                                                              "write_traces", "minimise_seconds")}, **changes})
+                                                              "write_traces", "minimise_seconds", "found", "client_options",
+                                                              "max_ranks")}, **changes})
     try:
         yield CURRENT
     finally:

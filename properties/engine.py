@@ -1,26 +1,27 @@
 """The state machines as a search engine for `shardcheck check`: seeded batches until a budget ends.
 
 Each batch runs `ProtocolMachine` (and, for a real client, `StoreMachine` first) with Hypothesis under a
-seed derived from `seed` and the batch number, so the same seed gives the same search. A failing run
-writes its trace (as in `pytest properties/`, here into a temporary directory); the engine returns them.
+seed derived from `seed` and the batch number, so the same seed gives the same search. A failing run hands its
+trace over in memory (`properties.config.RunConfig.found`); the engine returns it as a `Finding`.
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
+from engines.api import SearchContext
 from model.calls import DEFAULT_OP_TIMEOUT
-from model.trace import Trace
+from model.finding import Finding
+from model.trace import Trace, violations_of
 from properties import config
-from properties.machines import RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
+from properties.machines import PATH_CALLS, RULE_STEPS, ProtocolMachine, StoreMachine, violated_properties
 
-__all__ = ["BATCH", "run_machine", "caught", "hypothesis_search"]
+__all__ = ["BATCH", "run_machine", "caught", "hypothesis_search", "HypothesisMachines", "HypothesisCoverage"]
 
 #: One batch: few examples, so the budget is polled often. No shrinking inside Hypothesis: it cannot be
 #: bounded in time (each shrink step of a hanging client costs a timeout); `check` minimises protocol
@@ -44,27 +45,83 @@ def caught(machine: type, how: settings, **changes: Any) -> set[str]:
         return run_machine(machine, how)[1]
 
 
+@attrs.define
+class HypothesisCoverage:
+    """Rule steps the state machines ran, per machine, and the client paths the store layer called."""
+
+    rule_steps: int = 0
+    batches: int = 0
+    by_machine: dict[str, int] = attrs.field(factory=dict)
+    paths: dict[str, int] = attrs.field(factory=dict)
+
+    def text(self) -> str:
+        machines = ", ".join(f"{name} {steps:,}" for name, steps in self.by_machine.items())
+        paths = ("; client paths exercised: " + ", ".join(f"{p} x{n}" for p, n in sorted(self.paths.items()))
+                 if self.paths else "")
+        return f"{self.rule_steps:,} rule steps in {self.batches} batch(es) ({machines}){paths}"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+
 def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], bool], seed: int = 0,
-                      store_layer: bool = False, op_timeout: float = DEFAULT_OP_TIMEOUT) -> tuple[list[Trace], int]:
-    """Run the machines in seeded batches until `should_stop()` or a failure: (traces found, rule steps)."""
-    with tempfile.TemporaryDirectory(prefix="shardcheck-hypothesis-") as tmp:
-        return _search(protocol, client, Path(tmp), should_stop, seed, store_layer, op_timeout)
-
-
-def _search(protocol: Any, client: Any, found_dir: Path, should_stop: Callable[[], bool], seed: int,
-            store_layer: bool, op_timeout: float) -> tuple[list[Trace], int]:
+                      store_layer: bool = False, op_timeout: float = DEFAULT_OP_TIMEOUT,
+                      coverage: HypothesisCoverage | None = None, client_options: dict | None = None,
+                      max_ranks: int | None = None) -> list[Trace]:
+    """Run the machines in seeded batches until `should_stop()` or a failure: the traces of the failure (kept in
+    memory, not written), and the rule steps counted in `coverage`."""
+    cov = coverage if coverage is not None else HypothesisCoverage()
     machines = ([StoreMachine] if store_layer else []) + [ProtocolMachine]
-    steps0 = sum(RULE_STEPS.values())
-    batch = 0
-    # minimise_seconds=0: `check` minimises the trace itself, within its own budget
-    with config.using(protocol=protocol, client=client, found_dir=found_dir, op_timeout=op_timeout,
-                      minimise_seconds=0):
-        while not should_stop():
-            for machine in machines:
-                seeded = hypothesis.seed(f"shardcheck-check-{seed}-{batch}-{machine.__name__}")(
-                    type(machine.__name__, (machine,), {"__module__": machine.__module__}))
-                if run_machine(seeded, BATCH)[0]:
-                    traces = [Trace.load(p) for p in sorted(found_dir.glob("*.json"))]
-                    return traces, sum(RULE_STEPS.values()) - steps0
-            batch += 1
-    return [], sum(RULE_STEPS.values()) - steps0
+    found: list[Trace] = []
+    paths0 = dict(PATH_CALLS)
+    # minimise_seconds=0: `check` minimises the finding itself, within its own budget
+    with config.using(protocol=protocol, client=client, op_timeout=op_timeout, minimise_seconds=0, found=found,
+                      client_options=dict(client_options or {}), max_ranks=max_ranks):
+        try:
+            while not should_stop():
+                for machine in machines:
+                    steps0 = RULE_STEPS[_layer(machine)]
+                    seeded = hypothesis.seed(f"shardcheck-check-{seed}-{cov.batches}-{machine.__name__}")(
+                        type(machine.__name__, (machine,), {"__module__": machine.__module__}))
+                    failed = run_machine(seeded, BATCH)[0]
+                    steps = RULE_STEPS[_layer(machine)] - steps0
+                    cov.rule_steps += steps
+                    cov.by_machine[machine.__name__] = cov.by_machine.get(machine.__name__, 0) + steps
+                    if failed:
+                        return found
+                cov.batches += 1
+        finally:
+            for path, count in PATH_CALLS.items():
+                if count > paths0.get(path, 0):
+                    cov.paths[path] = cov.paths.get(path, 0) + count - paths0.get(path, 0)
+    return []
+
+
+def _layer(machine: type) -> str:
+    return "store" if issubclass(machine, StoreMachine) else "protocol"
+
+
+class HypothesisMachines:
+    """`check`'s Hypothesis engine: the state machines in seeded batches (the store layer first for a real client). A
+    protocol-layer failure is re-run as a `Case` by the check's runner (so it is minimised like the others); a
+    store-layer failure is its store-ops trace."""
+
+    name = "hypothesis"
+
+    def search(self, ctx: SearchContext) -> Finding | None:
+        t = ctx.target
+        traces = hypothesis_search(t.protocol, t.client, should_stop=ctx.should_stop, seed=ctx.seed,
+                                   store_layer=not t.client.in_memory, op_timeout=ctx.op_timeout,
+                                   coverage=ctx.coverage.of(self.name, HypothesisCoverage),
+                                   client_options=dict(t.client_options), max_ranks=t.ranks or t.max_ranks)
+        for trace in traces:
+            if trace.kind == "store-ops":
+                trace.client, trace.expect = t.client.name, {t.client.name: "reproduces"}
+                return Finding(engine=self.name, violations=violations_of(trace), trace=trace)
+            case = trace.case()
+            if (case.others and t.runner != "sim") or not t.allows(case.n_ranks):
+                continue
+            outcome = ctx.run(t.protocol.obj, case)
+            if outcome.violations:
+                return ctx.protocol_finding(case, outcome, self.name)
+        return None

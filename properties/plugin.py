@@ -4,12 +4,16 @@ Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperPro
 `runtime.registry.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
 `--minimise-seconds` (how long a failing run is minimised on fresh stores before its trace is written),
-`--stall-seconds` (seconds one protocol method may run without returning; every test runs under
-`runtime.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging).
+`--stall-seconds` (seconds one protocol method may run without returning; every property test runs under
+`runtime.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging),
+`--client-option KEY=VALUE` (the factory's options, as for `check`) and `--max-ranks`. A real client whose tier
+cannot be reached ends the session at once with exit 2 and one line.
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
 `--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +21,13 @@ from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
-from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, resolve_client, resolve_protocol
+from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, parse_options, resolve_client, resolve_protocol
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header",
-           "pytest_runtest_call", "pytest_sessionfinish"]
+#: pytest's exit code for a tier that cannot be reached (the command line's "unusable input").
+EXIT_UNUSABLE = 2
+
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header", "pytest_sessionstart",
+           "pytest_runtest_call", "pytest_sessionfinish", "EXIT_UNUSABLE"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,6 +48,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how long a failing run of a non-model client may be minimised on fresh stores (store ops "
                          "dropped, ranks/chunks/faults shrunk, while it still fails) before its trace is written "
                          "(default: 30; 0: write it as found)")
+    group.addoption("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the client's factory, repeatable (urls=a,b; password=...; a value that parses "
+                         "as JSON is taken as JSON) (default: none)")
+    group.addoption("--max-ranks", default=None, type=int, metavar="N",
+                    help="no machine uses more than N ranks (default: as many as --client-option urls names, else 4)")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
@@ -64,9 +76,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
     try:
         resolve_protocol(protocol)
-        in_memory = resolve_client(client).in_memory
-    except ResolveError as exc:
+        resolved = resolve_client(client)
+        in_memory = resolved.in_memory
+        options = parse_options(config.getoption("client_option"))
+        resolved.check_options(options)
+    except (ResolveError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    max_ranks = config.getoption("max_ranks")
+    if max_ranks is not None and max_ranks < 1:
+        raise pytest.UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
+    if max_ranks is None and options.get("urls") and options.get("topology") != "shared":
+        max_ranks = len(options["urls"])
     if not in_memory and stall <= op:
         raise pytest.UsageError(f"--stall-seconds ({stall:g}) must exceed --op-timeout ({op:g}): the time a protocol "
                                 "call spends in store calls counts towards its stall limit")
@@ -79,7 +99,20 @@ def pytest_configure(config: pytest.Config) -> None:
     found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
                                               op_timeout=config.getoption("op_timeout"),
-                                              minimise_seconds=config.getoption("minimise_seconds"))
+                                              minimise_seconds=config.getoption("minimise_seconds"),
+                                              client_options=options, max_ranks=max_ranks)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A tier that cannot be reached is unusable input: exit 2 with one line, before any property runs."""
+    cur = run_config.current()
+    if cur.in_memory() or session.config.getoption("collectonly"):
+        return
+    from runtime.preflight import TierUnreachable, reach
+    try:
+        reach(cur.resolved_client(), cur.factory_options(), n_ranks=1, op_timeout=cur.op_timeout)
+    except (TierUnreachable, ResolveError) as exc:
+        pytest.exit(f"shardcheck: {exc}", returncode=EXIT_UNUSABLE)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -92,8 +125,22 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    """shardcheck's own property tests run under the watchdog (a blocking protocol fails, never hangs); no other."""
+    if not _ours(item):
+        return (yield)
     with watching(item.config.getoption("stall_seconds")):
         return (yield)
+
+
+_PROPERTIES_DIR = Path(__file__).resolve().parent
+
+
+def _ours(item: pytest.Item) -> bool:
+    """Whether `item` is one of shardcheck's property tests (a module of the `properties` package)."""
+    try:
+        return Path(str(item.path)).resolve().parent == _PROPERTIES_DIR
+    except (OSError, ValueError):
+        return False
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

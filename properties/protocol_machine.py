@@ -40,6 +40,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.sizes: tuple[int, int, str, tuple] = (1, 0, "s0", ())
 
     def _open(self, n_ranks: int, n_chunks: int, salt: str, others: tuple = ()) -> Episode:
+        n_ranks = self.cfg.rank_cap(n_ranks)  # (within the servers the user has: --max-ranks)
         self.sizes = (n_ranks, n_chunks, salt, others)
         # a real client's calls are bounded, so a blocking one is a hang, not a stuck test run
         stores = self.cfg.stores(n_ranks)
@@ -171,7 +172,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 found = self._minimised(ep.case(), out)
                 trace = Trace.from_outcome(found, protocol_ref=self.cfg.protocol_ref(), client=self.cfg.client_label(),
                                            origin="pytest properties/ (ProtocolMachine)")
-                path = write_found(trace, self.cfg.found_dir, out.protocol, out.violations[0].property)
+                path = write_found(trace, self.cfg, out.protocol, out.violations[0].property)
                 note(f"counterexample trace: {path}")
         if self.cfg.in_memory():
             # the simulator replays a run over in-memory stores: it must see what the machine saw (a real
@@ -190,12 +191,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             return out
         from runtime.pool import ClientPool
         from engines.minimise import minimise
-        from engines.search import Found
+        from engines.search import plain_finding
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         pool = ClientPool(self.cfg.resolved_client(), op_timeout=self.cfg.op_timeout)
         try:
-            found = minimise(self.protocol, Found(case, out, "pytest"), runner=pool.run,
+            found = minimise(self.protocol, plain_finding(case, out, "pytest"), runner=pool.run,
                              should_stop=lambda: time.monotonic() >= stop_at)
         finally:
             pool.close()

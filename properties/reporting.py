@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import re
 from pathlib import Path
+from typing import Any
 
 from hypothesis import event as _hyp_event, note as _hyp_note
 from hypothesis.control import current_build_context
@@ -92,8 +93,13 @@ def event(text: str) -> None:
         _hyp_event(text)
 
 
-def write_found(trace: Trace, found_dir: str | Path, *parts: str) -> Path:
-    """Save `trace` under `found_dir` (`Trace.save_unique`: named by content, never overwriting)."""
-    return trace.save_unique(found_dir, *parts)
+def write_found(trace: Trace, cfg: Any, *parts: str) -> Path | str:
+    """Hand a failure's trace over: into the run config's `found` list when it collects them in memory (`check`'s
+    Hypothesis engine), else saved under its `found_dir` (`Trace.save_unique`: named by content, never overwriting).
+    Returns where it went (a path, or "kept in memory")."""
+    if cfg.found is not None:
+        cfg.found.append(trace)
+        return "kept in memory"
+    return trace.save_unique(cfg.found_dir, *parts)
 
 

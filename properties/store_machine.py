@@ -69,7 +69,7 @@ class StoreMachine(RuleBasedStateMachine):
                           verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
                           origin="pytest properties/ (StoreMachine)")
             trace = self._minimised(trace)
-            note(f"counterexample trace: {write_found(trace, self.cfg.found_dir, self.cfg.client_label(), prop)}")
+            note(f"counterexample trace: {write_found(trace, self.cfg, self.cfg.client_label(), prop)}")
         raise VIOLATED[prop](f"{prop}: {message}")
 
     def _minimised(self, trace: Trace) -> Trace:

@@ -21,5 +21,5 @@ def test_store_client_scenario(scenario):
         if cfg.write_traces and not cfg.in_memory() and cfg.minimise_seconds > 0:  # cut down on fresh stores
             stop_at = time.monotonic() + cfg.minimise_seconds
             trace, _ = minimise_store_ops(trace, cfg.resolved_client(), should_stop=lambda: time.monotonic() >= stop_at)
-        path = write_found(trace, cfg.found_dir, cfg.client_label(), trace.property) if cfg.write_traces else None
+        path = write_found(trace, cfg, cfg.client_label(), trace.property) if cfg.write_traces else None
         pytest.fail(f"{trace.summary} (counterexample trace: {path})", pytrace=False)

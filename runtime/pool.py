@@ -79,14 +79,16 @@ class ClientPool:
 
 
 @contextlib.contextmanager
-def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT, nemesis: Callable[[list], Any] | None = None,
+def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT, options: dict | None = None,
+                nemesis: Callable[[list], Any] | None = None,
                 recovery_seconds: float | None = None) -> Iterator[Callable[[Any, Case], Outcome]]:
-    """`run(protocol, case)` over `client`: fresh in-memory stores per case, or a `ClientPool` (closed at the end)
-    whose cases with real-server faults strike through `nemesis(stores)`."""
+    """`run(protocol, case)` over `client` (its factory given `options`): fresh in-memory stores per case, or a
+    `ClientPool` (closed at the end) whose cases with real-server faults strike through `nemesis(stores)`."""
     if client.in_memory:
         def run(protocol: Any, case: Case) -> Outcome:
-            return run_case(protocol, case, client.stores(case.n_ranks), wait_bound=op_timeout)
+            return run_case(protocol, case, client.stores(case.n_ranks, **(options or {})), wait_bound=op_timeout)
         yield run
         return
-    with ClientPool(client, op_timeout=op_timeout, nemesis=nemesis, recovery_seconds=recovery_seconds) as pool:
+    with ClientPool(client, op_timeout=op_timeout, options=options, nemesis=nemesis,
+                    recovery_seconds=recovery_seconds) as pool:
         yield pool.run

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import sys
 from typing import Any, Callable
@@ -29,7 +30,8 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "resolve_protocol", "resolve_client", "load_attr", "ref_of"]
+           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options",
+           "load_attr", "ref_of"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
@@ -71,6 +73,25 @@ CLIENTS: dict[str, ClientEntry] = {
 }
 
 
+#: The search engines of `check` (`engines.api.Engine`), by name.
+CHECK_ENGINES: dict[str, str] = {
+    "scenarios": "engines.scenarios:Scenarios",
+    "nemesis": "engines.nemesis:Nemesis",
+    "concurrency": "engines.racy:Concurrency",
+    "enumerate": "engines.search:Enumeration",
+    "explore": "engines.explore.engine:Explorer",
+    "hypothesis": "properties.engine:HypothesisMachines",
+    "random": "engines.search:RandomCases",
+}
+#: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
+#: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
+CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
+    "in-memory": (("scenarios", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
+    "real": (("nemesis", None), ("scenarios", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35),
+             ("random", "rest")),
+}
+
+
 class ResolveError(ValueError):
     """A `--protocol`/`--client` value that cannot be used; the message names it and the problem."""
 
@@ -101,6 +122,15 @@ class Client:
             return dict(options)
         return {k: v for k, v in options.items() if k in self.options}
 
+    def check_options(self, options: dict) -> None:
+        """`ResolveError` naming an option of the user's that this client's factory does not take."""
+        if self.options is None:
+            return
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            takes = ", ".join(self.options) or "none"
+            raise ResolveError(f"client {self.name!r}: unknown option {unknown[0]!r} (it takes: {takes})")
+
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
         otherwise; what was made is closed). Options the factory does not accept are dropped."""
@@ -108,8 +138,9 @@ class Client:
             made = list(self.factory(n_ranks, **self.accepted(options)))
         except ResolveError:
             raise
-        except (OSError, RuntimeError, ValueError, TypeError, ImportError) as exc:
-            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a factory that cannot make stores is unusable input, never a crash
+            raise ResolveError(f"client {self.name!r}: factory({n_ranks}) raised {type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())[:300]}") from None
         lacking = sorted({m for s in made for m in missing_members(s, STORE_METHODS)})
         if len(made) != n_ranks or lacking:
             for s in made:
@@ -124,6 +155,17 @@ class Client:
                 what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (CONTRACT.md)")
             raise ResolveError(f"client {self.name!r}: factory {'; '.join(what)}")
         return made
+
+
+class PerRank:
+    """The factory of a `RankStore` class: one instance per rank (picklable, so the client travels to rank processes)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.thread_safe = getattr(cls, "thread_safe", True)
+
+    def __call__(self, n_ranks: int, **options: Any) -> list:
+        return [self.cls(**options) for _ in range(n_ranks)]
 
 
 def _importable_cwd() -> None:
@@ -201,10 +243,7 @@ def resolve_client(spec: Any = None) -> Client:
 def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if inspect.isclass(obj):
         if not missing_members(obj, STORE_METHODS):
-            cls = obj
-            factory: Any = lambda n_ranks, **options: [cls(**options) for _ in range(n_ranks)]  # noqa: E731
-            factory.thread_safe = getattr(cls, "thread_safe", True)
-            obj = factory
+            obj = PerRank(obj)
         else:
             try:
                 obj = obj()
@@ -218,3 +257,35 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
+
+
+def parse_options(items: list[str]) -> dict:
+    """`KEY=VALUE` items (`--client-option`) as factory options: JSON values as JSON, `urls` split on commas, other
+    text as text; `ResolveError` naming a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ResolveError(f"--client-option {item!r}: expected KEY=VALUE")
+        if key in out:
+            raise ResolveError(f"--client-option {key}: given twice")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        if key == "urls" and isinstance(parsed, str):
+            parsed = [u.strip() for u in parsed.split(",") if u.strip()]
+        if key == "urls" and (not isinstance(parsed, list) or not parsed or not all(isinstance(u, str) for u in parsed)):
+            raise ResolveError(f"--client-option urls={value!r}: expected a comma-separated list of URLs")
+        out[key] = parsed
+    return out
+
+
+def resolve_engine(name: str) -> Any:
+    """A fresh instance of `check`'s search engine `name` (`CHECK_ENGINES`)."""
+    try:
+        ref = CHECK_ENGINES[name]
+    except KeyError:
+        raise ResolveError(f"engine {name!r}: expected one of {', '.join(CHECK_ENGINES)}") from None
+    return load_attr(ref, "engine")()

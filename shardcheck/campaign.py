@@ -1,160 +1,64 @@
-"""The engines of `shardcheck check`, run in turn inside the budget.
+"""`shardcheck campaign`: a Hypothesis campaign across processes (pytest-xdist) and machines, sharing one example
+database on a Valkey server, so a counterexample found by any worker is replayed first by every other.
 
-An in-memory client: exhaustive enumeration, the exhaustive explorer, the Hypothesis state machines, then seeded
-random cases. Real clients: the concurrent layer (`engines.racy.search`: many ops at once on one store), the
-Hypothesis machines (store layer, then protocol layer over real stores), enumeration, then random cases (the
-explorer runs its own store model, so it is model-only).
+    shardcheck campaign [--url redis://HOST:PORT] [--workers N] [--profile nightly] [-- PYTEST-ARGS...]
+
+Without `--url` an embedded Valkey server is started on a free 127.0.0.1 port and stopped at the end (its database
+then lasts for this campaign); with `--url`, every machine pointing at the same server shares the database. The
+exit status is pytest's.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
-from engines.search import LEVELS, Found, SearchStats, search
+from shardcheck.errors import UsageError
 
-__all__ = ["MODEL_PHASES", "REAL_PHASES", "EXPLORE_SIZES", "run_engines"]
+__all__ = ["add_arguments", "cmd_campaign"]
 
-#: Cumulative ends of each phase, as shares of the budget; random cases take the rest.
-MODEL_PHASES = {"enumerate": 0.4, "explore": 0.65, "hypothesis": 0.85}
-REAL_PHASES = {"concurrency": 0.3, "hypothesis": 0.5, "enumerate": 0.85}
-#: Concurrent layer: the bound of one run, and the per-call timeout given to the lmcache clients (seconds).
-CONCURRENT_BOUND = {"model": 1.0, "lmcache": 3.0}
-CONCURRENT_OP_TIMEOUT = 1.0
-#: Explorer configurations (ranks, chunks, faults after lookup), every cached set, smallest first.
-EXPLORE_SIZES = tuple((n, k, 1) for n, k in ((1, 1), (2, 1), (2, 2), (1, 3), (3, 2), (2, 3), (3, 3), (2, 4), (4, 3),
-                                             (3, 4), (4, 4), (3, 5), (4, 5), (5, 5), (4, 6), (5, 6), (4, 7))) + \
-    tuple((n, k, 2) for n, k in ((2, 2), (2, 3), (3, 3), (3, 4), (4, 4), (4, 5)))
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_engines(protocol: Any, client: Any, run: Callable, *, start: float, budget: float,
-                should_stop: Callable[[], bool], stats: SearchStats, seed: int, op_timeout: float,
-                multi_prompt: bool = True, explore_workers: int = 1, protocol_ref: str | None = None) -> Any:
-    """The first violation: a `Found` (a protocol case), a store-ops `Trace`, or None. `client` is a
-    `runtime.registry.Client`: an in-memory one gets the explorer (it runs its own store model), a real one the
-    store layer first. `multi_prompt=False`: no case with other prompts in the tier (a runner that cannot run them).
-    `explore_workers > 1`: the explorer's configurations run in that many local processes (by `protocol_ref`)."""
-    levels = LEVELS if multi_prompt else tuple(level for level in LEVELS if level != "prompts")
-    phases = MODEL_PHASES if client.in_memory else REAL_PHASES
-    phase_end = [start]
-    stats.phase = "scenarios"  # the store client's fixed scenarios first: a client that fails one fails at once
-    from engines.scenarios import run_scenarios
-    failed = run_scenarios(client, op_timeout=op_timeout)
-    stats.by_engine["scenarios"] = len(failed)
-    if failed:
-        return failed[0]
-    budget -= time.monotonic() - start  # the phases share what is left of the budget
-    start = time.monotonic()
-
-    def phase_over() -> bool:
-        return should_stop() or time.monotonic() >= phase_end[0]
-
-    for phase, share in phases.items():
-        phase_end[0] = start + share * budget
-        if phase_over():
-            continue
-        stats.phase = phase
-        if phase == "enumerate":
-            found = search(protocol, runner=run, should_stop=phase_over, seed=seed, stats=stats, random_cases=False,
-                           swarm=True, levels=levels, others=multi_prompt)
-        elif phase == "explore":
-            found = _explore(protocol, run, phase_over, stats, workers=explore_workers, ref=protocol_ref,
-                             phase_end=phase_end[0])
-        elif phase == "concurrency":
-            # a run is never cut short (a pending op would read as lost): start one only if it fits the phase
-            margin = CONCURRENT_BOUND["lmcache" if client.self_bounded else "model"]
-            found = _concurrency(client, lambda: phase_over() or time.monotonic() + margin >= phase_end[0],
-                                 stats, seed, budget_end=start + budget - margin)
-        else:
-            found = _hypothesis(protocol, client, run, phase_over, stats, seed, op_timeout, multi_prompt)
-        if found is not None:
-            return found
-    stats.phase = "random"
-    return search(protocol, runner=run, should_stop=should_stop, seed=seed, stats=stats, levels=(),
-                  random_cases=True, others=multi_prompt)
+def add_arguments(p: Any) -> None:
+    p.add_argument("--url", default=None, help="the shared Valkey/Redis server (redis://HOST:PORT); default: an "
+                   "embedded server started for this campaign")
+    p.add_argument("--workers", default="auto", help="pytest-xdist workers on this machine (default: auto)")
+    p.add_argument("--profile", default="nightly", choices=("dev", "ci", "nightly"),
+                   help="the Hypothesis profile (default: nightly)")
+    p.add_argument("pytest_args", nargs="*", metavar="PYTEST-ARGS",
+                   help="passed to pytest after `--`, e.g. --protocol mymod:P --client lmcache (default: none)")
 
 
-def _concurrency(client: Any, stop: Callable[[], bool], stats: SearchStats, seed: int, *,
-                 budget_end: float) -> Any:
-    """A `concurrent` trace from the concurrent layer on one fresh store of the client, or None. A finding is
-    minimised and measured within the rest of the budget. A self-bounded (real) client gets its per-call timeout
-    and a longer run bound."""
-    from engines.racy import search
-    real = client.self_bounded
-    options = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
-    bound = CONCURRENT_BOUND["lmcache" if real else "model"]
-    stores = client.stores(1, **options)
+def cmd_campaign(args: Any) -> int:
+    from adapters.valkey_servers import start_servers
+    servers = None
+    url = args.url
+    if url is None:
+        servers = start_servers(1)
+        url = f"redis://127.0.0.1:{servers.ports[0]}"
     try:
-        trace = search(stores[0], client=client.name, seed=seed, should_stop=stop, bound=bound, stats=stats.by_engine,
-                       minimise_stop=lambda: time.monotonic() >= budget_end,
-                       fresh=lambda: client.stores(1, **options))
+        _reachable(url)
+        env = {**os.environ, "SHARDCHECK_EXAMPLE_DB": url, "HYPOTHESIS_PROFILE": args.profile}
+        cmd = [sys.executable, "-m", "pytest", str(ROOT / "properties"), "-n", str(args.workers), "-p",
+               "no:cacheprovider", *args.pytest_args]
+        print(f"shardcheck campaign: {' '.join(cmd[2:])} with the example database on {url}", file=sys.stderr,
+              flush=True)
+        return subprocess.call(cmd, env=env)
     finally:
-        for s in stores:
-            s.close()
-    if trace is not None:
-        trace.config.update(options)
-    return trace
+        if servers is not None:
+            servers.stop()
 
 
-def _explore(protocol: Any, run: Callable, stop: Callable[[], bool], stats: SearchStats, *, workers: int = 1,
-             ref: str | None = None, phase_end: float = float("inf")) -> Found | None:
-    from engines.explore import ExploreError, explore
-    from model.calls import Stalled
-    from runtime.watchdog import forget
-    for n, k, faults in EXPLORE_SIZES:
-        if stop():
-            break
-        try:
-            if workers > 1 and ref is not None:  # the configurations shared out to local worker processes
-                from engines.explore.shards import ShardSpec
-                from engines.explore.workers import explore_workers
-                left = phase_end - time.monotonic()
-                if left <= 0:
-                    break
-                res = explore_workers(ShardSpec(protocol=ref, n_ranks=n, n_chunks=k, max_faults=faults), workers,
-                                      timeout=left)
-                if res.verdict == "incomplete":
-                    break
-            else:
-                res = explore(protocol, n, k, max_faults=faults, should_stop=stop)
-        except ExploreError as exc:  # a configuration the explorer cannot handle (too big, not deterministic)
-            stats.by_engine["explore_refused"] = str(exc)
-            return None
-        except Stalled as exc:  # in the explorer's set-up (its store phase or lookups): no case to report;
-            stats.by_engine["explore_stalled"] = str(exc)  # the case engines after it find the stall as a case,
-            forget()  # judged at the full limit
-            return None
-        stats.by_engine["explore_states"] = stats.by_engine.get("explore_states", 0) + res.states
-        stats.largest["explore"] = [n, k, faults]
-        if res.verdict == "held":
-            stats.explored.append({"ranks": n, "chunks": k, "faults": faults, "states": res.states})
-        if res.verdict == "violated":
-            out = run(protocol, res.counterexample)
-            if out.violations:  # (a runner other than the simulator may not show it: the other engines go on)
-                return Found(res.counterexample, out, "explore")
-    return None
-
-
-def _hypothesis(protocol: Any, client: Any, run: Callable, stop: Callable[[], bool],
-                stats: SearchStats, seed: int, op_timeout: float, multi_prompt: bool = True) -> Any:
-    """A protocol-layer failure is re-run as a `Case` (so it is minimised like the others); a store-layer
-    failure is its store-ops `Trace`."""
-    from properties.engine import hypothesis_search
-    from properties.machines import PATH_CALLS
-    before = dict(PATH_CALLS)
-    traces, steps = hypothesis_search(protocol, client, should_stop=stop, seed=seed,
-                                     store_layer=not client.in_memory, op_timeout=op_timeout)
-    stats.by_engine["hypothesis_steps"] = stats.by_engine.get("hypothesis_steps", 0) + steps
-    for path, count in PATH_CALLS.items():
-        if count > before.get(path, 0):
-            stats.paths[path] = stats.paths.get(path, 0) + count - before.get(path, 0)
-    for trace in traces:
-        if trace.kind == "store-ops":
-            trace.client, trace.expect = client.name, {client.name: "reproduces"}
-            return trace
-        case = trace.case()
-        if case.others and not multi_prompt:
-            continue
-        outcome = run(protocol, case)
-        if outcome.violations:
-            return Found(case, outcome, "hypothesis")
-    return None
+def _reachable(url: str) -> None:
+    """`UsageError` unless a Redis-protocol server answers PING at `url` within 2 s."""
+    import redis
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis", "valkey"):
+        raise UsageError(f"--url {url!r}: expected redis://HOST:PORT or valkey://HOST:PORT")
+    try:
+        redis.Redis.from_url(f"redis://{rest}", socket_timeout=2, socket_connect_timeout=2).ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise UsageError(f"--url {url}: no server answers there ({type(exc).__name__}: {exc})") from None

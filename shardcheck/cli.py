@@ -20,26 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardcheck", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("check", help="search for a violation of any property")
-    c.add_argument("--protocol", default=None, help="a short name (paper, paper-async, rank0-single-writer) or "
-                   "MOD:ATTR (default: paper)")
-    c.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
-                   "lmcache-patched, or MOD:ATTR of a factory (default: model)")
-    c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default: 30)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default: 0)")
-    c.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
-                   help="seconds one store call may take before it is a hang (default: 2)")
-    c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
-                   help="first enumerate every configuration up to this size, whatever the budget, then spend "
-                        "--budget on the engines (default: off)")
-    c.add_argument("--out", default="counterexamples/found",
-                   help="where counterexamples are written (default: counterexamples/found)")
-    c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
-    c.add_argument("--explore-workers", type=int, default=1, metavar="W",
-                   help="local processes the explorer's configurations are shared out to (default: 1)")
-    c.add_argument("--runner", choices=("sim", "processes"), default="sim",
-                   help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
-                        "(torch.distributed, gloo) (default: sim)")
+    from shardcheck.check_cmd import add_arguments as check_arguments
+    check_arguments(sub.add_parser("check", help="search for a violation of any property"))
 
     pr = sub.add_parser("prove", help="run the Z3 proofs with a seed sweep")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
@@ -51,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
     b.add_argument("--json", action="store_true", help="print the figures as JSON (default: a table)")
     b.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default: 5)")
+    b.add_argument("--histories", default=None, metavar="DIR",
+                   help="instead: run the linearizability checker on every *.json history in DIR, one row per file "
+                        "(default: off)")
+    b.add_argument("--write-histories", default=None, metavar="DIR",
+                   help="write the side-by-side histories (engines.concurrency_bench.SPECS) into DIR first; an "
+                        "existing file is not overwritten (default: off)")
 
     s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
     s.add_argument("trace", help="a trace file")
@@ -60,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
 
-    from shardcheck.campaign_cmd import add_arguments as campaign_arguments
+    from shardcheck.campaign import add_arguments as campaign_arguments
     campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "
                                       "database on Valkey"))
 
@@ -76,8 +64,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
-HANDLERS = {"check": "commands", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
-            "verify": "verify", "regen": "regen", "campaign": "campaign_cmd", "tier": "tier_cmd",
+HANDLERS = {"check": "check_cmd", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
+            "verify": "verify", "regen": "regen", "campaign": "campaign", "tier": "tier_cmd",
             "explore": "explore_cmd"}
 
 
@@ -129,11 +117,19 @@ def stall_limit(args: Any) -> float:
     budget = getattr(args, "budget", None)
     if not (isinstance(budget, float) and budget > 0):
         return STALL_SECONDS
-    from runtime.registry import CLIENTS
-    entry = CLIENTS.get(getattr(args, "client", None) or "model")
-    floor = 1.0 if entry is not None and entry.in_memory else REAL_CLIENT_MIN_STALL
+    floor = 1.0 if _in_memory(getattr(args, "client", None)) else REAL_CLIENT_MIN_STALL
     op = getattr(args, "op_timeout", None) or 0.0  # a protocol call's store calls count: exceed one of them
     return max(2 * op, min(STALL_SECONDS, max(floor, budget / 4)))
+
+
+def _in_memory(spec: str | None) -> bool:
+    """Whether the client `spec` names is in memory (its capability, `MOD:ATTR` factories included); a spec that
+    does not resolve is taken as a real client here (the command reports it)."""
+    from runtime.registry import ResolveError, resolve_client
+    try:
+        return resolve_client(spec).in_memory
+    except ResolveError:
+        return False
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

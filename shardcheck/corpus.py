@@ -28,8 +28,7 @@ def demo_traces() -> dict[str, Trace]:
         found = search(protocol, runner=run, should_stop=lambda: next(budget, None) is None)
         if found is None:
             raise RuntimeError(f"{variant.__name__}: no violation of {prop} in {SEARCH_CASES} cases")
-        found.outcome.violations.sort(key=lambda v: v.property != prop)
-        small = minimise(protocol, found, runner=run)
+        small = minimise(protocol, found.lead_with(prop), runner=run)
         small.outcome.violations.sort(key=lambda v: v.property != prop)
         if small.outcome.violations[0].property != prop:
             raise RuntimeError(f"{variant.__name__}: shrunk counterexample violates "

@@ -1,6 +1,6 @@
 """Progress of a long run on stderr: a rich progress bar on a terminal, a plain line every few seconds elsewhere.
 
-Each report shows the engine running now, cases per second, the coverage so far and the time left of the budget.
+Each report shows the engine running now, what it covered so far, cases per second and the time left of the budget.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PLAIN_EVERY = 5.0
 
 
 class Progress:
-    """`with Progress(budget, enabled=...) as p: ... p.update(stats)`; `stats` is an `engines.search.SearchStats`."""
+    """`with Progress(budget, enabled=...) as p: ... p.update(coverage)`; `coverage` is an `engines.api.Coverage`."""
 
     def __init__(self, budget: float, *, enabled: bool = True) -> None:
         self.budget, self.enabled = budget, enabled
@@ -38,22 +38,22 @@ class Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def update(self, stats: Any) -> None:
+    def update(self, coverage: Any) -> None:
+        """Report `coverage` (an `engines.api.Coverage`): the engine running now, protocol cases per second, and what
+        that engine covered so far."""
         if not self.enabled:
             return
         now = time.monotonic()
         elapsed = now - self.start
-        rate = f"{stats.cases / elapsed:,.0f} cases/s" if elapsed > 0 else ""
-        box = stats.exhausted()
-        covered = f"exhausted {box['ranks']}x{box['chunks']}" if box else "exhausted -"
-        if stats.explored:
-            e = stats.explored[-1]
-            covered += f", explored {e['ranks']}x{e['chunks']}/{e['faults']}f"
+        cases = coverage.cases()
+        rate = f"{cases / elapsed:,.0f} cases/s" if elapsed > 0 and cases else ""
+        record = coverage.records.get(coverage.phase)
+        covered = record.text() if record is not None else ""
         if self.bar is not None:
-            self.bar.update(self.task, completed=min(elapsed, self.budget), description=stats.phase or "start",
-                            rate=rate, covered=covered)
+            self.bar.update(self.task, completed=min(elapsed, self.budget), description=coverage.phase or "start",
+                            rate=rate, covered=covered[:60])
         elif now - self.last >= PLAIN_EVERY:
             self.last = now
             left = max(0.0, self.budget - elapsed)
-            print(f"  ... {stats.phase or 'start'}: {stats.cases:,} cases ({rate}), {covered}; {left:.0f} s left",
+            print(f"  ... {coverage.phase or 'start'}: {covered}{' (' + rate + ')' if rate else ''}; {left:.0f} s left",
                   file=sys.stderr, flush=True)

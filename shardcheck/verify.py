@@ -33,7 +33,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
-    from shardcheck.commands import run_check
+    from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     from shardcheck.corpus import CORPUS
 

@@ -1,5 +1,6 @@
 """The command line: exit codes 0/1/2, the JSON shape of check, replay, and a user's own protocol."""
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -138,11 +139,13 @@ def test_check_minimises_a_store_ops_counterexample(tmp_path):
     r = sc("check", "--json", "--budget", "6", "--out", str(tmp_path), "--client", client)
     assert r.returncode == 1, r.stderr
     data = json.loads(r.stdout)
-    ops = data["stats"]["counterexample_ops"]
-    assert ops["one_minimal"] and ops["saved"] < ops["found"], ops
+    found = data["stats"]["counterexample"]
+    cut = [re.match(r"minimised from (\d+) to (\d+) ops \(1-minimal\)", n) for n in found["notes"]]
+    (before, saved), = [tuple(map(int, m.groups())) for m in cut if m]
+    assert saved < before and found["ops"] == saved, found
     path = data["violations"][0]["counterexample"]
     trace = json.loads(Path(path).read_text())
-    assert len(trace["ops"]) == ops["saved"] and "minimised from" in trace["notes"]
+    assert len(trace["ops"]) == saved and "minimised from" in trace["notes"] and trace["config"]["rate"]["k"] >= 1
     rr = sc("replay", path, "--client", client, "--json")
     assert rr.returncode == 1 and json.loads(rr.stdout)["results"][0]["outcome"] == "reproduces", rr.stderr
 
@@ -193,7 +196,7 @@ def test_held_reports_its_coverage(tmp_path):
     assert r.returncode == 0 and cov["enumerate"]["exhausted"]["ranks"] >= 2
     assert cov["enumerate"]["exhausted"]["chunks"] >= 4 and cov["enumerate"]["cases"] > 0
     text = sc("check", "--budget", "3", "--out", str(tmp_path)).stdout
-    assert "verdict HELD" in text and "enumeration: exhausted 1-" in text and "explorer: " in text, text
+    assert "verdict HELD" in text and "enumerate: exhausted 1-" in text and "explore: " in text, text
     assert sc("check", "--until-exhausted", "9,9", "--budget", "1").returncode == 2
 
 

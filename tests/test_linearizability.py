@@ -105,11 +105,16 @@ def test_model_answers_every_read_path():
 
 
 def test_search_bound_makes_it_undecided():
-    """A search cut off by its step bound answers None (undecided), not a verdict."""
+    """A search cut off by its memory bound answers None (undecided), says why and names the part left; the
+    zones decide the same history at once."""
     h = [op(i, f"c{i}", "put", "k", 0, 100, value=bytes([i])) for i in range(10)]
     h.append(op(10, "r", "get", "k", 101, 102, b"nothing-wrote-this"))
-    assert check(h, max_steps=50).linearizable is None
-    assert check(h).linearizable is False
+    v = check(h, max_states=50, fast=False)
+    assert v.linearizable is None and "memory bound" in v.why and v.undecided == [("k",)]
+    assert v.to_json()["undecided"] == [["k"]]
+    assert check(h, fast=False).linearizable is False
+    fast = check(h, max_states=50)
+    assert fast.linearizable is False and fast.unplaceable == 10 and fast.methods == {"register": 1}
 
 
 def test_lanes_data_form():
@@ -145,3 +150,134 @@ def test_bench_reports_both_concurrency_figures():
     from engines.concurrency_bench import bench
     got = bench(0.2)
     assert got["checker_linearizable"] is True and got["checker_10k_s"] > 0 and got["driver_ops_per_s"] > 0
+    assert got["checker_100k_linearizable"] is True and got["checker_100k_s"] > 0
+
+
+# -- the register path (zones, exact simplifications) and the search against a brute force -------------------
+
+def _brute_force(ops):
+    """Linearizable? By trying every order of every admissible subset (small histories only): an op that never
+    completed (or a write that raised) may be left out; a read that never answered or failed constrains nothing."""
+    import itertools
+    from model.history import KV_MODEL
+    optional = [o for o in ops if o.pending or (o.error is not None and o.path in ("put", "delete"))]
+    must = [o for o in ops if o not in optional and not (o.error is not None)]
+    keys = tuple(sorted({k for o in ops for k in o.keys}))
+    for r in range(len(optional) + 1):
+        for extra in itertools.combinations(optional, r):
+            chosen = must + list(extra)
+            for perm in itertools.permutations(chosen):
+                ok, state = True, KV_MODEL.init(keys)
+                for a, x in enumerate(perm):
+                    if any(y.completed is not None and y.completed < x.invoked for y in perm[a + 1:]):
+                        ok = False
+                        break
+                    fine, state = KV_MODEL.step(keys, state, x)
+                    if not fine:
+                        ok = False
+                        break
+                if ok:
+                    return True
+    return False
+
+
+MAX_FUZZ_OPS = 6
+
+
+def _random_history(draw):
+    from hypothesis import strategies as st
+    n = draw(st.integers(1, MAX_FUZZ_OPS))
+    values = [b"a", b"b", b"c"]
+    ops = []
+    for i in range(n):
+        path = draw(st.sampled_from(["put", "put", "delete", "get", "get", "contains"]))
+        inv = draw(st.integers(0, 8))
+        length = draw(st.integers(0, 4))
+        pending = draw(st.integers(0, 5)) == 0
+        value = draw(st.sampled_from(values)) if path == "put" else None
+        result = None
+        if path == "get":
+            result = draw(st.sampled_from(values + [None]))
+        elif path == "contains":
+            result = draw(st.booleans())
+        ops.append(op(i, f"c{i}", path, "k", inv, None if pending else inv + length, result, value))
+    return ops
+
+
+def test_register_path_and_search_agree_with_a_brute_force():
+    """On many random one-key histories (duplicate values, deletes, misses, contains, pending ops) the verdict
+    of the register path, of the plain search and of a brute force are the same."""
+    from hypothesis import given, settings, strategies as st, HealthCheck
+
+    @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(st.data())
+    def run(data):
+        ops = _random_history(data.draw)
+        want = _brute_force(ops)
+        assert check(ops).linearizable is want
+        assert check(ops, fast=False).linearizable is want
+
+    run()
+
+
+def test_unique_value_histories_are_decided_by_the_zones_both_ways():
+    """Unique values, no deletes: the zones decide (no search); a stale read is rejected and named."""
+    h = [op(0, "a", "put", "k", 0, 2, value=V), op(1, "b", "get", "k", 1, 3, V), op(2, "a", "put", "k", 4, 5, value=W),
+         op(3, "b", "get", "k", 6, 7, W), op(4, "c", "get", "k", 0, 1, None)]
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"register": 1} and v.steps == 0
+    h[3].result = V  # V was overwritten by W, which completed before the read was called
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"register": 1}
+    assert v.unplaceable == 3 and v.prefix == [4, 0, 1, 2]
+
+
+def test_pending_put_is_taken_exactly_when_a_read_returns_its_value():
+    """A put that never completed, observed by a read, must have happened before that read returned: a later
+    read of the old value is then a violation; unobserved, it may never happen."""
+    h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "b", "put", "k", 2, None, value=W),
+         op(2, "c", "get", "k", 3, 4, W), op(3, "c", "get", "k", 5, 6, V)]
+    assert check(h).linearizable is False
+    assert check(h, fast=False).linearizable is False
+    del h[2]  # nobody saw W: the pending put may never have taken effect
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"register": 1}
+
+
+def test_duplicate_values_fall_back_to_the_search():
+    """Two puts of one value: not the zones' case; the search decides, both ways."""
+    h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "a", "put", "k", 2, 3, value=W), op(2, "a", "put", "k", 4, 5, value=V),
+         op(3, "b", "get", "k", 6, 7, V)]
+    v = check(h)
+    assert v.linearizable is True and v.methods == {"search": 1}
+    h[3].invoked, h[3].completed = 3.5, 3.8  # between the W put and the second V put: sees W only
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"search": 1} and v.unplaceable == 3
+
+
+def test_misses_and_deletes():
+    """A miss after a completed put needs a delete in between; several deletes make reads of a miss ambiguous,
+    which the search decides."""
+    h = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "b", "get", "k", 2, 3, None)]
+    assert check(h).linearizable is False
+    h.append(op(2, "c", "delete", "k", 1.5, 2.5))
+    assert check(h).linearizable is True
+    h += [op(3, "c", "delete", "k", 2.6, 2.7), op(4, "d", "contains", "k", 2.8, 2.9, True)]
+    assert check(h).linearizable is False  # both deletes completed before the contains started
+    g = [op(0, "a", "put", "k", 0, 1, value=V), op(1, "c", "delete", "k", 1.5, None), op(2, "b", "get", "k", 2, 3, None)]
+    assert check(g).linearizable is True  # the delete that never completed is seen by the miss
+    g.append(op(3, "b", "get", "k", 4, 5, V))
+    assert check(g).linearizable is False  # ... and then nothing wrote V again
+
+
+def test_history_files_feed_the_checker_and_are_never_overwritten(tmp_path):
+    """`write_histories` writes the files `check_directory` (and `shardcheck bench --histories`) reads; the stale
+    one is rejected, the others accepted; writing again into the same place refuses to overwrite."""
+    from engines.concurrency_bench import check_directory, write_histories
+    specs = [("a", 300, 4, 4, 0.0, False), ("b", 300, 4, 4, 0.05, True)]
+    write_histories(str(tmp_path), specs)
+    rows = check_directory(str(tmp_path))
+    assert [(r["file"], r["verdict"]["linearizable"]) for r in rows] == [("a.json", True), ("b.json", False)]
+    assert rows[1]["spec"]["pending"] == 0.05 and rows[1]["spec"]["violation"] is True
+    with pytest.raises(ValueError, match="not overwritten"):
+        write_histories(str(tmp_path), specs)

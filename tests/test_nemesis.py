@@ -16,7 +16,7 @@ import pytest
 from adapters import nemesis
 from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
 from adapters.valkey_servers import ping, valkey_servers
-from engines.scenarios import run_nemesis_scenarios
+from engines.nemesis import run_nemesis_scenarios
 from model.faults import SERVER_KIND_NAMES, SERVER_KINDS
 from runtime.registry import resolve_client
 

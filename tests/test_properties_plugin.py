@@ -168,14 +168,19 @@ def test_memory_store_is_the_default_session_store():
 
 
 def test_found_traces_are_never_overwritten(tmp_path):
-    """The same trace maps to the same file (kept); a different one under a taken name gets a new name."""
+    """The same trace maps to the same file (kept); a different one under a taken name gets a new name; a config that
+    collects traces in memory keeps them there and writes nothing."""
     from properties.machines import write_found
 
     trace = Trace(kind="store-ops", property="store-hang", summary="s", protocol={"name": "-"}, client="model",
                   config={"n_ranks": 1}, ops=[{"op": "get", "rank": 0, "key": "k"}])
-    first = write_found(trace, tmp_path, "model", "store-hang")
-    assert write_found(trace, tmp_path, "model", "store-hang") == first
+    cfg = config.RunConfig(found_dir=tmp_path)
+    first = write_found(trace, cfg, "model", "store-hang")
+    assert write_found(trace, cfg, "model", "store-hang") == first
     first.write_text("something else\n")
-    second = write_found(trace, tmp_path, "model", "store-hang")
+    second = write_found(trace, cfg, "model", "store-hang")
     assert second != first and first.read_text() == "something else\n"
     assert first.name.startswith("model-store-hang-") and second.name.endswith("-2.json")
+    kept: list = []
+    assert write_found(trace, config.RunConfig(found_dir=tmp_path / "none", found=kept), "x") == "kept in memory"
+    assert kept == [trace] and not (tmp_path / "none").exists()

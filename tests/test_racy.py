@@ -3,41 +3,53 @@ Hypothesis concurrent property catching each racy client."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 
 from engines.concurrency import make_layout, measure, store_paths
-from engines.racy import minimise, replay, search, tries_to_clear, tries_to_reproduce
+from engines.racy import ConcurrencyCoverage, minimise, search
+from engines.replay import ReplayOn, judge
+from model.finding import Rate, lower_bound, runs_within
 from model.trace import Trace, TraceError
+from runtime.registry import resolve_client
 from properties import config
 from properties.bad_stores import RACY_STORES, jitter_factory, stale_cache_factory
 
 
 @pytest.mark.parametrize("k,n", [(1, 50), (1, 3), (8, 20), (49, 50), (20, 20)])
-def test_try_counts_meet_99_percent(k, n):
-    """N is the fewest runs where a rate-k/n bug stays hidden with probability <= 1%; M likewise for a tenth of it."""
-    p = k / n
-    need, clear = tries_to_reproduce(k, n), tries_to_clear(k, n)
-    assert (1 - p) ** need <= 0.01 and (p == 1 or (1 - p) ** (need - 1) > 0.01)
-    assert (1 - p / 10) ** clear <= 0.01 < (1 - p / 10) ** (clear - 1)
-    assert clear > need
+def test_run_counts_meet_99_percent(k, n):
+    """The rate's lower bound p holds at 99% (the binomial tail at p is 1%), and runs_to_clear is the fewest runs in
+    which a bug of rate p stays hidden with probability <= 1%."""
+    p = lower_bound(k, n, 0.99)
+    tail = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    assert 0 < p <= k / n and abs(tail - 0.01) < 1e-6
+    clear = Rate(k, n).runs_to_clear()
+    assert (1 - p) ** clear <= 0.01 < (1 - p) ** (clear - 1)
+    assert Rate(k, n, deterministic=k == n).runs_to_clear() == (1 if k == n else clear)
 
 
 def test_reproduce_rule_holds_on_a_seeded_bernoulli_source():
     """On a simulated bug of rate 0.05 (fixed seed), a miss within N runs happens in about 1% of replays at most."""
     rng = random.Random(1234)
-    need = tries_to_reproduce(5, 100)
+    need = runs_within(0.05)
     misses = sum(all(rng.random() >= 0.05 for _ in range(need)) for _ in range(2000))
     assert misses / 2000 <= 0.02
+
+
+def replay(trace, factory):
+    """A concurrent trace judged on the client `factory` names (`engines.replay.judge`)."""
+    verdict = judge(trace, ReplayOn(client=resolve_client(factory)))
+    return verdict.outcome, verdict.why
 
 
 def found_stale_trace():
     store = stale_cache_factory(1)[0]
     try:
-        stats: dict = {}
-        trace = search(store, client="properties.bad_stores:stale_cache_factory", seed=0, bound=0.5, stats=stats,
-                       should_stop=lambda: stats.get("concurrency", {}).get("runs", 0) > 200)
+        cov = ConcurrencyCoverage()
+        trace = search(store, client="properties.bad_stores:stale_cache_factory", seed=0, bound=0.5, coverage=cov,
+                       should_stop=lambda: cov.runs > 200)
     finally:
         store.close()
     return trace
@@ -60,7 +72,7 @@ def test_replay_judges_by_rate():
     trace = found_stale_trace()
     assert replay(trace, stale_cache_factory)[0] == "reproduces"
     outcome, why = replay(trace, jitter_factory)
-    assert outcome == "fixed" and f"{tries_to_clear(trace.config['rate']['k'], trace.config['rate']['n'])} clean" in why
+    assert outcome == "fixed" and f"in {Rate.from_json(trace.config['rate']).runs_to_clear()} clean" in why
 
 
 @pytest.mark.parametrize("bad", [{"rate": {"k": 0, "n": 5}}, {"rate": {"k": 6, "n": 5}}, {}])
@@ -124,13 +136,13 @@ def _messages(exc: BaseException):
 
 def test_check_reports_a_racy_client_with_its_rate_and_replay_judges_it(tmp_path):
     """`check --client` on the stale cache reports linearizability with k of n runs; replay reproduces it there."""
-    from shardcheck.commands import run_check
+    from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     spec = "properties.bad_stores:stale_cache_factory"
     result = run_check(None, spec, budget=10.0, out_dir=str(tmp_path))
     assert result["verdict"] == "violated"
     assert result["violations"][0]["property"] == "linearizability"
-    assert result["stats"]["counterexample_rate"]["k"] >= 1
+    assert result["stats"]["counterexample"]["rate"]["k"] >= 1
     rows = run_replay([result["violations"][0]["counterexample"]], spec)
     assert rows[0]["outcome"] == "reproduces" and rows[0]["matches"]
     rows = run_replay([result["violations"][0]["counterexample"]], "properties.bad_stores:jitter_factory")
@@ -143,9 +155,9 @@ def test_client_declaring_not_thread_safe_is_reported_not_driven():
 
     class Declared(CrossedRepliesStore):
         thread_safe = False
-    stats: dict = {}
-    assert search(Declared(), client="x", seed=0, should_stop=lambda: False, bound=0.5, stats=stats) is None
-    assert "thread_safe = False" in stats["concurrency"]
+    cov = ConcurrencyCoverage()
+    assert search(Declared(), client="x", seed=0, should_stop=lambda: False, bound=0.5, coverage=cov) is None
+    assert "thread_safe = False" in cov.text()
 
 
 def test_concurrent_trace_with_an_unknown_path_is_rejected(tmp_path):

@@ -43,7 +43,7 @@ def test_check_stock_client_finds_a_violation_that_the_patch_fixes(tmp_path):
     path = data["violations"][0]["counterexample"]
     assert Trace.load(path).client == "lmcache"
     if Trace.load(path).kind == "store-ops":  # minimised on fresh servers: one missing-key read is all it takes
-        assert data["stats"]["counterexample_ops"]["saved"] <= 2, data["stats"]
+        assert data["stats"]["counterexample"]["ops"] <= 2, data["stats"]
     stock = run("-m", "shardcheck", "replay", path, "--client", "lmcache", "--json")
     patched = run("-m", "shardcheck", "replay", path, "--client", "lmcache-patched", "--json")
     assert json.loads(stock.stdout)["results"][0]["outcome"] == "reproduces"
@@ -57,7 +57,7 @@ def test_check_patched_client_holds(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert data["verdict"] == "held"
-    assert data["stats"]["by_engine"].get("hypothesis_steps", 0) > 0 and data["stats"]["cases"] > 0
+    assert data["stats"]["coverage"]["hypothesis"]["rule_steps"] > 0 and data["stats"]["cases"] > 0
 
 
 def test_pytest_properties_on_real_clients(tmp_path):
@@ -129,11 +129,14 @@ def test_real_counterexample_is_minimal(path):
 RACY = """
 import json, sys
 from adapters.racy_findings import OPTIONS
-from adapters.replay import _factory
-from engines.racy import replay
+from engines.replay import ReplayOn, judge
 from model.trace import Trace
+from runtime.registry import resolve_client
 t = Trace.load(sys.argv[1])
-print(json.dumps([replay(t, _factory(c), options=OPTIONS) for c in (t.client, "lmcache-patched")]), flush=True)
+def on(name):
+    client = resolve_client(name)
+    return ReplayOn(client=client, options=client.accepted(OPTIONS))
+print(json.dumps([[v.outcome, v.why] for v in (judge(t, on(c)) for c in (t.client, "lmcache-patched"))]), flush=True)
 """
 
 

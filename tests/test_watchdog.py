@@ -144,12 +144,14 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
 
 def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
     """A lookup that stalls in the explorer is a termination violation of that configuration, as in run_case."""
-    from engines.search import SearchStats
-    from shardcheck.campaign import _explore
+    from engines.api import SearchContext, Target
+    from engines.explore.engine import Explorer
+    from runtime.registry import resolve_client, resolve_protocol
 
-    stats = SearchStats()
+    ctx = SearchContext(target=Target(protocol=resolve_protocol(SleepyLookup()), client=resolve_client("model")),
+                        run=run_case)
     with watching(0.3):
-        found = _explore(SleepyLookup(), run_case, lambda: False, stats)
+        found = Explorer().search(ctx)
     assert found is not None and found.engine == "explore"
     assert [v.property for v in found.outcome.violations] == ["termination"]
     assert "SleepyLookup.rank_lookup did not return" in found.outcome.violations[0].summary

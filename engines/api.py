@@ -1,0 +1,151 @@
+"""The engine interface of `check`: what is under test (`Target`), what an engine searches with (`SearchContext`),
+the `Engine` protocol, and the typed coverage records engines fill (`Coverage`).
+
+An engine is an object with a `name`, the `shares` of the budget it takes per kind of target (no share: it does not
+run on that kind) and `search(ctx) -> Finding | None`. It counts what it covered in its own coverage record,
+`ctx.coverage.of(self.name, MyCoverage)`, whose `text()` and `to_json()` are the verdict's coverage. The schedule
+(`engines.check`) runs the engines it is given in order, each within its share; adding an engine is its module and
+one entry in the list the command line hands over.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Protocol as TypingProtocol, runtime_checkable
+
+import attrs
+
+from model.finding import Finding
+from model.outcome import Case, Outcome
+from model.trace import Trace
+
+__all__ = ["Target", "SearchContext", "Engine", "CoverageRecord", "Coverage", "Runner", "target_kind"]
+
+#: `run(protocol, case) -> Outcome`: one protocol case over the target's client (the simulator or rank processes).
+Runner = Callable[[Any, Case], Outcome]
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    """What is under test: a protocol over a store client (`runtime.registry.Protocol` and `Client`), or a serving
+    engine's own deployment (`engine`). `client_options` are the user's (`--client-option`); `max_ranks` caps every
+    engine's rank counts (`--max-ranks`, or the number of `urls`); `ranks`, when set, is the only rank count."""
+
+    protocol: Any
+    client: Any
+    client_options: Mapping[str, Any] = attrs.field(factory=dict)
+    max_ranks: int | None = None
+    ranks: int | None = None
+    runner: str = "sim"
+    engine: Any = None
+
+    def allows(self, n_ranks: int) -> bool:
+        """Whether a case of `n_ranks` ranks stays within the user's shape."""
+        if self.ranks is not None:
+            return n_ranks == self.ranks
+        return self.max_ranks is None or n_ranks <= self.max_ranks
+
+    def rank_cap(self, default: int) -> int:
+        """The most ranks an engine that would draw up to `default` may use."""
+        return min(default, self.ranks or self.max_ranks or default)
+
+    def store_options(self, **ours: Any) -> dict:
+        """The options of a factory call: the user's, then shardcheck's own (`op_timeout`...) where the client
+        accepts them."""
+        return {**self.client.accepted(ours), **self.client_options}
+
+
+def target_kind(target: Target) -> str:
+    """`deployment` (an engine under test), `in-memory` (a client that cannot block) or `real`."""
+    if target.engine is not None:
+        return "deployment"
+    return "in-memory" if target.client.in_memory else "real"
+
+
+@runtime_checkable
+class CoverageRecord(TypingProtocol):
+    """What one engine covered: `text()` in words (one line), `to_json()` as data."""
+
+    def text(self) -> str: ...
+
+    def to_json(self) -> dict: ...
+
+
+class Coverage:
+    """Every engine's coverage record by engine name, in the order the engines first reported; and the engines that
+    did not run, with the reason."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, CoverageRecord] = {}
+        self.skipped: dict[str, str] = {}
+        #: The engine running now (progress reports show it).
+        self.phase = ""
+
+    def of(self, engine: str, cls: type) -> Any:
+        """The record of `engine`, made (`cls()`) on first use."""
+        got = self.records.get(engine)
+        if got is None:
+            got = self.records[engine] = cls()
+        return got
+
+    def skip(self, engine: str, why: str) -> None:
+        self.skipped[engine] = why
+
+    def to_json(self) -> dict:
+        out = {name: {**rec.to_json(), "text": rec.text()} for name, rec in self.records.items()}
+        if self.skipped:
+            out["not_run"] = dict(self.skipped)
+        return out
+
+    def lines(self) -> list[str]:
+        out = [f"{name}: {rec.text()}" for name, rec in self.records.items()]
+        out += [f"{name}: not run ({why})" for name, why in self.skipped.items()]
+        return out
+
+    def cases(self) -> int:
+        """Protocol cases run by every engine (records with a `cases` field)."""
+        return sum(getattr(rec, "cases", 0) for rec in self.records.values())
+
+
+@attrs.define(kw_only=True)
+class SearchContext:
+    """Everything an engine searches with. `should_stop()` is the current phase's stop (the schedule sets it, with
+    `phase_end`); `deadline` is the end of the whole check."""
+
+    target: Target
+    run: Runner
+    seed: int = 0
+    op_timeout: float = 2.0
+    coverage: Coverage = attrs.field(factory=Coverage)
+    should_stop: Callable[[], bool] = lambda: False
+    #: The end of the current phase and of the whole check (monotonic seconds).
+    phase_end: float = float("inf")
+    deadline: float = float("inf")
+    explore_workers: int = 1
+    note: Callable[[str], None] = lambda text: None
+    #: The real faults of the run (`engines.nemesis.NemesisPlan`, `--nemesis`), or None: none.
+    nemesis: Any = None
+
+    def stores(self, n_ranks: int, **ours: Any) -> list:
+        """Fresh stores of the target's client for `n_ranks` ranks (validated; `op_timeout` given where accepted)."""
+        return self.target.client.stores(n_ranks, **self.target.store_options(op_timeout=self.op_timeout, **ours))
+
+    def protocol_finding(self, case: Case, outcome: Outcome, engine: str) -> Finding:
+        """The finding of a protocol case that violated a property (its trace names the protocol and client)."""
+        t = self.target
+        trace = Trace.from_outcome(outcome, protocol_ref=t.protocol.ref, client=t.client.name,
+                                   origin=f"check:{engine}", expect={t.client.name: "reproduces"})
+        trace.notes = f"runner: {t.runner}"
+        return Finding(engine=engine, violations=list(outcome.violations), trace=trace, case=case, outcome=outcome)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+class Engine(TypingProtocol):
+    """One engine of `check` (see the module doc). `shares` maps a `target_kind` to the share of the budget it takes
+    there ("rest": whatever the engines before it left)."""
+
+    name: str
+    shares: Mapping[str, float | str]
+
+    def search(self, ctx: SearchContext) -> Finding | None: ...

@@ -1,0 +1,194 @@
+"""Replaying a trace of any kind: runs on fresh stores (`session`), how often a trace shows (`measure`), and the
+verdict of a replay by the rate the trace records (`judge`). Runs of one replay share a session of fresh stores
+(`session`): a protocol case and a concurrent layout run under fresh keys each time; a store-ops trace, whose keys
+are its own, on fresh stores each time.
+
+A replay answers `reproduces` as soon as a run shows the trace's property, and `fixed` only after as many clean
+runs as its recorded rate asks at 99% (`model.finding.Rate.runs_to_clear`): one run when the run is deterministic
+(the simulator over in-memory stores), `DETERMINISTIC_RUNS` when the trace showed every time it was measured, more
+for a racy one. A trace that cannot run on what it is replayed on raises `ReplayError` (an `error` row).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterator
+
+import attrs
+
+from engines.api import Runner
+from model.calls import DEFAULT_OP_TIMEOUT
+from model.finding import Rate
+from model.outcome import Violation
+from model.trace import Trace
+
+__all__ = ["DETERMINISTIC_RUNS", "HINT_SCHEDULES", "ReplayError", "ReplayOn", "Verdict", "measure",
+           "judge", "recorded_rate", "session", "SESSIONS", "clean_runs"]
+
+#: Clean runs after which a trace that showed every time it was measured is `fixed` on a target that is not
+#: deterministic (CONTRACT.md: "a deterministic one 10/10").
+DETERMINISTIC_RUNS = 10
+#: Schedules tried when a protocol trace's recorded schedule no longer fits the protocol replayed.
+HINT_SCHEDULES = 32
+
+
+class ReplayError(Exception):
+    """The trace cannot run on this target (a factory that fails, ops that do not fit the client)."""
+
+
+@attrs.define(kw_only=True)
+class ReplayOn:
+    """What a replay runs on: the client (`runtime.registry.Client`) and its user options, the protocol of protocol
+    traces, and `runner()`: a context giving `run(protocol, case)` over fresh stores of the client."""
+
+    client: Any
+    protocol: Any = None
+    runner: Callable[[], ContextManager[Runner]] | None = None
+    runner_name: str = "sim"
+    options: dict = attrs.field(factory=dict)
+    op_timeout: float = DEFAULT_OP_TIMEOUT
+    #: The real faults a trace strikes go through it (`engines.nemesis.NemesisPlan`); None: a trace with one cannot run.
+    nemesis: Any = None
+
+    def control(self, stores: list) -> Any:
+        """A `ServerControl` over `stores`' servers; `ReplayError` when there is none."""
+        control = self.nemesis.control(stores) if self.nemesis is not None else None
+        if control is None:
+            raise ReplayError("the trace strikes real faults on the servers: it needs servers shardcheck started "
+                              "(or --nemesis given explicitly for servers passed with urls)")
+        return control
+
+    def deterministic(self, trace: Trace) -> bool:
+        """Whether every run of `trace` here gives the same result (one run is the verdict)."""
+        return trace.kind in ("protocol", "store-ops") and self.client.in_memory and self.runner_name == "sim"
+
+
+@attrs.frozen
+class Verdict:
+    """A replay's answer: `reproduces` or `fixed`, why, and the runs it took."""
+
+    outcome: str
+    why: str
+    runs: int
+
+
+def recorded_rate(trace: Trace) -> Rate | None:
+    """The rate a trace records (`config.rate`), or None."""
+    raw = trace.config.get("rate")
+    return None if raw is None else Rate.from_json(raw)
+
+
+@contextlib.contextmanager
+def _protocol_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """Runs of a protocol trace's case over one runner of fresh stores (each run under its own key salt)."""
+    from model.sim import ScheduleError
+    if on.protocol is None or on.runner is None:
+        raise ReplayError("a protocol trace needs a protocol and a runner")
+    case = trace.case()
+    with on.runner() as run:
+        def once() -> tuple[list[Violation], str]:
+            try:
+                return list(run(on.protocol.obj, case).violations), ""
+            except ScheduleError as exc:  # a changed protocol plans other steps: other schedules of the same case
+                note = f"the recorded schedule no longer fits ({exc})"
+                for i in range(HINT_SCHEDULES + 1):
+                    violations = run(on.protocol.obj, attrs.evolve(case, schedule=(), seed=None if i == 0 else i)).violations
+                    if trace.property in {v.property for v in violations}:
+                        return list(violations), f"{note}; shown under schedule {i + 1} of {HINT_SCHEDULES + 1} tried"
+                return list(violations), f"{note}; not shown under {HINT_SCHEDULES + 1} other schedules"
+        yield once
+
+
+@contextlib.contextmanager
+def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """Runs of a store-ops trace, each on fresh stores (its keys are the trace's own)."""
+    from engines.storeops import bounded_factory, run
+
+    def once() -> tuple[list[Violation], str]:
+        try:
+            _, violations = run(trace, bounded_factory(trace, on.client, on.options), control_for=on.control)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReplayError(f"ops: {exc}") from None
+        if violations and violations[0].detail.get("index") == -1 and trace.property != "store-error":
+            raise ReplayError(violations[0].summary)
+        return violations, ""
+    yield once
+
+
+@contextlib.contextmanager
+def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """Runs of a concurrent trace's layout on one fresh store (each run under its own key prefix)."""
+    from engines.racy import layout_runs
+    options = {**on.client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config}),
+               **on.options}
+    from engines.racy import strikes_of
+    stores = on.client.stores(1, **options)
+    try:
+        control = on.control(stores) if strikes_of(trace.config) else None
+    except BaseException:
+        for s in stores:
+            s.close()
+        raise
+    with layout_runs(trace, stores, control) as once:
+        yield once
+
+
+#: Runs of each trace kind: a context (fresh stores) giving `once() -> (violations, a note on how it ran)`.
+SESSIONS: dict[str, Callable[[Trace, ReplayOn], ContextManager[Callable[[], tuple[list[Violation], str]]]]] = {
+    "protocol": _protocol_session, "store-ops": _store_ops_session, "concurrent": _concurrent_session}
+
+
+def session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
+    """A context giving `once()`: one run of `trace` on the fresh stores of `on` it opened (see `SESSIONS`)."""
+    try:
+        opener = SESSIONS[trace.kind]
+    except KeyError:
+        raise ReplayError(f"cannot replay a {trace.kind!r} trace here (known kinds: {', '.join(SESSIONS)})") from None
+    return opener(trace, on)
+
+
+def measure(trace: Trace, on: ReplayOn, *, runs: int, should_stop: Callable[[], bool] = lambda: False,
+            want: str | None = None) -> tuple[int, int, list[Violation]]:
+    """How often `trace` shows `want` (default: its property) in up to `runs` runs on fresh stores (one when the run
+    is deterministic; fewer when `should_stop()` after a run): (runs that showed it, runs made, the violations of the
+    first run that did)."""
+    want = want or trace.property
+    if on.deterministic(trace):
+        runs = 1
+    shown, made, first = 0, 0, []
+    with session(trace, on) as once:
+        for _ in range(runs):
+            if made and should_stop():
+                break
+            violations, _ = once()
+            made += 1
+            if want in {v.property for v in violations}:
+                shown += 1
+                first = first or violations
+    return shown, made, first
+
+
+def clean_runs(trace: Trace, on: ReplayOn) -> tuple[int, str]:
+    """How many clean runs make a replay of `trace` on `on` say `fixed`, and why that many."""
+    if on.deterministic(trace):
+        return 1, "a deterministic run"
+    rate = recorded_rate(trace)
+    if rate is None or rate.k == rate.n:
+        shown = "no rate recorded" if rate is None else f"recorded {rate.text()}"
+        return DETERMINISTIC_RUNS, f"{shown}: {DETERMINISTIC_RUNS} runs, as for a deterministic trace"
+    return rate.runs_to_clear(), (f"recorded {rate.k}/{rate.n}: a bug still at that rate shows within "
+                                  f"{rate.runs_to_clear()} runs at 99%")
+
+
+def judge(trace: Trace, on: ReplayOn) -> Verdict:
+    """`reproduces` as soon as a run shows the trace's property, else `fixed` after `clean_runs` clean runs."""
+    need, why = clean_runs(trace, on)
+    with session(trace, on) as once:
+        for i in range(need):
+            violations, note = once()
+            hit = next((v for v in violations if v.property == trace.property), None)
+            if hit is not None:
+                where = f"run {i + 1} of up to {need}" if need > 1 else "one deterministic run"
+                return Verdict("reproduces", f"{hit.summary} ({where}{'; ' + note if note else ''})", i + 1)
+    other = f"other violations only: {', '.join(sorted({v.property for v in violations}))}" if violations \
+        else "no violation"
+    return Verdict("fixed", f"{other} in {need} clean run(s) ({why}{'; ' + note if note else ''})", need)

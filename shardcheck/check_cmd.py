@@ -1,0 +1,120 @@
+"""`shardcheck check`: parse, hand the target to `engines.check.run_check`, print the verdict."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.targets import (add_nemesis_arguments, add_target_arguments, build_target, case_runner_of,
+                                fresh_runner_of, nemesis_plan_of)
+
+__all__ = ["add_arguments", "run_check", "cmd_check"]
+
+
+def add_arguments(c: Any) -> None:
+    add_target_arguments(c)
+    c.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="run protocol cases of exactly N ranks; store-layer engines use at most N (default: any)")
+    c.add_argument("--max-ranks", type=int, default=None, metavar="N",
+                   help="no engine uses more than N ranks (default: as many as --client-option urls names, else 8)")
+    c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default: 30)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default: 0)")
+    c.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds one store call may take before it is a hang (default: 2)")
+    c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
+                   help="first enumerate every configuration up to this size, whatever the budget, then spend "
+                        "--budget on the engines (default: off)")
+    c.add_argument("--out", default="counterexamples/found",
+                   help="where counterexamples are written (default: counterexamples/found)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
+    c.add_argument("--explore-workers", type=int, default=1, metavar="W",
+                   help="local processes the explorer's configurations are shared out to (default: 1)")
+    add_nemesis_arguments(c)
+
+
+def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
+              out_dir: str = "counterexamples/found", progress: bool = False, op_timeout: float | None = None,
+              until_exhausted: tuple[int, int] | None = None, runner: str = "sim", explore_workers: int = 1,
+              options: list[str] | dict | None = None, ranks: int | None = None,
+              max_ranks: int | None = None, nemesis: str | None = None,
+              recovery_seconds: float | None = None) -> dict:
+    """`shardcheck check` as a function: the contract's JSON result (a dict)."""
+    from engines.check import run_check as check
+    from model.calls import DEFAULT_OP_TIMEOUT
+    from runtime.watchdog import forget
+    from shardcheck.progress import Progress
+    if not math.isfinite(budget) or budget <= 0:
+        raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
+    op_timeout = DEFAULT_OP_TIMEOUT if op_timeout is None else op_timeout
+    if not math.isfinite(op_timeout) or op_timeout <= 0:
+        raise UsageError(f"--op-timeout must be a positive number of seconds, got {op_timeout:g}")
+    if explore_workers < 1:
+        raise UsageError(f"--explore-workers must be at least 1, got {explore_workers}")
+    target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
+                          runner=runner, op_timeout=op_timeout)
+    plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
+    forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
+    bar = Progress(budget, enabled=progress)
+    with case_runner_of(target, op_timeout, plan) as run, bar:
+        try:
+            result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
+                           seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
+                           until_exhausted=until_exhausted, on_progress=bar.update,
+                           note=_err if progress else (lambda text: None), nemesis=plan)
+        except OSError as exc:
+            raise UsageError(f"--out {out_dir}: {exc}") from None
+    return result.to_json()
+
+
+def cmd_check(args: Any) -> int:
+    result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
+                       progress=not args.json, op_timeout=args.op_timeout,
+                       until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
+                       explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
+                       max_ranks=args.max_ranks, nemesis=args.nemesis, recovery_seconds=args.recovery_seconds)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_check(result)
+    return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD
+
+
+def _size_arg(text: str | None) -> tuple[int, int] | None:
+    """`N,K` of `--until-exhausted` (ranks, chunks)."""
+    if text is None:
+        return None
+    from engines.search import ENUM_CHUNKS, ENUM_RANKS
+    try:
+        n, k = (int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--until-exhausted {text!r}: expected RANKS,CHUNKS such as 4,10") from None
+    if n not in ENUM_RANKS or k not in ENUM_CHUNKS:
+        raise UsageError(f"--until-exhausted {text!r}: the enumeration covers {ENUM_RANKS.start}-{ENUM_RANKS.stop - 1} "
+                         f"ranks and {ENUM_CHUNKS.start}-{ENUM_CHUNKS.stop - 1} chunks")
+    return n, k
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _print_check(r: dict) -> None:
+    s = r["stats"]
+    what = f"engine {r['engine']}" if "engine" in r else f"protocol {r['protocol']}  client {r['client']}"
+    print(f"{what}  verdict {r['verdict'].upper()}  ({s['seconds']:.1f} s of a {s['budget']:g} s budget)")
+    for name, cov in s["coverage"].items():
+        if name == "not_run":
+            for engine, why in cov.items():
+                print(f"  {engine}: not run ({why})")
+        else:
+            print(f"  {name}: {cov['text']}")
+    for v in r["violations"]:
+        print(f"  {v['property']}: {v['summary']}\n    counterexample: {v['counterexample']}")
+    found = s.get("counterexample")
+    if found:
+        rate = found.get("rate") or {}
+        shown = ("deterministic" if rate.get("deterministic") else
+                 f"showed in {rate['k']} of {rate['n']} runs on fresh stores" if rate else "not measured")
+        print(f"    found by {found['engine']}; {shown}" + "".join(f"; {n}" for n in found.get("notes", [])))

@@ -1,0 +1,143 @@
+"""What the command line hands the engines: the `Target` a user named (`--protocol`, `--client`, `--client-option`,
+`--ranks`, `--max-ranks`), checked before any property runs (an unreachable tier is exit 2, one line), and the case
+runners over its client (`--runner sim|processes`)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterator
+
+from shardcheck.errors import UsageError
+
+__all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
+           "add_nemesis_arguments", "nemesis_plan_of"]
+
+
+def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
+    """The options that name what is under test (check, replay)."""
+    if protocol:
+        p.add_argument("--protocol", default=None, help="a short name (paper, paper-async, rank0-single-writer) or "
+                       "MOD:ATTR (default: paper)")
+    p.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
+                   "lmcache-patched, or MOD:ATTR of a factory (default: model)")
+    p.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the client's factory, repeatable (urls=a,b; password=...; a value that parses "
+                        "as JSON is taken as JSON) (default: none)")
+    p.add_argument("--runner", choices=("sim", "processes"), default="sim",
+                   help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
+                        "(torch.distributed, gloo) (default: sim)")
+
+
+def add_nemesis_arguments(p: Any) -> None:
+    """`--nemesis` and `--recovery-seconds` (check, replay)."""
+    from model.faults import SERVER_KIND_NAMES
+    p.add_argument("--nemesis", default=None, metavar="KINDS|all|none",
+                   help="real faults on the servers: all, none, or a comma-separated list of "
+                        f"{', '.join(SERVER_KIND_NAMES)} (default: all on servers shardcheck started, none on servers "
+                        "passed with urls; given explicitly it faults those too: DESTRUCTIVE, they are paused, their "
+                        "connections killed, their memory filled and their keys evicted -- process faults need "
+                        "servers shardcheck started)")
+    p.add_argument("--recovery-seconds", type=float, default=None, metavar="SECONDS",
+                   help="once a faulted server is back, the client's calls must succeed again within this bound "
+                        "(default: twice the op timeout)")
+
+
+def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
+    """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target`, or None (no real faults). Without `spec`, every
+    kind on servers shardcheck started (an in-memory client has none); given explicitly, servers passed with `urls`
+    are faulted too (admin faults only: process faults need servers shardcheck started)."""
+    import math
+    from engines.nemesis import NemesisPlan
+    from model.faults import server_fault_kinds
+    if recovery_seconds is not None and (not math.isfinite(recovery_seconds) or recovery_seconds <= 0):
+        raise UsageError(f"--recovery-seconds must be a positive number of seconds, got {recovery_seconds:g}")
+    try:
+        kinds = server_fault_kinds("all" if spec is None else spec)
+    except ValueError as exc:
+        raise UsageError(f"--nemesis: {exc}") from None
+    if not kinds:
+        return None
+    if target.client.in_memory:
+        if spec is None:
+            return None
+        raise UsageError(f"--nemesis {spec}: client {target.client.name!r} is in memory; it has no servers to fault")
+    from adapters.nemesis import control_maker
+    user_servers = spec is not None and "urls" in target.client_options
+    return NemesisPlan(kinds=kinds, control_for=control_maker(user_servers=user_servers),
+                       recovery_seconds=recovery_seconds)
+
+
+def parse_options(items: list[str]) -> dict:
+    """`runtime.registry.parse_options`, a bad item being unusable input (exit 2)."""
+    from runtime.registry import ResolveError, parse_options as parse
+    try:
+        return parse(items)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | dict | None = None,
+                 ranks: int | None = None, max_ranks: int | None = None, runner: str = "sim",
+                 op_timeout: float = 2.0, preflight: bool = True) -> Any:
+    """The `engines.api.Target` the user named, validated; with `preflight`, a client whose servers cannot be reached
+    raises `UsageError` (exit 2) before any property runs."""
+    from engines.api import Target
+    from runtime.preflight import TierUnreachable, reach
+    from runtime.registry import ResolveError, resolve_client, resolve_protocol
+    try:
+        protocol, client = resolve_protocol(protocol_spec), resolve_client(client_spec)
+        opts = parse_options(options) if isinstance(options, list) else dict(options or {})
+        client.check_options(opts)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
+    for name, value in (("--ranks", ranks), ("--max-ranks", max_ranks)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if ranks is not None and max_ranks is not None and ranks > max_ranks:
+        raise UsageError(f"--ranks {ranks} exceeds --max-ranks {max_ranks}")
+    urls = opts.get("urls")
+    if max_ranks is None and ranks is None and urls and opts.get("topology") != "shared":
+        max_ranks = len(urls)  # one server per rank: as many ranks as the user has servers
+    target = Target(protocol=protocol, client=client, client_options=opts, ranks=ranks, max_ranks=max_ranks,
+                    runner=runner)
+    if preflight and not client.in_memory:
+        try:
+            reach(client, target.store_options(op_timeout=op_timeout), n_ranks=target.rank_cap(1),
+                  op_timeout=op_timeout)
+        except (TierUnreachable, ResolveError) as exc:
+            raise UsageError(str(exc)) from None
+    return target
+
+
+@contextlib.contextmanager
+def case_runner_of(target: Any, op_timeout: float, nemesis: Any = None) -> Iterator[Callable]:
+    """`run(protocol, case)` over the target's client (`runtime.pool.case_runner`); with the processes runner, one OS
+    process per rank with real collectives (`adapters.processes`). A client that cannot be used is exit 2. A case's
+    real-server faults strike through the `NemesisPlan` `nemesis` (the simulator's runner only)."""
+    from runtime.pool import case_runner
+    from runtime.registry import ResolveError
+    if target.runner == "processes":
+        from adapters.processes import ProcessRunner, RunnerError
+        with ProcessRunner(target.client, options=dict(target.client_options), op_timeout=op_timeout) as processes:
+            def on_processes(protocol: Any, case: Any) -> Any:
+                try:
+                    return processes.run(protocol, case)
+                except RunnerError as exc:  # the runner could not run the case (replay: an error row; check: exit 2)
+                    raise UsageError(f"--runner processes: {exc}") from None
+            yield on_processes
+        return
+    with case_runner(target.client, op_timeout=op_timeout, options=dict(target.client_options),
+                     nemesis=nemesis.control if nemesis is not None else None,
+                     recovery_seconds=nemesis.recovery_seconds if nemesis is not None else None) as run:
+        def guarded(protocol: Any, case: Any) -> Any:
+            try:
+                return run(protocol, case)
+            except ResolveError as exc:  # the factory failed or made stores that break the contract
+                raise UsageError(str(exc)) from None
+            except OSError as exc:  # a server that died after the preflight
+                raise UsageError(f"client {target.client.name!r}: {type(exc).__name__}: {exc}") from None
+        yield guarded
+
+
+def fresh_runner_of(target: Any, op_timeout: float, nemesis: Any = None) -> Callable[[], ContextManager[Callable]]:
+    """A maker of case runners over fresh stores of the target's client (one per measured run)."""
+    return lambda: case_runner_of(target, op_timeout, nemesis)

@@ -1,0 +1,92 @@
+"""A user's own client on a user's own tier: a racy finding is judged by its rate (no false `fixed`), a tier that
+cannot be reached is exit 2 with one line, and a factory over the user's servers is checked within them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters.valkey_servers import start_servers
+from shardcheck.replay import run_replay
+from shardcheck.targets import parse_options
+from shardcheck.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+RACY = "tests.user_clients:shared_reply_factory"
+CORRECT = "tests.user_clients:locked_reply_factory"
+USER = "tests.user_clients:valkey_factory"
+
+
+def sc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shardcheck", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchanged_client(tmp_path):
+    """check measures a racy client's finding on fresh stores before saving it; replayed 10 times on the unchanged
+    client it reproduces 10 times, and on the client with the race fixed it is `fixed`."""
+    r = sc("check", "--client", RACY, "--budget", "10", "--json", "--out", str(tmp_path))
+    assert r.returncode == 1, r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    path = data["violations"][0]["counterexample"]
+    rate = json.loads(Path(path).read_text())["config"]["rate"]
+    assert 1 <= rate["k"] <= rate["n"] >= 2 and not rate.get("deterministic"), rate
+    outcomes = [run_replay([path])[0]["outcome"] for _ in range(10)]
+    assert outcomes == ["reproduces"] * 10
+    (row,) = run_replay([path], CORRECT)
+    assert row["outcome"] == "fixed" and row["runs"] >= 5 and "clean run" in row["why"], row
+
+
+def test_a_tier_that_cannot_be_reached_is_exit_2_in_one_line_and_writes_nothing(tmp_path):
+    """A factory over servers that are down: exit 2, one line naming the client and the cause, no counterexample."""
+    servers = start_servers(2)
+    urls = ",".join(servers.urls)
+    servers.stop()
+    out = tmp_path / "found"
+    r = sc("check", "--client", USER, "--client-option", f"urls={urls}", "--budget", "5", "--out", str(out))
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "cannot be reached" in lines[0] and USER in lines[0] and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_pytest_properties_on_a_down_tier_is_exit_2(tmp_path):
+    """The pytest plugin refuses an unreachable tier the same way, before any property runs."""
+    servers = start_servers(1)
+    url = servers.urls[0]
+    servers.stop()
+    r = subprocess.run([sys.executable, "-m", "pytest", "properties/test_store_layer.py", "-q", "-p", "no:cacheprovider",
+                        "--client", USER, "--client-option", f"urls={url}", "--found-dir", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot be reached" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.real
+def test_a_factory_over_the_users_two_servers_is_checked_within_them(tmp_path):
+    """`--client-option urls=a,b --max-ranks 2`: every engine stays within the two servers, and the client holds."""
+    with start_servers(2) as servers:
+        r = sc("check", "--client", USER, "--client-option", f"urls={','.join(servers.urls)}", "--max-ranks", "2",
+               "--budget", "12", "--json", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    cov = data["stats"]["coverage"]
+    assert data["verdict"] == "held" and cov["scenarios"]["scenarios"], cov
+    for engine in ("enumerate", "random"):
+        if cov.get(engine, {}).get("largest"):
+            assert cov[engine]["largest"][0] <= 2, cov[engine]
+
+
+def test_client_options_parse_as_json_or_text_and_unknown_ones_are_refused():
+    """Values that parse as JSON are JSON, `urls` is a comma list; an option a named client does not take is exit 2."""
+    got = parse_options(["urls=redis://a:1, redis://b:2", "use_mla=true", "topology=shared", "op_timeout=0.5"])
+    assert got == {"urls": ["redis://a:1", "redis://b:2"], "use_mla": True, "topology": "shared", "op_timeout": 0.5}
+    for bad in (["nokey"], ["urls="], ["a=1", "a=2"]):
+        with pytest.raises(UsageError):
+            parse_options(bad)
+    r = sc("check", "--client", "lmcache", "--client-option", "colour=blue", "--budget", "1")
+    assert r.returncode == 2 and "unknown option 'colour'" in r.stderr, r.stderr
+    r = sc("check", "--max-ranks", "0", "--budget", "1")
+    assert r.returncode == 2 and "--max-ranks" in r.stderr
