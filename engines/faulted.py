@@ -107,8 +107,10 @@ class FaultWindow:
             self.owners.setdefault(bytes(op["value"]), op["key"])
         return self.oracle[r].data.get(op["key"]) if op["op"] in ("put", "delete") else None
 
-    def timed_out(self, i: int, r: int, exc: StoreCallTimeout) -> Violation:
+    def timed_out(self, i: int, r: int, exc: StoreCallTimeout, op: dict | None = None) -> Violation:
         detail = {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds}
+        if op is not None and "key" in op:  # whether the server held the key (a missing one may hang for its own reasons)
+            detail["present"] = op["key"] in self.oracle[r].data
         if self.struck:
             return Violation("fault-hang", f"ops[{i}] rank {r} while {self.what()}: {exc}", detail)
         return Violation("store-hang", f"ops[{i}] rank {r}: {exc}", detail)

@@ -80,7 +80,7 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             got = stores[r].get_async(op["key"]) if fire_only else _call(stores[r], op, wait_bound)
         except StoreCallTimeout as exc:
             rec["outcome"] = "hang"
-            return records, [window.timed_out(i, r, exc)]
+            return records, [window.timed_out(i, r, exc, op)]
         except Exception as exc:  # the client raised instead of answering
             rec["outcome"] = f"{type(exc).__name__}: {exc}"
             violation = window.raised(i, r, op, exc, prior)
@@ -154,13 +154,20 @@ def run(trace: Trace, factory: Callable[..., list],
     return records, violations
 
 
-def violation_key(trace: Trace, violations: list[Violation]) -> tuple[str, str] | None:
+def violation_key(trace: Trace, violations: list[Violation]) -> tuple:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
-    when building the client failed); None without a violation."""
+    when building the client failed); None without a violation. Through real-server faults the op's key too: a
+    shorter sequence whose violation moved to another key (one never written, say) shows another bug."""
     if not violations:
         return None
     index = violations[0].detail.get("index", -1)
-    return violations[0].property, trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+    if not 0 <= index < len(trace.ops):
+        return violations[0].property, "factory"
+    op = trace.ops[index]
+    if any(o.get("op") == "fault" for o in trace.ops):
+        return (violations[0].property, op["op"], op.get("key", tuple(op.get("keys", ()))),
+                violations[0].detail.get("present"))
+    return violations[0].property, op["op"]
 
 
 def kept_by_removal(trace: Trace, factory: Callable[..., list], control_for: Any = None) -> list[int]:
