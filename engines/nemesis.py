@@ -32,7 +32,7 @@ from model.outcome import Case
 from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 
-__all__ = ["NemesisPlan", "NemesisCoverage", "Nemesis", "fault_seconds", "nemesis_ops", "run_nemesis_scenarios",
+__all__ = ["NemesisPlan", "NemesisCoverage", "Nemesis", "plan_for", "fault_seconds", "nemesis_ops", "run_nemesis_scenarios",
            "nemesis_layout", "nemesis_search", "nemesis_cases", "NEMESIS_RUNS", "NEMESIS_SHARE"]
 
 #: Runs of each kind's faulted concurrent layout (each strikes once; a finding is judged by its rate).
@@ -54,6 +54,29 @@ class NemesisPlan:
     def control(self, stores: list) -> Any:
         """A control for a protocol case's stores (every kind of the plan strikes through it)."""
         return self.control_for(stores, None)
+
+
+def plan_for(client: Any, client_options: dict, spec: str | None, *,
+             recovery_seconds: float | None = None) -> NemesisPlan | None:
+    """The plan of `--nemesis spec` for `client` (a `runtime.registry.Client`), or None: no real faults. Without `spec`,
+    every kind on servers shardcheck started (an in-memory client has none); given explicitly, servers passed with
+    `urls` are faulted too (admin faults only: process faults need servers shardcheck started). `ValueError` naming
+    what is wrong (an unknown kind, a bad bound, an in-memory client asked for faults)."""
+    import math
+    from model.faults import server_fault_kinds
+    from runtime.registry import resolve_nemesis
+    if recovery_seconds is not None and (not math.isfinite(recovery_seconds) or recovery_seconds <= 0):
+        raise ValueError(f"--recovery-seconds must be a positive number of seconds, got {recovery_seconds:g}")
+    kinds = server_fault_kinds("all" if spec is None else spec)
+    if not kinds:
+        return None
+    if client.in_memory:
+        if spec is None:
+            return None
+        raise ValueError(f"client {client.name!r} is in memory: it has no servers to fault")
+    user_servers = spec is not None and "urls" in client_options
+    return NemesisPlan(kinds=kinds, control_for=resolve_nemesis(user_servers=user_servers),
+                       recovery_seconds=recovery_seconds)
 
 
 def fault_seconds(kind: FaultKind, op_timeout: float) -> float:

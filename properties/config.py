@@ -37,6 +37,9 @@ class RunConfig:
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
     client_options: dict = attrs.field(factory=dict)
     max_ranks: int | None = None
+    #: `--nemesis`: the spec (None: every kind on servers shardcheck started) and `--recovery-seconds`.
+    nemesis_spec: str | None = None
+    recovery_seconds: float | None = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     _stores: list | None = attrs.field(default=None, init=False)
@@ -64,6 +67,12 @@ class RunConfig:
     def in_memory(self) -> bool:
         """Whether the client is in memory (calls cannot block: no bounding, no thread hop)."""
         return self.resolved_client().in_memory
+
+    def nemesis(self) -> Any:
+        """The run's real faults (`engines.nemesis.NemesisPlan`), or None."""
+        from engines.nemesis import plan_for
+        return plan_for(self.resolved_client(), self.client_options, self.nemesis_spec,
+                        recovery_seconds=self.recovery_seconds)
 
     def factory_options(self) -> dict:
         """The options of a factory call: the user's, and the op timeout where the client takes it."""
@@ -107,7 +116,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
-                                                              "max_ranks")}, **changes})
+                                                              "max_ranks", "nemesis_spec", "recovery_seconds")},
+                          **changes})
     try:
         yield CURRENT
     finally:

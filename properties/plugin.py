@@ -53,6 +53,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "as JSON is taken as JSON) (default: none)")
     group.addoption("--max-ranks", default=None, type=int, metavar="N",
                     help="no machine uses more than N ranks (default: as many as --client-option urls names, else 4)")
+    group.addoption("--nemesis", default=None, metavar="KINDS|all|none",
+                    help="real faults on the servers in the store and concurrent layers: all, none, or kinds "
+                         "(pause, kill-connections, restart-empty, restart-data, debug-sleep, client-pause, evict) "
+                         "(default: all on servers shardcheck started; given explicitly, servers passed with urls "
+                         "too: DESTRUCTIVE)")
+    group.addoption("--recovery-seconds", default=None, type=float, metavar="SECONDS",
+                    help="once a faulted server is back, calls must succeed again within this bound "
+                         "(default: twice the op timeout)")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
@@ -100,7 +108,13 @@ def pytest_configure(config: pytest.Config) -> None:
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
                                               op_timeout=config.getoption("op_timeout"),
                                               minimise_seconds=config.getoption("minimise_seconds"),
-                                              client_options=options, max_ranks=max_ranks)
+                                              client_options=options, max_ranks=max_ranks,
+                                              nemesis_spec=config.getoption("nemesis"),
+                                              recovery_seconds=config.getoption("recovery_seconds"))
+    try:
+        run_config.CURRENT.nemesis()
+    except ValueError as exc:
+        raise pytest.UsageError(f"--nemesis: {exc}") from None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

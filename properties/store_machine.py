@@ -10,9 +10,11 @@ from typing import Any
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
 from model.contract import StoreCallTimeout
+from model.faults import ServerFault
+from model.recovery import default_recovery_seconds, probe
 from model.trace import Trace, encode
 from properties import config, strategies as s
-from runtime.bounded import call_bounded
+from runtime.bounded import BoundedStore, call_bounded
 from properties.reporting import PATH_CALLS, RULE_STEPS, VIOLATED, event, final_run, note, write_found
 
 __all__ = ["StoreMachine", "Pending"]
@@ -55,6 +57,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
         self.ops: list[dict] = []
         self.failed = False
+        self.plan = self.cfg.nemesis()  # real faults on the servers (`--nemesis`), or None
+        #: Keys a real fault may have lost (the server restarted empty, or evicted by its policy), per rank.
+        self.maybe_lost: list[set[str]] = [set() for _ in self.stores]
 
     # -- calling the client -----------------------------------------------------------------------------
     def _fail(self, prop: str, message: str) -> None:
@@ -80,8 +85,9 @@ class StoreMachine(RuleBasedStateMachine):
         from engines.storeops import minimise_store_ops
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
-        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
-                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note)
+        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(), options=self.cfg.client_options,
+                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note,
+                                     control_for=self.plan.control if self.plan is not None else None)
         return trace
 
     def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
@@ -107,6 +113,17 @@ class StoreMachine(RuleBasedStateMachine):
         """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
         self.ops.append({"op": op, "rank": rank, **args})
 
+    def _allowed(self, rank: int, key: str) -> list:
+        """What a read of `key` may answer: the oracle's value, or a miss too when a real fault may have lost it."""
+        return [self.oracle[rank].get(key)] + ([None] if key in self.maybe_lost[rank] else [])
+
+    def _saw(self, rank: int, key: str, got: Any) -> None:
+        """A read of a key a fault may have lost answered: a miss says it is gone, a value that it was kept."""
+        if key in self.maybe_lost[rank]:
+            self.maybe_lost[rank].discard(key)
+            if got is None or got is False:
+                self.oracle[rank].pop(key, None)
+
     def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
         if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
             self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
@@ -125,6 +142,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._record("put", rank, key=key, value=value)
         self._call(rank, "put", key, self.ns + key, value)
         self.oracle[rank][key] = value
+        self.maybe_lost[rank].discard(key)
         for p in self.pending:
             if p.rank == rank and p.key == key:
                 p.allowed.append(value)
@@ -135,7 +153,9 @@ class StoreMachine(RuleBasedStateMachine):
         RULE_STEPS["store"] += 1
         self._record("get", rank, key=key)
         event("get hit" if key in self.oracle[rank] else "get miss")
-        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), [self.oracle[rank].get(key)])
+        got = self._call(rank, "get", key, self.ns + key)
+        self._expect(rank, f"get({key!r})", got, self._allowed(rank, key))
+        self._saw(rank, key, got)
 
     @rule(rank=s.store_rank, key=s.keys)
     def contains(self, rank: int, key: str) -> None:
@@ -143,7 +163,9 @@ class StoreMachine(RuleBasedStateMachine):
         RULE_STEPS["store"] += 1
         self._record("contains", rank, key=key)
         got = self._call(rank, "contains", key, self.ns + key)
-        if got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
+        if key in self.maybe_lost[rank] and got is False:
+            self._saw(rank, key, got)
+        elif got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
             self._fail("store-roundtrip", f"rank {rank}: contains({key!r}) returned {got!r}, "
                                           f"expected {key in self.oracle[rank]}")
 
@@ -154,6 +176,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._record("delete", rank, key=key)
         self._call(rank, "delete", key, self.ns + key)
         self.oracle[rank].pop(key, None)
+        self.maybe_lost[rank].discard(key)
         for p in self.pending:
             if p.rank == rank and p.key == key:
                 p.allowed.append(None)
@@ -176,7 +199,7 @@ class StoreMachine(RuleBasedStateMachine):
         if not isinstance(future, concurrent.futures.Future):
             self._fail("store-error", f"rank {rank}: get_async({key!r}) returned {type(future).__name__}, "
                                       "not a concurrent.futures.Future")
-        p = Pending(rank, key, future, [self.oracle[rank].get(key)])
+        p = Pending(rank, key, future, self._allowed(rank, key))
         self.pending.append(p)
         return p
 
@@ -210,13 +233,14 @@ class StoreMachine(RuleBasedStateMachine):
             self._fail("store-roundtrip", f"rank {rank}: get_batch({keys!r}) returned {got!r:.80}, "
                                           f"not {len(keys)} results")
         for k, g in zip(keys, got):
-            self._expect(rank, f"get_batch(...{k!r}...)", g, [self.oracle[rank].get(k)])
+            self._expect(rank, f"get_batch(...{k!r}...)", g, self._allowed(rank, k))
+            self._saw(rank, k, g)
 
     @rule(rank=s.store_rank, key=s.keys)
     def read_every_path(self, rank: int, key: str) -> None:
         """A key (written through `put`) reads the same through every read path the client has."""
         RULE_STEPS["store"] += 1
-        expected = [self.oracle[rank].get(key)]
+        expected = self._allowed(rank, key)
         self._record("get", rank, key=key)
         self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
         if "get_async" in self.read_paths[rank]:
@@ -228,6 +252,48 @@ class StoreMachine(RuleBasedStateMachine):
             self._record("get_batch", rank, keys=[key])
             got = self._call(rank, "get_batch", [key], [self.ns + key])
             self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
+
+    @precondition(lambda self: self.plan is not None)
+    @rule(which=s.fault_kind_index, rank=s.store_rank, key=s.keys)
+    def strike(self, which: int, rank: int, key: str) -> None:
+        """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
+        value, a miss or an error), and once the server is back the client passes the recovery probe."""
+        from engines.nemesis import fault_seconds
+        RULE_STEPS["store"] += 1
+        kind = self.plan.kinds[which % len(self.plan.kinds)]
+        control = self.plan.control_for(self.stores, kind)
+        if control is None:  # these servers cannot take this kind (a process fault on a user's server)
+            return
+        fault = ServerFault(rank, "op", None, fault_seconds(kind, self.timeout))
+        event(f"strike {kind.field}")
+        self.ops.append({"op": "fault", "fault": kind.field, "rank": rank, "seconds": fault.seconds})
+        try:
+            kind.strike(control, fault)
+            if kind.loses in ("all", "any"):
+                self.maybe_lost[rank] |= set(self.oracle[rank])
+                for p in self.pending:
+                    if p.rank == rank:
+                        p.allowed.append(None)
+            self._record("get", rank, key=key)
+            try:
+                got = call_bounded(self.timeout, "get", key, self.stores[rank].get, self.ns + key)
+            except StoreCallTimeout as exc:
+                self._fail("fault-hang", f"{self._where(rank, 'get', key)} while {kind.text(fault)}: {exc}")
+            except Exception:  # noqa: BLE001 - an error while a fault lasts is fine
+                got = ...
+            if got is not ... and got is not None and bytes(got) != self.oracle[rank].get(key):
+                self._fail("fault-integrity", f"rank {rank}: get({key!r}) while {kind.text(fault)} returned "
+                                              f"{_short(bytes(got))}, expected {_short(self.oracle[rank].get(key))} or a miss")
+            healed = control.healed(fault.seconds + 10.0)
+            self.ops.append({"op": "recover", "rank": rank})
+            bound = self.plan.recovery_seconds or default_recovery_seconds(self.timeout)
+            got = probe(BoundedStore(self.stores[rank], self.timeout), healed_at=healed, recovery_seconds=bound,
+                        op_timeout=self.timeout)
+            if not got.ok:
+                self._fail("recovery", f"rank {rank}: {bound:g} s after its server was back from {kind.field} the "
+                                       f"client still fails ({got.attempts} attempts): {got.why}")
+        finally:
+            control.close()
 
     # -- the end ---------------------------------------------------------------------------------------
     def teardown(self) -> None:

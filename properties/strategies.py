@@ -13,7 +13,7 @@ from model.outcome import OtherPrompt
 from model.protocols import DEFAULT_WAIT_TIMEOUT
 
 __all__ = ["n_ranks", "n_chunks", "salts", "chunk_index", "evict_rank", "rank_index", "async_ahead", "delays",
-           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "keys", "large_values", "values", "batch_keys", "needed_ops"]
+           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "fault_kind_index", "keys", "large_values", "values", "batch_keys", "needed_ops"]
 
 # -- protocol layer -----------------------------------------------------------------------------------
 n_ranks = st.integers(1, 4)
@@ -41,6 +41,8 @@ other_prompts = st.lists(st.builds(
 # -- store layer ---------------------------------------------------------------------------------------
 STORE_RANKS = 2
 store_rank = st.integers(0, STORE_RANKS - 1)
+#: Which real-server fault kind strikes (wrapped over the run's `--nemesis` kinds).
+fault_kind_index = st.integers(0, 6)
 #: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.
 keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0", "K0", "k0:", "kv:abc:pcp2:r1", "x" * 200,
                         "kv:ünïcode:✓", "a b\tc", "{braces}[brackets]@#$%^&*", "-", "0",

@@ -30,7 +30,7 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options",
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options",
            "load_attr", "ref_of"]
 
 DEFAULT_PROTOCOL = "paper"
@@ -71,6 +71,16 @@ CLIENTS: dict[str, ClientEntry] = {
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
                                    options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied"),
 }
+
+
+#: The nemesis (real faults on the servers shardcheck started): `control_maker(user_servers=...)`, resolved by name as
+#: the clients are (`resolve_nemesis`).
+NEMESIS_REF = "adapters.nemesis:control_maker"
+
+
+def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
+    """`control_for(stores, kind)` of the nemesis (`adapters.nemesis.control_maker`)."""
+    return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
 
 
 #: The search engines of `check` (`engines.api.Engine`), by name.

@@ -42,28 +42,13 @@ def add_nemesis_arguments(p: Any) -> None:
 
 
 def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
-    """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target`, or None (no real faults). Without `spec`, every
-    kind on servers shardcheck started (an in-memory client has none); given explicitly, servers passed with `urls`
-    are faulted too (admin faults only: process faults need servers shardcheck started)."""
-    import math
-    from engines.nemesis import NemesisPlan
-    from model.faults import server_fault_kinds
-    if recovery_seconds is not None and (not math.isfinite(recovery_seconds) or recovery_seconds <= 0):
-        raise UsageError(f"--recovery-seconds must be a positive number of seconds, got {recovery_seconds:g}")
+    """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis.plan_for`), or None; bad input
+    is exit 2."""
+    from engines.nemesis import plan_for
     try:
-        kinds = server_fault_kinds("all" if spec is None else spec)
+        return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds)
     except ValueError as exc:
-        raise UsageError(f"--nemesis: {exc}") from None
-    if not kinds:
-        return None
-    if target.client.in_memory:
-        if spec is None:
-            return None
-        raise UsageError(f"--nemesis {spec}: client {target.client.name!r} is in memory; it has no servers to fault")
-    from adapters.nemesis import control_maker
-    user_servers = spec is not None and "urls" in target.client_options
-    return NemesisPlan(kinds=kinds, control_for=control_maker(user_servers=user_servers),
-                       recovery_seconds=recovery_seconds)
+        raise UsageError(f"--nemesis {spec or ''}: {exc}".replace("--nemesis : --", "--")) from None
 
 
 def parse_options(items: list[str]) -> dict:

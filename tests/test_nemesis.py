@@ -177,3 +177,21 @@ def test_a_server_shardcheck_did_not_start_is_never_faulted():
     assert n.supports(needs_process=False) and not n.supports(needs_process=True)
     with pytest.raises(nemesis.NemesisUnavailable, match="needs the server's process"):
         n.pause(0, 1.0)
+
+
+def _store_machine_properties(factory, kinds: str) -> set[str]:
+    from hypothesis import HealthCheck, Phase, settings
+    from properties.engine import caught
+    from properties.machines import StoreMachine
+    how = settings(max_examples=4, stateful_step_count=10, deadline=None, database=None, derandomize=True,
+                   phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    return caught(StoreMachine, how, client=factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                  nemesis_spec=kinds)
+
+
+def test_store_machine_strikes_real_faults():
+    """The store machine's fault rule catches the client that never reconnects (`recovery`) and holds on the
+    reference client."""
+    from adapters.valkey_clients import never_reconnect_factory
+    assert _store_machine_properties(never_reconnect_factory, "pause") == {"recovery"}
+    assert _store_machine_properties(reference_factory, "pause,restart-empty,evict") == set()
