@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -121,10 +122,22 @@ def _strike(kind: str, server: ValkeyServer | Endpoint, seconds: float, end: Cal
 
 
 def pause(server: ValkeyServer, seconds: float) -> Strike:
-    """SIGSTOP the server for `seconds`, then SIGCONT."""
+    """SIGSTOP the server for `seconds`, then SIGCONT. The SIGCONT comes from a small process of its own: a client
+    library that waits on the paused server while holding the GIL (valkey-glide's sync client does) would otherwise
+    starve the thread that resumes it, and nothing would ever end the wait."""
     proc = _process(server, "pause")
     proc.pause()
-    return _strike("pause", server, seconds, proc.resume)
+    pid = server.pid
+    resumer = subprocess.Popen(["/bin/sh", "-c", f"sleep {max(0.0, seconds):.3f}; kill -CONT {pid} 2>/dev/null"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               close_fds=True)
+
+    def end() -> None:
+        proc.resume()
+        if resumer.poll() is None:
+            resumer.kill()
+        resumer.wait()
+    return _strike("pause", server, seconds, end)
 
 
 def kill_restart(server: ValkeyServer, *, keep_data: bool = False, seconds: float = 0.0) -> Strike:

@@ -60,7 +60,7 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    1 s after it was replaced (closing it fails its pending reads, which then free their buffers).
 
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
-is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
+is the `lmcache-valkey` client with fix 1, fix 7, fix 11 and fix 3:
 
 3. Valkey connector cannot authenticate (finding `valkey-auth-swapped`): lmcache 0.5.6's
    ValkeyWorkerPool builds `glide_sync.ServerCredentials(username, password)` positionally, but
@@ -362,7 +362,8 @@ def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
 
 
 class PatchedValkeyStore(ValkeyBackendStore):
-    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order) and fix 7 (no dropped put)."""
+    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order), fix 7 (no dropped put) and
+    fix 11 (a request timeout within the op timeout)."""
 
     client_name = "lmcache-valkey-patched"
 
@@ -370,6 +371,9 @@ class PatchedValkeyStore(ValkeyBackendStore):
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
                  extra_config: dict | None = None) -> None:
         extra = dict(PATCHED_EXTRA_CONFIG)
+        # fix 11: glide's request timeout defaults to blocking_timeout_secs (10 s): a call on a paused server waited
+        # that long, beyond the caller's bound
+        extra["request_timeout"] = max(0.05, op_timeout / 4)
         if servers.password is not None:
             # fix 3: LMCache passes (username, password) where glide expects (password, username)
             extra.update(valkey_username=servers.password, valkey_password="default")

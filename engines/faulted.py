@@ -166,8 +166,9 @@ class FaultWindow:
             whose = [self.owners.get(bytes(g)) for g in wrong if isinstance(g, (bytes, bytearray))]
             named = "".join(f"; {_short(g)} are the bytes put under {w!r}" + (" before" if w in (op.get("keys") or
                             [op.get("key")]) else "") for g, w in zip(wrong, whose) if w is not None)
+            owners = [w for w in whose if w is not None]
             return Violation("fault-integrity", f"{what}{named} ({'while ' + self.what() if self.struck else 'after a fault'})",
-                             {"index": i})
+                             {"index": i, "owner": owners[0] if owners else None})
         return Violation("recovery", f"{what}: after the recovery the client still answers a miss for a key its "
                          "server holds", {"index": i})
 

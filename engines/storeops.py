@@ -156,8 +156,9 @@ def run(trace: Trace, factory: Callable[..., list],
 
 def violation_key(trace: Trace, violations: list[Violation]) -> tuple:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
-    when building the client failed); None without a violation. Through real-server faults the op's key too: a
-    shorter sequence whose violation moved to another key (one never written, say) shows another bug."""
+    when building the client failed); None without a violation. Through real-server faults the op's key too, whether
+    the server held it, and whether a wrong answer was another key's bytes: a shorter sequence whose violation moved
+    to another key (one never written, say) or lost the other key's bytes shows another bug."""
     if not violations:
         return None
     index = violations[0].detail.get("index", -1)
@@ -165,8 +166,9 @@ def violation_key(trace: Trace, violations: list[Violation]) -> tuple:
         return violations[0].property, "factory"
     op = trace.ops[index]
     if any(o.get("op") == "fault" for o in trace.ops):
-        return (violations[0].property, op["op"], op.get("key", tuple(op.get("keys", ()))),
-                violations[0].detail.get("present"))
+        detail = violations[0].detail  # (a read of another key's bytes is not one of bytes nobody wrote)
+        return (violations[0].property, op["op"], op.get("key", tuple(op.get("keys", ()))), detail.get("present"),
+                detail.get("owner") is not None)
     return violations[0].property, op["op"]
 
 
