@@ -195,3 +195,44 @@ def test_store_machine_strikes_real_faults():
     from adapters.valkey_clients import never_reconnect_factory
     assert _store_machine_properties(never_reconnect_factory, "pause") == {"recovery"}
     assert _store_machine_properties(reference_factory, "pause,restart-empty,evict") == set()
+
+
+def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_trace_replays(tmp_path):
+    """`check --nemesis pause` reports `recovery` on the never-reconnecting client with a trace whose replay strikes
+    the fault again (reproduces) and that the reference client fixes; `--nemesis` on the in-memory client is exit 2."""
+    from tests.conftest import run_cli
+    bad = "adapters.valkey_clients:never_reconnect_factory"
+    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "12", "--op-timeout", "0.5",
+                "--out", str(tmp_path), "--json", timeout=180)
+    assert r.returncode == 1, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["violations"][0]["property"] == "recovery"
+    assert result["stats"]["coverage"]["nemesis"]["scenarios"] == {"server_pause": True}
+    path = result["violations"][0]["counterexample"]
+    again = run_cli("replay", path, "--json", timeout=180)
+    assert again.returncode == 1 and json.loads(again.stdout)["results"][0]["outcome"] == "reproduces", again.stderr
+    fixed = run_cli("replay", path, "--client", "adapters.valkey_clients:reference_factory", "--json", timeout=180)
+    assert json.loads(fixed.stdout)["results"][0]["outcome"] == "fixed", fixed.stdout
+    refused = run_cli("check", "--nemesis", "all", "--budget", "1")
+    assert refused.returncode == 2 and "no servers to fault" in refused.stderr
+
+
+def test_the_patched_lmcache_client_holds_under_every_fault_kind():
+    """lmcache-patched (fixes 9 and 10) passes the nemesis scenario of every kind; stock lmcache fails one."""
+    patched = run_nemesis_scenarios(resolve_client("lmcache-patched"), op_timeout=1.0, kinds=SERVER_KINDS,
+                                    control_for=_control)
+    assert not patched, [t.summary for t in patched]
+    stock = run_nemesis_scenarios(resolve_client("lmcache"), op_timeout=1.0, kinds=(SERVER_KIND_NAMES["kill-connections"],),
+                                  control_for=_control)
+    assert [t.property for t in stock] == ["fault-integrity"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "counterexamples" / "nemesis").glob("*.json")), ids=lambda p: p.stem)
+def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
+    """Every trace of counterexamples/nemesis shows its property again on the client it records, its faults struck
+    at the same op."""
+    from engines.storeops import bounded_factory, run
+    from model.trace import Trace
+    trace = Trace.load(path)
+    _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client)), nemesis.control_maker())
+    assert trace.property in {v.property for v in violations}, [v.summary for v in violations]
