@@ -115,8 +115,20 @@ def run_verify(*, budget: float, as_json: bool) -> int:
                                                        if bad else f"{n} entries match")
 
     _step(rows, "explorer manifest", "no drift", manifest)
-    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", check("paper", "lmcache"))
-    _step(rows, "check paper on lmcache-patched (real Valkey)", "held", check("paper", "lmcache-patched"))
+    def child_check(client: str) -> Callable[[], tuple[str, str]]:  # real faults on by default: in a child process
+        def go() -> tuple[str, str]:
+            from shardcheck.verify_nemesis import in_child
+            r = in_child("check", "--protocol", "paper", "--client", client, "--budget", str(budget), "--out", out_dir)
+            props = sorted({v["property"] for v in r["violations"]})
+            return r["verdict"], (f"{r['stats']['cases']} cases; {', '.join(props)}" if props
+                                  else _coverage(r["stats"]["coverage"], r["stats"]["cases"]))
+        return go
+
+    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", child_check("lmcache"))
+    _step(rows, "check paper on lmcache-patched (real Valkey)", "held", child_check("lmcache-patched"))
+
+    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
+    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
 
     for client in ("model", *REAL_CLIENTS):
         def replay(client: str = client) -> tuple[str, str]:
