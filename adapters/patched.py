@@ -173,7 +173,13 @@ def patched_resp_connector_class() -> type:
                 return "ok", await asyncio.wait_for(asyncio.shield(task), self.get_timeout)
             except asyncio.TimeoutError:
                 self._renew_client(client)
-                task.add_done_callback(late or (lambda t: t.cancelled() or t.exception()))
+
+                def ended(t: Any) -> None:  # (its failure is read, so asyncio does not report it as never retrieved)
+                    if not t.cancelled():
+                        t.exception()
+                    if late is not None:
+                        late(t)
+                task.add_done_callback(ended)
                 return "timeout", None
             except Exception as exc:
                 if not _connection_lost(exc):
