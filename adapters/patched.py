@@ -1,5 +1,5 @@
 """`--client lmcache-patched`: the `lmcache` client (RemoteBackend over resp://) with shardcheck's
-fixes for what `adapters.probe` finds in stock lmcache 0.5.6. Every fix is applied from outside
+fixes for what the generic store-client properties find in stock lmcache 0.5.6. Every fix is applied from outside
 LMCache (a subclass or a config switch); no LMCache code is copied.
 
 1. MLA worker-id collapse (findings `mla-rank-put-dropped`, `mla-sync-async-key-mismatch`):

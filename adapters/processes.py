@@ -187,7 +187,7 @@ class _Case:
             out.events.extend(got[r][2])
         bad = next((m[3] for _, m in sorted(got.items()) if m[3] is not None), None)
         if lost or bad is not None:
-            v = self._dead(lost, "store") if lost else Violation(**bad)
+            v = self._dead(lost, "store") if lost else bad
             out.violations = [attrs.evolve(v, summary=f"store phase: {v.summary}")]
             return self._finish(out)
         self._send_all(("lookup",))
@@ -222,7 +222,7 @@ class _Case:
             violations.append(self._dead(lost, "load"))
         bad = next((m[5] for _, m in sorted(got.items()) if m[5] is not None), None)
         if bad is not None and not lost:
-            violations.append(Violation(**bad))
+            violations.append(bad)
         events.sort(key=lambda e: (e.time, e.step, -1 if e.rank is None else e.rank))
         out.load = SimResult({r: m[1] for r, m in got.items() if m[5] is None and not lost}, events, [], violations,
                              sum(m[6] for m in got.values()), [x for r in sorted(got) for x in got[r][3]],

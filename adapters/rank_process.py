@@ -22,25 +22,23 @@ import os
 import signal
 from typing import Any
 
+import attrs
+
 import torch
 import torch.distributed as dist
 
 from adapters.children import die_with_parent
-from model.calls import DEFAULT_OP_TIMEOUT
-from model.effects import (AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT,
-                           Wait)
-from model.outcome import Event
+from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
+from model.effects import AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait
+from model.interpreter import (WAITS_FOREVER, bad_root, deadlock, desync, handle_problem, not_an_effect,
+                               timeout_problem, wait_outcome)
+from model.outcome import Event, Violation
 
 __all__ = ["rank_main", "MAX_LOOKUP_CALLS"]
 
 #: Contains calls of one rank's lookup recorded as events (as in `model.harness`).
 MAX_LOOKUP_CALLS = 1000
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
-
-
-def _sig_text(sig: tuple) -> str:
-    kind, root = sig[0], sig[1]
-    return f"{kind}(root={root})" if root is not None else kind
 
 
 class _Rank:
@@ -72,39 +70,32 @@ class _Rank:
         dist.all_gather_object(out, payload)
         return out
 
-    def judge(self, sigs: list[tuple], phase: str) -> dict | None:
+    def judge(self, sigs: list[tuple], phase: str) -> Violation | None:
         """A violation (the same on every rank) when the exchanged signatures do not all name one collective."""
         k = self.n_coll
         bad = {r: s for r, s in enumerate(sigs) if s[0] in ("hang", "raised", "bound")}
         if bad:
             r, s = min(bad.items())
             if s[0] == "hang":
-                return {"property": "hang", "summary": f"rank {r}: {s[2]}", "detail": {"rank": r, "key": s[3]}}
-            what = s[2]
-            return {"property": "termination", "summary": what, "detail": {"rank": r}}
+                return Violation("hang", f"rank {r}: {s[2]}", {"rank": r, "key": s[3]})
+            return Violation("termination", s[2], {"rank": r})
         kinds = {(s[0], s[1]) for s in sigs}
         if len(kinds) == 1:
             kind, root = next(iter(kinds))
             if kind == "Broadcast" and not (type(root) is int and 0 <= root < self.n):
-                return {"property": "desync", "summary": f"collective #{k}: Broadcast from root {root}, which is not "
-                        f"a rank of {self.n}", "detail": {"collective": k}}
+                return bad_root(k, root, self.n)
             return None
         done = [r for r, s in enumerate(sigs) if s[0] == "done"]
         entered = {r: s for r, s in enumerate(sigs) if s[0] != "done"}
         if done:
-            parts = [f"rank {r} waits in collective #{k} ({_sig_text(s)}) for ranks {done}"
-                     for r, s in sorted(entered.items())]
-            parts.append(f"ranks {done} finished without entering it")
-            return {"property": "deadlock", "summary": f"{phase}: " + "; ".join(parts),
-                    "detail": {"collective": k, "stuck": sorted(entered), "finished": done,
-                               "waits_for": {str(r): done for r in entered}}}
+            v = deadlock({r: k for r in entered}, {r: done for r in entered}, done)
+            return attrs.evolve(v, summary=f"{phase}: {v.summary}")
         first = sigs[0]
         other = next(r for r, s in enumerate(sigs) if (s[0], s[1]) != (first[0], first[1]))
-        return {"property": "desync", "summary": f"collective #{k}: rank 0 entered {_sig_text(first)}, rank {other} "
-                f"entered {_sig_text(sigs[other])} (in gloo)",
-                "detail": {"collective": k, "ranks": {str(r): _sig_text(s) for r, s in enumerate(sigs)}}}
+        v = desync(k, 0, (first[0], first[1]), other, (sigs[other][0], sigs[other][1]))
+        return attrs.evolve(v, summary=f"{v.summary} (in gloo)")
 
-    def collective(self, effect: Any, phase: str) -> tuple[Any, dict | None]:
+    def collective(self, effect: Any, phase: str) -> tuple[Any, Violation | None]:
         kind = type(effect).__name__
         root = effect.root if isinstance(effect, Broadcast) else None
         is_int = isinstance(effect, AllReduceMin) and type(effect.value) is int and \
@@ -153,33 +144,32 @@ class _Rank:
             return Handle(self.rank, i, effect.key)
         if isinstance(effect, Wait):
             h = effect.handle
-            if not isinstance(h, Handle) or h.rank != self.rank or h.seq not in self.asyncs:
-                raise TypeError(f"rank {self.rank} waited on {h!r}, which is not a handle of its own GetAsync")
+            problem = handle_problem(self.rank, h, self.n_async) or timeout_problem(self.rank, effect.timeout)
+            if problem:
+                raise TypeError(problem)
             key, issued, future, delay = self.asyncs[h.seq]
-            if future is None or (effect.timeout is not None and issued + delay > self.clock + effect.timeout):
-                if effect.timeout is None:
-                    return _HUNG
-                self.clock += effect.timeout
+            late, self.clock = wait_outcome(self.clock, issued, delay, future is None, effect.timeout)
+            if late is WAITS_FOREVER:
+                return _HUNG
+            if late is TIMED_OUT:
                 return TIMED_OUT
-            value = future.result(timeout=WAIT_BOUND)
-            self.clock = max(self.clock, issued + delay)
-            return value
-        raise TypeError(f"rank {self.rank} yielded {effect!r}, which is not an effect of model.effects")
+            return future.result(timeout=WAIT_BOUND)
+        raise TypeError(not_an_effect(self.rank, effect))
 
     # -- one program ---------------------------------------------------------------------------------
     def run(self, program: Any, phase: str, method: str, evictions: dict[int, list] | None = None
-            ) -> tuple[Any, dict | None]:
+            ) -> tuple[Any, Violation | None]:
         """Drive `program` to its end; (its return value, the violation that stopped it or None)."""
         from model.contract import StoreCallTimeout
         value, first, bound = None, True, self.case.bound()
         while True:
             try:
-                effect = next(program) if first else program.send(value)
+                with protocol_call(self.rank, method):
+                    effect = next(program) if first else program.send(value)
             except StopIteration as stop:
                 return self.finish(phase, stop.value)
-            except Exception as exc:
-                return self.finish(phase, None, ("raised", None, f"rank {self.rank}'s {method} raised "
-                                                 f"{type(exc).__name__}: {exc}"))
+            except (ProtocolRaised, Stalled) as exc:
+                return self.finish(phase, None, ("raised", None, str(exc)))
             first = False
             if self.step >= bound:
                 return self.finish(phase, None, ("bound", None, f"rank {self.rank} still running after the step "
@@ -208,7 +198,7 @@ class _Rank:
                 self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value))
             self.step += 1
 
-    def finish(self, phase: str, result: Any, why: tuple | None = None) -> tuple[Any, dict | None]:
+    def finish(self, phase: str, result: Any, why: tuple | None = None) -> tuple[Any, Violation | None]:
         """The closing exchange: every rank learns that this one is done (or hung, or raised)."""
         sigs = self.exchange(why or ("done", None, self.clock))
         if all(s[0] == "done" for s in sigs):
@@ -240,7 +230,8 @@ def _lookup(protocol: Any, rk: _Rank, hashes: list[str]) -> int:
             rk.events.append(Event(0, rk.rank, 0.0, "lookup", ("contains", key), hit))
         return hit
 
-    report = protocol.rank_lookup(rk.rank, rk.n, hashes, contains)
+    with protocol_call(rk.rank, "rank_lookup"):
+        report = protocol.rank_lookup(rk.rank, rk.n, hashes, contains)
     rk.events.append(Event(0, rk.rank, 0.0, "lookup", "report", report))
     return report
 
@@ -292,9 +283,8 @@ def _phases(conn: Any, rank: int, n: int, protocol: Any, store: Any, case: Any, 
     rk.events, report = [], None
     try:
         report = _lookup(protocol, rk, hashes)
-    except Exception as exc:
-        conn.send(("looked", sorted(rk.present), None, rk.events, f"rank {rank}'s rank_lookup raised "
-                   f"{type(exc).__name__}: {exc}"))
+    except (ProtocolRaised, Stalled) as exc:
+        conn.send(("looked", sorted(rk.present), None, rk.events, str(exc)))
         return
     conn.send(("looked", sorted(rk.present), report, rk.events, None))
     msg = conn.recv()

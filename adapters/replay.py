@@ -31,11 +31,13 @@ from typing import Any, Callable, Sequence
 from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
 from model.outcome import Violation
 from model.trace import Trace
+from runtime.registry import CLIENTS as registry_clients, real_clients
 
 __all__ = ["ROOT", "CLIENTS", "FINDINGS", "MEASURED", "RECORDED_ON", "trace_of", "build", "CHILD"]
 
 ROOT = Path(__file__).resolve().parents[1]
-CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched", "model")
+#: Every named client a finding is measured on: the real ones, then the in-memory model.
+CLIENTS = (*real_clients(), *(c for c in registry_clients if c not in real_clients()))
 
 
 def _factory(client: str) -> Callable[..., list]:
@@ -169,7 +171,7 @@ def trace_of(name: str) -> Trace:
                  protocol={"name": "lmcache-store-client", "ref": None},
                  client=RECORDED_ON.get(name, "lmcache"),
                  config=dict(config), ops=[dict(o) for o in ops],
-                 verdict={"violations": []}, origin="adapters.probe (generic store-client checks)")
+                 verdict={"violations": []}, origin="engines.scenarios (generic store-client checks)")
 
 
 def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counterexamples",

@@ -187,5 +187,5 @@ stale_on_error_factory = _factory(StaleOnErrorStore)
 
 #: Every known-bad client of the nemesis properties: its factory and the property it violates (`model.checks`).
 NEMESIS_DEMOS: dict[str, tuple[Callable[..., list], str]] = {
-    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
-    for p in CATALOG if p.layer == "nemesis" for ref in p.demos}
+    name.removesuffix("_factory").replace("_", "-"): (globals()[name], p.name)
+    for p in CATALOG if p.layer == "nemesis" for name in p.demos}

@@ -18,6 +18,7 @@ from engines.api import Coverage, Runner, SearchContext, Target, target_kind
 from engines.replay import ReplayOn, measure
 from model.finding import Finding, Rate
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
+from runtime.watchdog import forget
 
 __all__ = ["FINISH_GRACE", "CONFIRM_RUNS", "MINIMISE_SHARE", "CheckResult", "run_check"]
 
@@ -80,6 +81,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
     """Search `target` within `budget` seconds (see the module doc). `run` runs a protocol case over the target's
     client (kept for the whole check); `fresh_runner()` a context giving one over fresh stores (the measurement)."""
     t0 = time.monotonic()
+    forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
     ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=op_timeout, coverage=coverage,
                         explore_workers=explore_workers, note=note, nemesis=nemesis)
@@ -90,7 +92,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
         finding, start = None, t0
     ctx.deadline = start + budget
     if finding is None:
-        finding = _schedule(ctx, start, budget, on_progress)
+        finding = _schedule(ctx, on_progress)
     path = None
     if finding is not None:
         now = time.monotonic()
@@ -106,7 +108,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
                        seconds=time.monotonic() - t0, budget=budget, seed=seed)
 
 
-def _schedule(ctx: SearchContext, start: float, budget: float, on_progress: Callable[[Coverage], None]) -> Finding | None:
+def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Finding | None:
     """Every engine of the target's schedule in turn; the first finding."""
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
@@ -164,7 +166,6 @@ def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Findin
     kind = finding.trace.kind
     if kind == "protocol" and finding.case is not None:
         from engines.minimise import minimise
-        from runtime.watchdog import forget
         original = finding
         finding = minimise(ctx.target.protocol.obj, finding, runner=ctx.run, budget_runs=500, should_stop=stop)
         if any(v.detail.get("provisional") for v in finding.violations):  # a stall judged at the shortened limit

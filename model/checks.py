@@ -172,8 +172,9 @@ class Property:
     over one, through real faults on its servers; a protocol case keeps its own properties there: a fault may lower
     the plan, never raise it, and the ranks still agree). `check`: the function over an `Outcome`
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
-    hang and termination, reported through `run_faults`; the store layers' runners). `demos`: `MOD:ATTR` of each
-    known-bad protocol or client built to violate it (every property has one, so every check can fail).
+    hang and termination, reported through `run_faults`; the store layers' runners). `demos`: the name of each
+    known-bad protocol or client built to violate it (every property has one, so every check can fail), in the demo
+    module of its layer (`runtime.registry.DEMO_MODULES`; the model names no module above it).
     """
 
     name: str
@@ -184,25 +185,21 @@ class Property:
 
 
 def _protocol(name: str, about: str, check: Callable | None, *demos: str) -> Property:
-    return Property(name=name, layer="protocol", about=about, check=check,
-                    demos=tuple(f"model.variants:{d}" for d in demos))
+    return Property(name=name, layer="protocol", about=about, check=check, demos=demos)
 
 
 def _store(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="store", about=about,
-                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+    return Property(name=name, layer="store", about=about, demos=demos)
 
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="concurrency", about=about,
-                    demos=tuple(f"properties.bad_stores:{d}" for d in demos))
+    return Property(name=name, layer="concurrency", about=about, demos=demos)
 
 
 def _nemesis(name: str, about: str, *demos: str) -> Property:
-    """A property under real faults on the servers (`model.faults.SERVER_KINDS`); its demos are real clients
-    (`adapters.valkey_clients`), since only a real server can be paused, killed or filled."""
-    return Property(name=name, layer="nemesis", about=about,
-                    demos=tuple(f"adapters.valkey_clients:{d}" for d in demos))
+    """A property under real faults on the servers (`model.faults.SERVER_KINDS`); its demos are real clients (their
+    module is `runtime.registry.DEMO_MODULES["nemesis"]`), since only a real server can be paused, killed or filled."""
+    return Property(name=name, layer="nemesis", about=about, demos=demos)
 
 
 #: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),

@@ -7,7 +7,7 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 
 from model.effects import Effect
 
-__all__ = ["ShardingProtocol", "RankStore", "StoreFactory", "PROTOCOL_METHODS", "STORE_METHODS",
+__all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
            "StoreCallTimeout", "missing_members"]
 
 
@@ -56,8 +56,6 @@ class RankStore(typing.Protocol):
 
     def close(self) -> None: ...
 
-
-StoreFactory = Callable[..., list[RankStore]]
 
 PROTOCOL_METHODS = ("owner", "key", "rank_store", "rank_lookup", "combine", "rank_load")
 STORE_METHODS = ("put", "get", "contains", "delete", "get_async", "close")

@@ -6,7 +6,7 @@ from typing import Any
 import attrs
 
 __all__ = ["TIMED_OUT", "Put", "Get", "GetAsync", "Wait", "AllReduceMin", "AllGather", "Broadcast",
-           "STORE_EFFECTS", "COLLECTIVES", "Effect", "Handle", "collective_signature"]
+           "COLLECTIVES", "Effect", "Handle", "collective_signature"]
 
 
 class _TimedOut:
@@ -84,7 +84,6 @@ class Broadcast:
     root: int
 
 
-STORE_EFFECTS = (Put, Get, GetAsync, Wait)
 COLLECTIVES = (AllReduceMin, AllGather, Broadcast)
 Effect = Put | Get | GetAsync | Wait | AllReduceMin | AllGather | Broadcast
 

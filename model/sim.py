@@ -13,8 +13,9 @@ import attrs
 import networkx as nx
 
 from model.contract import RankStore, StoreCallTimeout
-from model.effects import (COLLECTIVES, AllGather, AllReduceMin, Get, GetAsync, Handle, Put, TIMED_OUT,
-                           Wait, collective_signature)
+from model.effects import COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait, collective_signature
+from model.interpreter import (WAITS_FOREVER, client_hang, collective_results, deadlock, desync, handle_problem, hang,
+                               not_an_effect, step_bound, timeout_problem, wait_outcome)
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation
@@ -135,26 +136,22 @@ class Simulator:
             return Handle(r, i, effect.key)
         if isinstance(effect, Wait):
             return self._wait(r, effect)
-        raise TypeError(f"rank {r} yielded {effect!r}, which is not an effect of model.effects")
+        raise TypeError(not_an_effect(r, effect))
 
     def _wait(self, r: int, effect: Wait) -> Any:
         rank, h = self.ranks[r], effect.handle
-        if not isinstance(h, Handle) or h.rank != r or h.seq not in rank.asyncs:
-            raise TypeError(f"rank {r} waited on {h!r}, which is not a handle of its own GetAsync")
-        if effect.timeout is not None and not effect.timeout >= 0:
-            raise TypeError(f"rank {r} waited with timeout {effect.timeout!r}; a timeout is >= 0 seconds or None")
+        problem = handle_problem(r, h, rank.n_async) or timeout_problem(r, effect.timeout)
+        if problem:
+            raise TypeError(problem)
         pending = rank.asyncs[h.seq]
-        arrival = pending.issued + pending.delay  # logical time the completion arrives
-        late = pending.future is None or (effect.timeout is not None and arrival > rank.clock + effect.timeout)
-        if late:
-            if effect.timeout is None:
-                rank.hung = pending.key
-                return _HUNG
-            rank.clock += effect.timeout
+        late, rank.clock = wait_outcome(rank.clock, pending.issued, pending.delay, pending.future is None,
+                                        effect.timeout)
+        if late is WAITS_FOREVER:
+            rank.hung = pending.key
+            return _HUNG
+        if late is TIMED_OUT:
             return TIMED_OUT
-        value = wait_future(pending.future, self.wait_bound, "get_async", pending.key)
-        rank.clock = max(rank.clock, arrival)
-        return value
+        return wait_future(pending.future, self.wait_bound, "get_async", pending.key)
 
     # -- collectives ------------------------------------------------------------------------------
     def _arrive(self, r: int, effect: Any) -> None:
@@ -167,26 +164,17 @@ class Simulator:
         here = self.arrivals.setdefault(k, {})
         for q, other in here.items():
             if collective_signature(other) != sig:
-                self.violations.append(Violation(
-                    "desync", f"collective #{k}: rank {q} entered {_sig_text(other)}, rank {r} entered "
-                    f"{_sig_text(effect)}", {"collective": k, "ranks": {q: _sig_text(other), r: _sig_text(effect)}}))
+                self.violations.append(desync(k, q, other, r, effect))
                 return
         here[r] = effect
         if len(here) == self.n:
             self._complete(k, here)
 
     def _complete(self, k: int, arrived: dict[int, Any]) -> None:
-        first = arrived[0]
-        if isinstance(first, AllReduceMin):
-            out = [min(arrived[r].value for r in range(self.n))] * self.n
-        elif isinstance(first, AllGather):
-            out = [[arrived[r].value for r in range(self.n)] for _ in range(self.n)]
-        else:
-            if not 0 <= first.root < self.n:
-                self.violations.append(Violation("desync", f"collective #{k}: Broadcast from root {first.root}, "
-                                                 f"which is not a rank of {self.n}", {"collective": k}))
-                return
-            out = [arrived[first.root].value] * self.n
+        out = collective_results([arrived[r] for r in range(self.n)], k)
+        if isinstance(out, Violation):
+            self.violations.append(out)
+            return
         now = max(self.ranks[r].clock for r in range(self.n))
         del self.arrivals[k]
         for r in range(self.n):
@@ -217,9 +205,7 @@ class Simulator:
         if not runnable:
             return False
         if self.step >= self.step_bound:
-            self.violations.append(Violation(
-                "termination", f"ranks {runnable} still running after the step bound of {self.step_bound}",
-                {"ranks": runnable, "step_bound": self.step_bound}))
+            self.violations.append(step_bound(runnable, self.step_bound))
             return False
         r = choose(runnable) if choose is not None else self._next_rank(runnable)
         for e in self.evictions.get(self.step, ()):
@@ -263,8 +249,7 @@ class Simulator:
         except StoreCallTimeout as exc:
             rank.hung = exc.key
             self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=f"client hang: {exc}"))
-            self.violations.append(Violation("hang", f"rank {r}: {exc}", {"rank": r, "op": exc.op, "key": exc.key,
-                                                                          "seconds": exc.seconds}))
+            self.violations.append(client_hang(r, exc.op, exc.key, exc.seconds, str(exc)))
             return
         except TypeError as exc:
             rank.pending = DONE
@@ -279,9 +264,7 @@ class Simulator:
     def _diagnose_stuck(self) -> None:
         hung = {r: k.hung for r, k in enumerate(self.ranks) if k.hung is not None}
         for r, key in hung.items():
-            self.violations.append(Violation(
-                "hang", f"rank {r} waits forever on the completion of GetAsync({key!r}), which never comes",
-                {"rank": r, "key": key}))
+            self.violations.append(hang(r, key))
         waiting = {r: k.arrived for r, k in enumerate(self.ranks) if k.arrived is not None}
         if not waiting or hung:
             return
@@ -295,22 +278,10 @@ class Simulator:
             cycle = [u for u, _ in nx.find_cycle(graph)]
         except nx.NetworkXNoCycle:
             cycle = []
-        parts = [f"rank {r} waits in collective #{k} for ranks {sorted(graph.successors(r))}"
-                 for r, k in sorted(waiting.items())]
-        if finished:
-            parts.append(f"ranks {finished} finished without entering it")
-        self.violations.append(Violation(
-            "deadlock", "; ".join(parts) + (f"; cycle {cycle}" if cycle else ""),
-            {"stuck": sorted(waiting), "waits_for": {r: sorted(graph.successors(r)) for r in waiting},
-             "finished": finished, "cycle": cycle}))
+        self.violations.append(deadlock(waiting, {r: list(graph.successors(r)) for r in waiting}, finished, cycle))
 
 
 _HUNG = object()
-
-
-def _sig_text(effect: Any) -> str:
-    name, root = collective_signature(effect)
-    return f"{name}(root={root})" if root is not None else name
 
 
 def simulate(programs: Sequence[Generator], stores: Sequence[RankStore], **options: Any) -> SimResult:

@@ -23,7 +23,7 @@ from model.outcome import OtherPrompt
 from model.history import READ_PATHS, WRITE_PATHS
 from model.outcome import Violation
 
-__all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "PROTOCOL_BUG_EXPECT", "TraceError", "encode", "decode",
+__all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "decode",
            "Trace", "faults_to_json", "faults_from_json", "violations_of"]
 
 SCHEMA = "shardcheck-trace"
@@ -32,10 +32,6 @@ KINDS = ("protocol", "store-ops", "concurrent")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 64 * 1024 * 1024, 16
-#: A protocol bug reproduces on the in-memory model whatever the client; on the real clients the
-#: expectation is measured (`shardcheck regen` replays there): a stock client's own bug (a GET of a missing key
-#: that hangs, a dropped put) can mask the protocol's, and the expectation records that honestly.
-PROTOCOL_BUG_EXPECT = {"model": "reproduces", "lmcache": "reproduces", "lmcache-patched": "reproduces"}
 
 
 # -- the trace --------------------------------------------------------------------------------------

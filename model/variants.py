@@ -266,5 +266,4 @@ class PositionMarkedLookup(PositionKeyedLoad):
 
 
 #: Every demo variant and the property it is built to violate (from `model.checks.CATALOG`).
-DEMO_VARIANTS: dict[type, str] = {globals()[ref.partition(":")[2]]: p.name
-                                  for p in CATALOG if p.layer == "protocol" for ref in p.demos}
+DEMO_VARIANTS: dict[type, str] = {globals()[name]: p.name for p in CATALOG if p.layer == "protocol" for name in p.demos}

@@ -12,7 +12,8 @@ from typing import Any
 
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
-from model.trace import PROTOCOL_BUG_EXPECT, Trace
+from model.trace import Trace
+from runtime.registry import protocol_bug_expect
 
 from .flawed import FLAWED, KMAX, NMAX, VARIANTS
 from .runner import TheoremReport, run_theorem
@@ -63,7 +64,7 @@ def build_trace(report: TheoremReport) -> Trace:
     outcome = replay(w)
     trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client="model",
                                origin=f"z3:proofs.flawed:{report.theorem}", summary=summary_of(w),
-                               expect=dict(PROTOCOL_BUG_EXPECT))
+                               expect=protocol_bug_expect())
     trace.notes = (f"Z3 model: n_ranks={w['n_ranks']} n_chunks={w['n_chunks']} cached={w['cached']} "
                    f"reports={w['reports']} planned={w['planned']} lcp={w['lcp']}")
     return trace

@@ -280,8 +280,8 @@ delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
-    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
-    for p in CATALOG if p.layer == "store" for ref in p.demos}
+    name.removesuffix("_factory").replace("_", "-"): (globals()[name], p.name)
+    for p in CATALOG if p.layer == "store" for name in p.demos}
 
 
 lost_wakeup_factory = _per_rank(LostWakeupStore)
@@ -314,5 +314,5 @@ double_completion_factory = _per_rank(DoubleCompletionStore)
 #: Every racy store (correct one call at a time, broken under overlap): its factory and the concurrent-layer
 #: property it violates (from `model.checks.CATALOG`; the double completion is no race, so not among them).
 RACY_STORES: dict[str, tuple[Callable[..., list], str]] = {
-    ref.partition(":")[2].removesuffix("_factory").replace("_", "-"): (globals()[ref.partition(":")[2]], p.name)
-    for p in CATALOG if p.layer == "concurrency" and p.name != "double-completion" for ref in p.demos}
+    name.removesuffix("_factory").replace("_", "-"): (globals()[name], p.name)
+    for p in CATALOG if p.layer == "concurrency" and p.name != "double-completion" for name in p.demos}

@@ -30,7 +30,7 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options",
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect", "DEMO_MODULES", "demo_refs",
            "load_attr", "ref_of"]
 
 DEFAULT_PROTOCOL = "paper"
@@ -54,6 +54,8 @@ class ClientEntry:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
+    corpus: bool = False
 
 
 _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
@@ -61,15 +63,16 @@ _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "nu
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
     "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=()),
+                         in_memory=True, options=(), corpus=True),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
-                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank"),
+                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
     "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
-                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied"),
+                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
+                                   corpus=True),
 }
 
 
@@ -100,6 +103,11 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "real": (("nemesis", None), ("scenarios", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35),
              ("random", "rest")),
 }
+
+
+#: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
+DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
+                                "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients"}
 
 
 class ResolveError(ValueError):
@@ -263,10 +271,31 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if not callable(obj):
         raise ResolveError(f"client {name!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
     if entry is not None:
-        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about"))
+        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus"))
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
+
+
+def demo_refs(prop: Any) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
+    return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+
+
+def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
+    """The clients the curated corpus records expectations on (`real=True`: only those not in memory)."""
+    return tuple(name for name, e in CLIENTS.items() if e.corpus and (real is None or real != e.in_memory))
+
+
+def real_clients() -> tuple[str, ...]:
+    """Every named client that is not in memory (the real ones findings are measured on)."""
+    return tuple(name for name, e in CLIENTS.items() if not e.in_memory)
+
+
+def protocol_bug_expect() -> dict[str, str]:
+    """A protocol bug's expectation on every corpus client: it reproduces on the in-memory model whatever the client;
+    on a real client the expectation is measured (`shardcheck regen` replays there) and replaces this one."""
+    return {name: "reproduces" for name in corpus_clients()}
 
 
 def parse_options(items: list[str]) -> dict:

@@ -43,7 +43,6 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.check import run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
-    from runtime.watchdog import forget
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
         raise UsageError(f"--budget must be a positive number of seconds, got {budget:g}")
@@ -55,7 +54,6 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
-    forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     bar = Progress(budget, enabled=progress)
     with case_runner_of(target, op_timeout, plan) as run, bar:
         try:

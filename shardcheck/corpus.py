@@ -8,13 +8,15 @@ from pathlib import Path
 from engines.minimise import minimise
 from engines.search import search
 from model.harness import run_case
-from model.trace import PROTOCOL_BUG_EXPECT, Trace
+from model.trace import Trace
+from runtime.registry import corpus_clients, protocol_bug_expect
 from model.variants import DEMO_VARIANTS
 
 __all__ = ["CORPUS", "REAL_CLIENTS", "SEARCH_CASES", "demo_traces", "without_real", "measure_real_expectations"]
 
 CORPUS = Path(__file__).resolve().parents[1] / "counterexamples"
-REAL_CLIENTS = ("lmcache", "lmcache-patched")
+#: The real clients the corpus records measured expectations on.
+REAL_CLIENTS = corpus_clients(real=True)
 SEARCH_CASES = 200_000
 
 
@@ -35,7 +37,7 @@ def demo_traces() -> dict[str, Trace]:
                                f"{small.outcome.violated()}, not {prop}")
         ref = f"{variant.__module__}:{variant.__name__}"
         trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.engine}",
-                                   expect=PROTOCOL_BUG_EXPECT)
+                                   expect=protocol_bug_expect())
         trace.summary = _paragraph(variant, small)
         out[f"demo-{protocol.name}.json"] = trace
     return out

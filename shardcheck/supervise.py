@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from runtime.watchdog import EXIT_UNINTERRUPTIBLE
+
 __all__ = ["SUPERVISED", "DUMP_SIGNAL", "deadline", "supervise", "in_child"]
 
 #: Set in the child's environment; its presence means "do not supervise again".
@@ -24,14 +26,14 @@ SUPERVISED = "SHARDCHECK_SUPERVISED"
 GRACE_SECONDS = 30.0
 STOP_SECONDS = 5.0
 DUMP_SIGNAL = signal.SIGUSR1
-EXIT_UNINTERRUPTIBLE = 3
 
 
 def deadline(budget: float) -> float:
-    """Seconds the child may run: the budget, the time `check` may take past it (minimising: up to half the
-    budget more), and a grace."""
+    """Seconds the child may run: the budget, the time `check` may take past it to minimise and measure a finding
+    (`engines.check.FINISH_GRACE`, one store call's worth more), and a grace for the interpreter's start."""
+    from engines.check import FINISH_GRACE
     grace = float(os.environ.get("SHARDCHECK_SUPERVISOR_GRACE", GRACE_SECONDS))
-    return 1.5 * budget + grace
+    return budget + 2 * FINISH_GRACE + grace
 
 
 def in_child() -> bool:

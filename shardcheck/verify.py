@@ -9,11 +9,13 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from runtime.registry import corpus_clients
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 
 __all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
 
-REAL_CLIENTS = ("lmcache", "lmcache-patched")
+#: The real clients verify checks and replays the corpus on.
+REAL_CLIENTS = corpus_clients(real=True)
 
 
 def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str, str]]) -> None:
@@ -130,7 +132,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
     nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
 
-    for client in ("model", *REAL_CLIENTS):
+    for client in corpus_clients():
         def replay(client: str = client) -> tuple[str, str]:
             res = run_replay([str(CORPUS)], client)
             off = [r["path"] for r in res if not r["matches"]]

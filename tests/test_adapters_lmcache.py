@@ -1,5 +1,5 @@
-"""The real lmcache 0.5.6 clients against real Valkey servers: round trips, bounds, recovery,
-the generic probe's findings against stock 0.5.6, and the patched client passing every check."""
+"""The real lmcache 0.5.6 clients against real Valkey servers: round trips, bounds, recovery, what the fixed scenarios
+(`engines.scenarios`) find in stock 0.5.6, and the patched client passing every scenario."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from adapters.lmcache_stores import (
     valkey_factory,
 )
 from adapters.patched import patched_factory, patched_valkey_factory
-from adapters.probe import CHECKS, probe
 from adapters.valkey_servers import ServerSet, ping
+from engines.scenarios import SCENARIOS, run_scenarios
+from model.trace import Trace
+from runtime.registry import resolve_client
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +42,7 @@ def close_all(stores) -> None:
 @pytest.mark.parametrize("client", list(FACTORIES))
 def test_factory_round_trips_and_owns_its_servers(client: str):
     """Each real client round-trips a value and stops the servers it started when its stores close."""
-    mla = client in ("lmcache-patched", "lmcache-native")  # stock RemoteBackend + MLA: see the probe
+    mla = client in ("lmcache-patched", "lmcache-native")  # stock RemoteBackend + MLA: see the scenarios below
     stores = FACTORIES[client](2, use_mla=mla, op_timeout=2.0)
     servers = stores[0].servers
     try:
@@ -104,28 +106,6 @@ def test_password_reaches_every_client():
             close_all(stores)
 
 
-STOCK_VALKEY_AUTH = """
-import json
-from adapters.lmcache_stores import valkey_factory
-from adapters.probe import probe
-fs = probe(valkey_factory, 1, client="lmcache-valkey", use_mla=False, op_timeout=0.5,
-           checks=("auth-round-trip",))
-print(json.dumps([f.to_json() for f in fs]), flush=True)
-import os
-os._exit(0)  # glide keeps retrying the failed clients on its own threads: do not wait for them
-"""
-
-
-def test_probe_stock_valkey_connector_cannot_authenticate():
-    # in a child process: after the failed connect, glide's threads keep reporting errors
-    """The probe finds that stock lmcache's valkey:// connector cannot authenticate."""
-    out = subprocess.run([sys.executable, "-c", STOCK_VALKEY_AUTH], capture_output=True, text=True,
-                         timeout=60, cwd=str(ROOT))
-    fs = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [f["check"] for f in fs] == ["auth-round-trip"], out.stderr[-2000:]
-    assert "could not connect" in fs[0]["summary"]
-
-
 def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works():
     """A stuck call times out, close() never blocks, and a new factory call works."""
     stores = resp_factory(2, use_mla=False, op_timeout=T)
@@ -148,76 +128,71 @@ def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works(
         close_all(again)
 
 
-# --------------------------------------------------------------------------- the probe on stock 0.5.6
+# --------------------------------------------------------------------------- the scenarios on stock 0.5.6
 
-def checks_of(findings) -> set[str]:
-    return {f.check for f in findings}
-
-
-def test_probe_stock_resp_missing_key_read_never_returns_and_wedges_the_client():
-    """The probe finds that stock lmcache's GET of a missing key never returns and wedges the client."""
-    fs = probe(resp_factory, 2, client="lmcache", use_mla=False, op_timeout=T,
-               checks=("miss-prompt", "round-trip", "usable-after"))
-    assert checks_of(fs) == {"miss-prompt", "usable-after"}
-    miss = next(f for f in fs if f.check == "miss-prompt")
-    hung = {o.op for o in miss.ops if o.outcome == "timeout"}
-    assert hung == {"get", "get_async", "get_batch", "get_prefix"}  # every read path of a miss
-    wedged = next(f for f in fs if f.check == "usable-after").violating
-    assert wedged.op == "put" and wedged.outcome == "timeout"  # even a put, after the misses
+def failing(client: str, names: tuple[str, ...] = SCENARIOS, **options) -> dict[str, Trace]:
+    """Scenario name -> the store-ops trace of each of `names` that `client` fails (`engines.scenarios`)."""
+    traces = run_scenarios(resolve_client(client), op_timeout=T, names=names, options=options)
+    return {t.origin.partition(":")[2]: t for t in traces}
 
 
-def test_probe_stock_native_client_has_the_same_missing_key_hang():
-    """The probe finds the same missing-key hang on the native RESP client."""
-    fs = probe(native_factory, 2, client="lmcache-native", use_mla=False, op_timeout=T,
-               checks=("miss-prompt", "round-trip", "read-paths-agree"))
-    # (read-paths-agree fails too when the stock client's sync prefix count loses a completion, a 2-6% race)
-    assert "miss-prompt" in checks_of(fs) and checks_of(fs) <= {"miss-prompt", "read-paths-agree"}
+def test_stock_resp_missing_key_read_never_returns_and_wedges_the_client():
+    """Stock lmcache's GET of a missing key never returns, and after a burst of missed reads even a put hangs."""
+    bad = failing("lmcache", ("miss-prompt", "round-trip", "usable-after-misses"), use_mla=False)
+    assert set(bad) == {"miss-prompt", "usable-after-misses"}
+    assert {t.property for t in bad.values()} == {"store-hang"}
+    assert "put(" in bad["usable-after-misses"].summary or "get" in bad["usable-after-misses"].summary
 
 
-def test_probe_stock_mla_collapse_drops_rank_puts_and_splits_read_paths():
-    # per-rank stores: rank 1's put never reaches its server (valkey answers misses promptly)
-    """The probe finds that stock lmcache's MLA collapse drops rank puts and splits read paths."""
-    no_auth = tuple(c for c in CHECKS if c != "auth-round-trip")  # that one: test above
-    fs = probe(valkey_factory, 2, client="lmcache-valkey", use_mla=True, op_timeout=T, checks=no_auth)
-    assert {"round-trip", "contains-get", "rank-isolation"} <= checks_of(fs)
-    rt = next(f for f in fs if f.check == "round-trip")
-    assert rt.violating.rank == 1 and rt.violating.observed is None
-    assert not probe(valkey_factory, 2, client="lmcache-valkey", use_mla=False, op_timeout=T,
-                     checks=no_auth)
-    # one shared store: rank 1's sync reads return rank 0's value, its async reads its own key
-    fs = probe(resp_factory, 2, client="lmcache", topology="shared", use_mla=True, op_timeout=T,
-               checks=("rank-isolation",))
-    iso = fs[0]
-    by_op = {o.op: o for o in iso.ops if o.rank == 1 and o.op != "put"}
-    rank0_value = next(o.value for o in iso.ops if o.op == "put" and o.rank == 0)
-    assert by_op["get"].observed == rank0_value and by_op["get_batch"].observed == [rank0_value]
-    assert by_op["get_async"].outcome == "timeout"
-    assert all("@2@0@" in k for keys in iso.server_keys.values() for k in keys)
+def test_stock_native_client_has_the_same_missing_key_hang():
+    """The native RESP client has the same missing-key hang."""
+    bad = failing("lmcache-native", ("miss-prompt", "round-trip"), use_mla=False)
+    assert "miss-prompt" in bad and bad["miss-prompt"].property == "store-hang"
+
+
+def test_stock_mla_collapse_drops_rank_puts_and_reads_rank0s_key():
+    """Stock lmcache with MLA drops rank 1's puts on per-rank stores and, on one shared store, answers rank 1's sync
+    read with rank 0's value."""
+    bad = failing("lmcache-valkey", ("round-trip", "rank-isolation"), use_mla=True)
+    assert set(bad) == {"rank-isolation"} and bad["rank-isolation"].property == "store-roundtrip"
+    assert not failing("lmcache-valkey", ("round-trip", "rank-isolation"), use_mla=False)
+    shared = failing("lmcache", ("rank-isolation",), topology="shared", use_mla=True)
+    assert shared["rank-isolation"].property in ("store-roundtrip", "store-hang")
+
+
+def test_stock_valkey_connector_cannot_authenticate():
+    """Against servers that require a password, stock lmcache's valkey:// connector cannot connect (its factory
+    fails, named in one line); the patched factory round-trips."""
+    code = ("from engines.scenarios import run_scenarios; from runtime.registry import resolve_client, ResolveError\n"
+            "import os\ntry:\n    run_scenarios(resolve_client('lmcache-valkey'), op_timeout=0.5, names=('round-trip',),"
+            " options={'password': 'pw-1', 'use_mla': False})\n    print('CONNECTED')\n"
+            "except ResolveError as exc:\n    print('REFUSED', exc)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert "REFUSED" in out.stdout and "factory" in out.stdout, out.stdout[-1000:] + out.stderr[-1000:]
 
 
 # --------------------------------------------------------------------------- the patched client
 
 @pytest.mark.parametrize("topology,use_mla", [("per-rank", True), ("per-rank", False),
                                               ("shared", True), ("shared", False)])
-def test_patched_client_passes_every_check(topology: str, use_mla: bool):
-    """lmcache-patched passes every probe check."""
-    fs = probe(patched_factory, 2, client="lmcache-patched", topology=topology, use_mla=use_mla,
-               op_timeout=T, checks=CHECKS)
-    assert fs == [], "\n".join(map(str, fs))
+def test_patched_client_passes_every_scenario(topology: str, use_mla: bool):
+    """lmcache-patched passes every fixed scenario."""
+    bad = failing("lmcache-patched", topology=topology, use_mla=use_mla)
+    assert not bad, "\n".join(t.summary for t in bad.values())
 
 
 @pytest.mark.parametrize("use_mla", [True, False])
-def test_patched_valkey_client_passes_every_check(use_mla: bool):
-    """The patched valkey:// client passes every probe check."""
-    fs = probe(patched_valkey_factory, 2, client="lmcache-valkey-patched", use_mla=use_mla,
-               op_timeout=T, checks=CHECKS)
-    assert fs == [], "\n".join(map(str, fs))
+def test_patched_valkey_client_passes_every_scenario(use_mla: bool):
+    """The patched valkey:// client passes every fixed scenario, also with a password."""
+    from runtime.registry import Client
+    client = Client(name="lmcache-valkey-patched", factory=patched_valkey_factory, self_bounded=True)
+    traces = run_scenarios(client, op_timeout=T, options={"use_mla": use_mla, "password": "pw-2"})
+    assert not traces, "\n".join(t.summary for t in traces)
 
 
 # --------------------------------------------------------------------------- the saved counterexamples
 
 from adapters.replay import FINDINGS, replay, trace_of  # noqa: E402
-from model.trace import Trace  # noqa: E402
 
 #: The deterministic store-ops findings (`adapters.replay.FINDINGS`); the racy ones are `adapters.racy_findings`.
 SAVED = sorted(p for p in (ROOT / "counterexamples").glob("lmcache-*.json") if Trace.load(p).kind == "store-ops")

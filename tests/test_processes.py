@@ -56,7 +56,7 @@ def test_early_exit_desync_is_named_in_gloo(runner):
     assert out.violated() == ["desync"]
     v = out.violations[0]
     assert v.detail["collective"] == 0
-    assert v.detail["ranks"] == {"0": "AllReduceMin", "1": "AllGather"}
+    assert v.detail["ranks"] == {0: "AllReduceMin", 1: "AllGather"}
     assert _gone(runner.last_pids)
 
 

@@ -2,7 +2,7 @@
 import inspect
 
 from adapters import lmcache_stores, patched
-from adapters.probe import probe
+from engines.scenarios import run_scenarios
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case
 from model.protocols import PaperProtocolAsync
@@ -20,11 +20,10 @@ def test_pool_op_timeout_bounds_the_wait_for_an_async_completion():
     assert hangs and hangs[0].detail["seconds"] == 0.2, out.violations
 
 
-def test_probe_bounds_every_call_of_a_client_that_does_not_bound_itself():
-    """The probe reports a GET that blocks as a timeout at its op timeout (it used to wait for the client)."""
-    findings = probe(blocking_miss_factory, 1, client="blocking-miss", op_timeout=0.2, checks=("miss-prompt",))
-    assert [f.check for f in findings] == ["miss-prompt"]
-    assert findings[0].violating.outcome == "timeout" and "within 0.2 s" in findings[0].summary
+def test_scenarios_bound_every_call_of_a_client_that_does_not_bound_itself():
+    """The scenarios report a GET that blocks as a hang at their op timeout (never waiting for the client)."""
+    traces = run_scenarios(resolve_client(blocking_miss_factory), op_timeout=0.2, names=("miss-prompt",))
+    assert [t.property for t in traces] == ["store-hang"] and "within 0.2 s" in traces[0].summary
 
 
 def test_one_default_op_timeout():
