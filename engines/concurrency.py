@@ -133,16 +133,8 @@ def _call(store: Any, op: Op) -> Any:
     raise ValueError(f"unknown path {path!r}")
 
 
-def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
-               clock: Callable[[], float] = time.monotonic, strikes: Sequence[tuple[Any, Any]] = (),
-               control: Any = None, recovery_seconds: float | None = None, op_timeout: float | None = None) -> History:
-    """Run `layout` on `store` (every caller at once); at most `bound` seconds for the whole run. Keys are
-    prefixed with `prefix` (default: a fresh one per run, so runs on one store never see each other's keys).
-    `strikes`: (kind, `ServerFault` at "run") pairs, each struck through `control` by the caller about to invoke op
-    `fault.step`; the run then waits for the servers and probes `recovery` (`History.faults`), and a call that took
-    longer than `op_timeout` (default: a third of `bound`) is judged as one that did not return within its bound."""
-    prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
-    lock = threading.Lock()
+def _plans(layout: Layout, prefix: str) -> tuple[list[Op], list[list[Op]]]:
+    """Every op of the layout (ids in thread order, keys under `prefix`, put values tagged), and each caller's plan."""
     ops: list[Op] = []
     plans: list[list[Op]] = []
     for t, mine in enumerate(layout.threads):
@@ -154,6 +146,20 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
             plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value))
         ops.extend(plan)
         plans.append(plan)
+    return ops, plans
+
+
+def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
+               clock: Callable[[], float] = time.monotonic, strikes: Sequence[tuple[Any, Any]] = (),
+               control: Any = None, recovery_seconds: float | None = None, op_timeout: float | None = None) -> History:
+    """Run `layout` on `store` (every caller at once); at most `bound` seconds for the whole run. Keys are
+    prefixed with `prefix` (default: a fresh one per run, so runs on one store never see each other's keys).
+    `strikes`: (kind, `ServerFault` at "run") pairs, each struck through `control` by the caller about to invoke op
+    `fault.step`; the run then waits for the servers and probes `recovery` (`History.faults`), and a call that took
+    longer than `op_timeout` (default: a third of `bound`) is judged as one that did not return within its bound."""
+    prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
+    lock = threading.Lock()
+    ops, plans = _plans(layout, prefix)
     started: list[Op] = []
     barrier = threading.Barrier(len(plans) + 1)
     deadline = [0.0]
