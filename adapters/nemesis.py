@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 import attrs
 
-from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on
+from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on, spawn_tied
 
 __all__ = ["Endpoint", "Strike", "pause", "kill_restart", "kill_connections", "debug_sleep", "client_pause",
            "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of", "control_maker"]
@@ -124,13 +123,11 @@ def _strike(kind: str, server: ValkeyServer | Endpoint, seconds: float, end: Cal
 def pause(server: ValkeyServer, seconds: float) -> Strike:
     """SIGSTOP the server for `seconds`, then SIGCONT. The SIGCONT comes from a small process of its own: a client
     library that waits on the paused server while holding the GIL (valkey-glide's sync client does) would otherwise
-    starve the thread that resumes it, and nothing would ever end the wait."""
+    starve the thread that resumes it, and nothing would ever end the wait. That process dies with this one."""
     proc = _process(server, "pause")
     proc.pause()
     pid = server.pid
-    resumer = subprocess.Popen(["/bin/sh", "-c", f"sleep {max(0.0, seconds):.3f}; kill -CONT {pid} 2>/dev/null"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               close_fds=True)
+    resumer = spawn_tied(["/bin/sh", "-c", f"sleep {max(0.0, seconds):.3f}; kill -CONT {pid} 2>/dev/null"])
 
     def end() -> None:
         proc.resume()

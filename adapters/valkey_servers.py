@@ -44,6 +44,7 @@ __all__ = [
     "live_pids",
     "resp_command",
     "server_on",
+    "spawn_tied",
 ]
 
 HOST = "127.0.0.1"
@@ -138,6 +139,12 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+
+
+def spawn_tied(argv: list[str]) -> subprocess.Popen:
+    """A helper process that dies with this one (PR_SET_PDEATHSIG from the spawner thread), no stdio."""
+    return _SPAWNER.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          close_fds=True)
 _LIVE: set["ValkeyServer"] = set()
 _LIVE_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, object] = {}

@@ -98,7 +98,17 @@ CHILD = textwrap.dedent("""
     nemesis.kill_restart(down, seconds=60)
     with open(f"/proc/{{paused.pid}}/stat") as f:
         state = f.read().rsplit(")", 1)[1].split()[0]
-    print(json.dumps({{"pids": [paused.pid], "ports": ss.ports, "state": state}}), flush=True)
+    import os
+    helpers = []  # (the pause's resumer: a process of this one that is no server)
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != paused.pid:
+            try:
+                with open(f"/proc/{{d}}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        helpers.append(int(d))
+            except OSError:
+                pass
+    print(json.dumps({{"pids": [paused.pid], "ports": ss.ports, "state": state, "helpers": helpers}}), flush=True)
     if {mode!r} == "exception":
         raise RuntimeError("boom in a nemesis step")
     if {mode!r} == "timeout":  # a store call on the paused server, bounded: the timeout ends the run
@@ -142,6 +152,11 @@ def test_nothing_is_left_paused_or_running(mode: str):
         time.sleep(0.05)
     assert _state(info["pids"][0]) in (None, "Z"), f"valkey-server left behind after {mode}"
     assert not any(ping(p, timeout=0.2) for p in info["ports"])
+    assert info["helpers"], "the pause's resumer process was not found"
+    deadline = time.monotonic() + 5
+    while any(_state(p) not in (None, "Z") for p in info["helpers"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_state(p) in (None, "Z") for p in info["helpers"]), f"helper process left behind after {mode}"
 
 
 def _control(stores, kind):
