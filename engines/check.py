@@ -113,6 +113,8 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
+    if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
+        schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
     budgeted_from = None
     share_so_far = 0.0
     for name, share in schedule:

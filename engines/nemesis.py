@@ -33,12 +33,10 @@ from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 
 __all__ = ["NemesisPlan", "NemesisCoverage", "Nemesis", "plan_for", "fault_seconds", "nemesis_ops", "run_nemesis_scenarios",
-           "nemesis_layout", "nemesis_search", "nemesis_cases", "NEMESIS_RUNS", "NEMESIS_SHARE"]
+           "nemesis_layout", "nemesis_search", "nemesis_cases", "NEMESIS_RUNS"]
 
 #: Runs of each kind's faulted concurrent layout (each strikes once; a finding is judged by its rate).
 NEMESIS_RUNS = 3
-#: The share of what is left of the budget the engine takes when it runs first.
-NEMESIS_SHARE = 0.35
 _runs = itertools.count()
 
 
@@ -50,6 +48,8 @@ class NemesisPlan:
     kinds: tuple[FaultKind, ...]
     control_for: Callable[[list, FaultKind], Any]
     recovery_seconds: float | None = None
+    #: Asked for explicitly (`--nemesis KINDS`): `check` runs the nemesis first.
+    first: bool = False
 
     def control(self, stores: list) -> Any:
         """A control for a protocol case's stores (every kind of the plan strikes through it)."""
@@ -76,7 +76,7 @@ def plan_for(client: Any, client_options: dict, spec: str | None, *,
         raise ValueError(f"client {client.name!r} is in memory: it has no servers to fault")
     user_servers = spec is not None and "urls" in client_options
     return NemesisPlan(kinds=kinds, control_for=resolve_nemesis(user_servers=user_servers),
-                       recovery_seconds=recovery_seconds)
+                       recovery_seconds=recovery_seconds, first=spec is not None)
 
 
 def fault_seconds(kind: FaultKind, op_timeout: float) -> float:
@@ -225,6 +225,8 @@ class NemesisCoverage:
     cases: int = 0
     case_kinds: list = attrs.field(factory=list)
     skipped: str = ""
+    #: Kinds that did not fit in what was left of the engine's share (each takes its length and three op timeouts).
+    did_not_fit: list = attrs.field(factory=list)
 
     def text(self) -> str:
         if self.skipped:
@@ -234,15 +236,18 @@ class NemesisCoverage:
         parts = [f"{len(ran)} fault kind(s) in store-ops scenarios",
                  f"{len(self.concurrent)} in concurrent runs ({sum(n for _, n in self.concurrent.values())} runs)",
                  f"{self.cases} protocol case(s) over {len(self.case_kinds)} kind(s)"]
-        return ", ".join(parts) + (f"; not on these servers: {', '.join(cannot)}" if cannot else "")
+        unfit = [k for k in dict.fromkeys(self.did_not_fit) if k not in self.scenarios]
+        return ", ".join(parts) + (f"; not on these servers: {', '.join(cannot)}" if cannot else "") + (
+            f"; not struck, too long for the engine's share of the budget: {', '.join(unfit)}" if unfit else "")
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
 
 
 class Nemesis:
-    """`check`'s engine of real faults (see the module doc); it runs first on a real target, within `NEMESIS_SHARE`
-    of the budget, and only with a `NemesisPlan` in the context (`--nemesis`)."""
+    """`check`'s engine of real faults (see the module doc), with a `NemesisPlan` in the context (`--nemesis`): after
+    the fixed scenarios on a real target, or first when the faults were asked for explicitly. A fault is struck only
+    when what it takes (its length and three op timeouts) fits in the phase: none is cut short."""
 
     name = "nemesis"
 
@@ -252,30 +257,36 @@ class Nemesis:
         if plan is None or not plan.kinds:
             cov.skipped = "no real faults asked for (--nemesis none, or servers shardcheck did not start)"
             return None
-        end = min(ctx.phase_end, time.monotonic() + NEMESIS_SHARE * max(0.0, ctx.left()))
-
-        def stop() -> bool:
-            return ctx.should_stop() or time.monotonic() >= end
-
         t = ctx.target
-        common = {"op_timeout": ctx.op_timeout, "kinds": plan.kinds, "control_for": plan.control_for,
-                  "recovery_seconds": plan.recovery_seconds, "options": dict(t.client_options), "should_stop": stop}
-        found = run_nemesis_scenarios(t.client, struck=cov.scenarios, first_only=True, **common)
-        if found:
-            return Finding(engine=f"nemesis:{found[0].origin.partition(':')[2]}", violations=violations_of(found[0]),
-                           trace=found[0])
+
+        def fits(kind: FaultKind, runs: int = 1) -> bool:  # no fault starts that would not end within the phase
+            cost = runs * (fault_seconds(kind, ctx.op_timeout) + 3 * ctx.op_timeout + 1.0)
+            return not ctx.should_stop() and time.monotonic() + cost < ctx.phase_end
+
+        common = {"op_timeout": ctx.op_timeout, "control_for": plan.control_for,
+                  "recovery_seconds": plan.recovery_seconds, "options": dict(t.client_options)}
+        for kind in plan.kinds:
+            if not fits(kind):
+                cov.did_not_fit.append(kind.field)
+                continue
+            found = run_nemesis_scenarios(t.client, kinds=(kind,), struck=cov.scenarios, **common)
+            if found:
+                return Finding(engine=f"nemesis:{kind.field}", violations=violations_of(found[0]), trace=found[0])
         kinds = tuple(k for k in plan.kinds if cov.scenarios.get(k.field))
-        trace = nemesis_search(t.client, seed=ctx.seed, rates=cov.concurrent, **{**common, "kinds": kinds})
-        if trace is not None:
-            rate = trace.config["rate"]
-            return Finding(engine="nemesis:concurrent", violations=violations_of(trace), trace=trace,
-                           rate=Rate(rate["k"], rate["n"]))
+        for kind in kinds:
+            if fits(kind, NEMESIS_RUNS):
+                trace = nemesis_search(t.client, seed=ctx.seed, rates=cov.concurrent, kinds=(kind,),
+                                       should_stop=ctx.should_stop, **common)
+                if trace is not None:
+                    rate = trace.config["rate"]
+                    return Finding(engine="nemesis:concurrent", violations=violations_of(trace), trace=trace,
+                                   rate=Rate(rate["k"], rate["n"]))
         if t.runner != "sim":
             cov.case_kinds.append(f"none: real faults in protocol cases need the sim runner, not {t.runner}")
             return None
         for kind in kinds:
             for case in nemesis_cases(kind, op_timeout=ctx.op_timeout, n_ranks=t.rank_cap(2)):
-                if stop():
+                if not fits(kind):
                     return None
                 if not t.allows(case.n_ranks):
                     continue

@@ -17,7 +17,7 @@ from properties import config, strategies as s
 from runtime.bounded import BoundedStore, call_bounded
 from properties.reporting import PATH_CALLS, RULE_STEPS, VIOLATED, event, final_run, note, write_found
 
-__all__ = ["StoreMachine", "Pending"]
+__all__ = ["StoreMachine", "Pending", "STRUCK", "DECIDED"]
 
 
 # == the store-client layer ==============================================================================
@@ -39,6 +39,12 @@ def _short(v: Any) -> str:
 
 
 _namespaces = itertools.count()
+#: The real-fault kinds the store machine has struck in this session: each strikes once per session (a strike costs
+#: its fault's length; the concurrent layer and `check`'s nemesis engine strike every kind again). `DECIDED` keeps
+#: each decision by the ops before it and the rule's draws, so Hypothesis's replay of a failing example strikes
+#: exactly where the failing run did.
+STRUCK: set[str] = set()
+DECIDED: dict[tuple, bool] = {}
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -261,6 +267,10 @@ class StoreMachine(RuleBasedStateMachine):
         from engines.nemesis import fault_seconds
         RULE_STEPS["store"] += 1
         kind = self.plan.kinds[which % len(self.plan.kinds)]
+        decision = (repr(self.ops), which, rank, key)
+        if not DECIDED.setdefault(decision, kind.field not in STRUCK):
+            return  # (struck once this session already)
+        STRUCK.add(kind.field)
         control = self.plan.control_for(self.stores, kind)
         if control is None:  # these servers cannot take this kind (a process fault on a user's server)
             return

@@ -100,7 +100,7 @@ CHECK_ENGINES: dict[str, str] = {
 #: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
-    "real": (("nemesis", None), ("scenarios", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35),
+    "real": (("scenarios", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15), ("enumerate", 0.3),
              ("random", "rest")),
 }
 

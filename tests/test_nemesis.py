@@ -198,6 +198,9 @@ def _store_machine_properties(factory, kinds: str) -> set[str]:
     from hypothesis import HealthCheck, Phase, settings
     from properties.engine import caught
     from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
     how = settings(max_examples=4, stateful_step_count=10, deadline=None, database=None, derandomize=True,
                    phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
     return caught(StoreMachine, how, client=factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
@@ -217,7 +220,7 @@ def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_tra
     the fault again (reproduces) and that the reference client fixes; `--nemesis` on the in-memory client is exit 2."""
     from tests.conftest import run_cli
     bad = "adapters.valkey_clients:never_reconnect_factory"
-    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "12", "--op-timeout", "0.5",
+    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "20", "--op-timeout", "0.5",
                 "--out", str(tmp_path), "--json", timeout=180)
     assert r.returncode == 1, r.stderr[-2000:]
     result = json.loads(r.stdout)
