@@ -1,7 +1,7 @@
 """Real LMCache (0.5.6) store clients against real Valkey servers, one per rank.
 
 Each class implements the contract's `RankStore` (put/get/contains/delete/get_async/close) over a
-real LMCache client class, plus optional extra read paths listed in `read_paths`. Factories follow
+real LMCache client class, plus optional extra read paths, all declared in `paths`. Factories follow
 `factory(n_ranks, **options) -> list[RankStore]` (one store per rank, rank order):
 
 - `resp_factory`   (`--client lmcache`):        LMCache's `RemoteBackend` with `remote_url=resp://`
@@ -78,7 +78,8 @@ _quiet_done = False
 
 
 def _quiet_lmcache_logs(force: bool = False) -> None:
-    """LMCache logs every connector creation at INFO/WARNING; keep test output readable
+    """LMCache logs every connector creation at INFO/WARNING, and valkey-glide's Rust core (under
+    `lmcache-valkey`) logs every failed connection attempt at WARN to stdout; keep both to errors
     (set SHARDCHECK_LMCACHE_LOGS=1 to see them)."""
     global _quiet_done
     if (_quiet_done and not force) or os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
@@ -88,6 +89,11 @@ def _quiet_lmcache_logs(force: bool = False) -> None:
         if name.startswith("lmcache"):
             logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger("lmcache").setLevel(logging.ERROR)
+    try:
+        from glide_sync import Logger, LogLevel
+    except ImportError:  # glide is only there with LMCache's valkey extra
+        return
+    Logger.set_logger_config(LogLevel.ERROR)
 
 
 # --------------------------------------------------------------------------- values and keys
@@ -122,7 +128,6 @@ def lmcache_key(key: str, rank: int, n_ranks: int):
 # --------------------------------------------------------------------------- base store
 
 class _StoreBase:
-    read_paths: tuple[str, ...] = ("get", "get_async")
     #: Every public read/lookup operation (CONTRACT.md's optional `paths`); the concurrent layer drives each.
     paths: tuple[str, ...] = ("get", "get_async", "contains")
     #: Calls may overlap from several threads (CONTRACT.md's optional `thread_safe`).
@@ -152,6 +157,10 @@ class _StoreBase:
 
     def key_string(self, key: str) -> str:
         return self.lmcache_key(key).to_string()
+
+    def server_key(self, key: str) -> str:
+        """The key the server holds `key` under (the server's own evictions delete it: `adapters.shared_tier`)."""
+        return self.key_string(key)
 
     @property
     def servers(self) -> ServerSet | None:
@@ -241,7 +250,6 @@ class BackendStore(_StoreBase):
 
     scheme = "resp"
     client_name = "lmcache"
-    read_paths = ("get", "get_async", "get_batch", "get_prefix")
     paths = ("get", "get_async", "get_batch", "get_prefix", "contains", "contains_batch", "contains_async")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,
@@ -383,7 +391,6 @@ class NativeStore(_StoreBase):
     """One rank's store over LMCache's native RESP client class (what RESPConnector wraps)."""
 
     client_name = "lmcache-native"
-    read_paths = ("get", "get_async", "get_batch", "get_sync")
     paths = ("get", "get_async", "get_batch", "get_sync", "contains", "contains_batch")
 
     def __init__(self, rank: int, n_ranks: int, servers: _Servers, *, use_mla: bool = True,

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on, spawn_tied
+from adapters.resp import command as _cmd
 
 __all__ = ["Endpoint", "Strike", "pause", "kill_restart", "kill_connections", "debug_sleep", "client_pause",
            "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of", "control_maker"]
@@ -192,14 +193,6 @@ def _until_unresponsive(server: ValkeyServer | Endpoint, limit: float) -> None:
         except OSError:
             return
         time.sleep(0.002)
-
-
-def _cmd(*args: str) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
 
 
 def client_pause(server: ValkeyServer | Endpoint, seconds: float) -> Strike:

@@ -26,13 +26,14 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 
 __all__ = [
     "ServerStartError",
@@ -47,7 +48,6 @@ __all__ = [
     "spawn_tied",
 ]
 
-HOST = "127.0.0.1"
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 3.0
 
@@ -193,49 +193,6 @@ def _install_cleanup_hooks() -> None:
 
 
 atexit.register(_stop_all)
-
-
-# --------------------------------------------------------------------------- RESP helpers
-
-def _command(*args: bytes | str) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a.encode() if isinstance(a, str) else a
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
-
-
-def resp_command(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
-    """One RESP command on a fresh connection to host:port (AUTH first when `password`): its reply's first bytes
-    (at most 4 KB), every socket operation bounded by `timeout`."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        if password is not None:
-            s.sendall(_command("AUTH", password))
-            s.recv(256)
-        s.sendall(_command(*args))
-        return s.recv(4096)
-
-
-def ping(port: int, password: str | None = None, timeout: float = 1.0) -> bool:
-    """True when the server on `port` answers PING (after AUTH when `password` is given)."""
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            if password is not None:
-                s.sendall(_command("AUTH", password))
-                if not s.recv(64).startswith(b"+OK"):
-                    return False
-            s.sendall(_command("PING"))
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- one server

@@ -18,7 +18,11 @@ from model.finding import Finding
 from model.outcome import Case, Outcome
 from model.trace import Trace
 
-__all__ = ["Target", "SearchContext", "Engine", "CoverageRecord", "Coverage", "Runner", "target_kind"]
+__all__ = ["Target", "SearchContext", "Engine", "CoverageRecord", "Coverage", "Runner", "target_kind", "Later",
+           "DEFAULT_RETENTION"]
+
+#: Default `--retention`: the least age (seconds) a value nobody deleted is read back at (`engines.retention`).
+DEFAULT_RETENTION = 3.0
 
 #: `run(protocol, case) -> Outcome`: one protocol case over the target's client (the simulator or rank processes).
 Runner = Callable[[Any, Case], Outcome]
@@ -124,6 +128,11 @@ class SearchContext:
     note: Callable[[str], None] = lambda text: None
     #: The real faults of the run (`engines.nemesis.NemesisPlan`, `--nemesis`), or None: none.
     nemesis: Any = None
+    #: `--retention`: the least age a value nobody deleted is read back at (0: not tested).
+    retention: float = DEFAULT_RETENTION
+    #: Checks an engine started that come due later (`Later`: a retention sample): polled while the engines after
+    #: it run, finished at the end of the schedule, closed when the check ends.
+    later: list = attrs.field(factory=list)
 
     def stores(self, n_ranks: int, **ours: Any) -> list:
         """Fresh stores of the target's client for `n_ranks` ranks (validated; `op_timeout` given where accepted)."""
@@ -139,6 +148,18 @@ class SearchContext:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+class Later(TypingProtocol):
+    """A check that comes due after the engine that started it returned: `poll()` (cheap; from every engine's
+    `should_stop`) is its finding once due, `finish(deadline)` waits for it if that fits before `deadline`,
+    `close()` releases what it holds."""
+
+    def poll(self) -> Finding | None: ...
+
+    def finish(self, deadline: float) -> Finding | None: ...
+
+    def close(self) -> None: ...
 
 
 class Engine(TypingProtocol):

@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager
 
 import attrs
 
-from engines.api import Coverage, Runner, SearchContext, Target, target_kind
+from engines.api import DEFAULT_RETENTION, Coverage, Runner, SearchContext, Target, target_kind
 from engines.replay import ReplayOn, measure
 from model.finding import Finding, Rate
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
@@ -77,22 +77,27 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
               seed: int = 0, out_dir: str | Path = "counterexamples/found", op_timeout: float = 2.0,
               explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
-              note: Callable[[str], None] = lambda text: None, nemesis: Any = None) -> CheckResult:
+              note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION,
+              nemesis: Any = None) -> CheckResult:
     """Search `target` within `budget` seconds (see the module doc). `run` runs a protocol case over the target's
     client (kept for the whole check); `fresh_runner()` a context giving one over fresh stores (the measurement)."""
     t0 = time.monotonic()
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
     ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=op_timeout, coverage=coverage,
-                        explore_workers=explore_workers, note=note, nemesis=nemesis)
+                        explore_workers=explore_workers, note=note, retention=retention, nemesis=nemesis)
     if until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
         finding = _exhaust(ctx, until_exhausted, on_progress)
         start = time.monotonic()
     else:
         finding, start = None, t0
     ctx.deadline = start + budget
-    if finding is None:
-        finding = _schedule(ctx, on_progress)
+    try:
+        if finding is None:
+            finding = _schedule(ctx, on_progress)
+    finally:
+        for job in ctx.later:
+            job.close()
     path = None
     if finding is not None:
         now = time.monotonic()
@@ -137,17 +142,26 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
                 continue
         ctx.coverage.phase = name
         ctx.phase_end = phase_end
-        ctx.should_stop = _stopper(ctx, phase_end, on_progress)
+        late: list[Finding] = []
+        ctx.should_stop = _stopper(ctx, phase_end, on_progress, late)
         finding = resolve_engine(name).search(ctx)
+        if finding is not None or late:
+            return finding if finding is not None else late[0]
+    for job in ctx.later:  # what came due after the engines that started it: waited for if it fits the budget
+        finding = job.finish(ctx.deadline)
         if finding is not None:
             return finding
     return None
 
 
-def _stopper(ctx: SearchContext, phase_end: float, on_progress: Callable[[Coverage], None]) -> Callable[[], bool]:
+def _stopper(ctx: SearchContext, phase_end: float, on_progress: Callable[[Coverage], None],
+             late: list[Finding]) -> Callable[[], bool]:
+    """The phase's stop: its end, or a finding of a check that came due meanwhile (`ctx.later`, into `late`)."""
     def should_stop() -> bool:
         on_progress(ctx.coverage)
-        return time.monotonic() >= phase_end
+        if not late:
+            late.extend(f for f in (job.poll() for job in ctx.later) if f is not None)
+        return bool(late) or time.monotonic() >= phase_end
     return should_stop
 
 
@@ -176,7 +190,7 @@ def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Findin
             finding = finding.with_case(finding.case, out).lead_with(original.property) \
                 if original.property in out.violated() else original
         return finding
-    if kind == "store-ops":
+    if kind == "store-ops" and not finding.minimal:
         from engines.storeops import minimise_store_ops
         before = len(finding.trace.ops)
         trace, minimal = minimise_store_ops(finding.trace, ctx.target.client, should_stop=stop,

@@ -9,8 +9,10 @@ bounded by `bound` seconds for the whole run; an op still pending then (or a cal
 
 - `lost-completion`: an op never completed (named);
 - `double-completion`: an op's completion was delivered more than once;
-- `wrong-caller`: a read answered with a value written for another key (every put writes a value tagged with
-  its key, caller and position, so a reply paired with the wrong request shows);
+- `wrong-caller`, `wrong-key`, `store-roundtrip`: a read answered with a value not its key's (every put writes
+  a value tagged with its key, caller and position): the reply to another caller's concurrent read of the key
+  that value was put for (a crossed reply), a value put for another key that no other caller was reading
+  (a deterministic wrong key), or bytes no put wrote;
 - `store-error`: a call raised;
 - `linearizability`: the history is not linearizable against the key-value register (`engines.linearizability`).
 
@@ -28,30 +30,53 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from engines.linearizability import check
+from runtime.bounded import call_bounded
 from model.contract import StoreCallTimeout
-from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, History, Op
+from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 from model.recovery import default_recovery_seconds, probe
 
-__all__ = ["Layout", "Run", "Rate", "make_layout", "run_layout", "judge", "measure", "tag_value",
-           "CONCURRENT_PROPERTIES", "FAULTED_PROPERTIES", "store_paths", "thread_safe"]
+__all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
+           "CONCURRENT_PROPERTIES", "FAULTED_PROPERTIES", "thread_safe"]
 
-CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "store-error", "linearizability")
+CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
+                         "store-error", "linearizability")
 #: What a concurrent run through real-server faults can violate instead (see `judge`).
 FAULTED_PROPERTIES = ("fault-hang", "fault-integrity", "recovery", "double-completion")
 _nonce = itertools.count()
 
 
-def store_paths(store: Any) -> tuple[str, ...]:
-    """The read/lookup paths a store declares (`paths`, else the older `read_paths`, else get/get_async),
-    with `contains` (a contract method) always included."""
-    declared = getattr(store, "paths", None) or getattr(store, "read_paths", None) or ("get", "get_async")
-    out = tuple(declared)
-    return out if "contains" in out else out + ("contains",)
-
-
 def thread_safe(store: Any) -> bool:
     """Whether the client may be driven concurrently (CONTRACT.md: optional `thread_safe`, default True)."""
     return bool(getattr(store, "thread_safe", True))
+
+
+@attrs.define
+class ServerClients:
+    """What a layout runs on: `clients[c]`, client c's store of one server (several clients of the same server
+    when the client can share it, `runtime.tier`), and `evict(key)`, the server's own eviction (None: it cannot).
+    `close()` closes what was made for it."""
+
+    clients: list
+    evict: Callable[[str], None] | None = None
+    closer: Callable[[], None] | None = None
+
+    @classmethod
+    def of(cls, target: Any) -> "ServerClients":
+        """A `ServerClients`, or one store as the target of one client."""
+        return target if isinstance(target, ServerClients) else cls([target])
+
+    @classmethod
+    def shared(cls, shared: Any, rank: int = 0) -> "ServerClients":
+        """Rank `rank`'s server of a `runtime.tier.SharedStores`: its clients there, and its eviction."""
+        evict = (lambda key: shared.evict(rank, key)) if shared.can_evict() else None
+        return cls([stores[rank] for stores in shared.clients], evict, shared.close)
+
+    def close(self) -> None:
+        if self.closer is not None:
+            self.closer()
+        else:
+            for s in self.clients:
+                s.close()
 
 
 @attrs.define
@@ -78,23 +103,28 @@ class Layout:
 
 
 def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, paths: Sequence[str] = ("get", "get_async"),
-                writes: float = 0.4, pad: int = 8) -> Layout:
+                writes: float = 0.4, pad: int = 8, clients: int = 1, evictions: bool = False) -> Layout:
     """A seeded layout: `threads` callers of `ops` ops each over `keys` keys; a share `writes` of puts and
-    deletes, the rest reads spread over `paths` (multi-key paths read 2-3 keys)."""
+    deletes (and, with `evictions`, the server's own evictions), the rest reads spread over `paths` (multi-key
+    paths read 2-3 keys). With `clients` > 1 each op goes through one of that many clients of the same server."""
     rng = random.Random(seed)
     names = [f"k{i}" for i in range(keys)]
-    reads = [p for p in paths if p != "put" and p != "delete"] or ["get"]
+    reads = [p for p in paths if p not in WRITE_PATHS] or ["get"]
     out = []
     for _ in range(threads):
         mine = []
         for _ in range(ops):
             if rng.random() < writes:
-                path = "put" if rng.random() < 0.75 else "delete"
-                mine.append({"path": path, "keys": [rng.choice(names)], **({"pad": pad} if path == "put" else {})})
+                roll = rng.random()
+                path = "put" if roll < 0.75 else "evict" if evictions and roll < 0.85 else "delete"
+                op = {"path": path, "keys": [rng.choice(names)], **({"pad": pad} if path == "put" else {})}
             else:
                 path = rng.choice(reads)
                 width = rng.randint(2, min(3, keys)) if path in MULTI_KEY_READS and keys > 1 else 1
-                mine.append({"path": path, "keys": rng.sample(names, width)})
+                op = {"path": path, "keys": rng.sample(names, width)}
+            if clients > 1 and op["path"] != "evict":
+                op["client"] = rng.randrange(clients)
+            mine.append(op)
         out.append(mine)
     return Layout(out, seed)
 
@@ -102,13 +132,6 @@ def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, pat
 def tag_value(key: str, caller: str, index: int, pad: int) -> bytes:
     """The value a put writes: it names its key, caller and position, then `pad` filler bytes."""
     return f"{key}|{caller}.{index}|".encode() + b"v" * pad
-
-
-def _key_of(value: Any) -> str | None:
-    if isinstance(value, (bytes, bytearray)):
-        head, sep, _ = bytes(value).partition(b"|")
-        return head.decode(errors="replace") if sep else None
-    return None
 
 
 @attrs.define
@@ -121,20 +144,22 @@ class Run:
     prefix: str = ""
 
 
-def _call(store: Any, op: Op) -> Any:
+def _call(target: ServerClients, op: Op) -> Any:
     path = op.path
+    if op.server:  # the server's own eviction: a delete no client made
+        return target.evict(op.key)
+    store = target.clients[op.client]
     if path == "put":
         return store.put(op.key, op.value)
-    if path in ("delete", "contains", "get", "get_sync"):
-        return getattr(store, path)(op.key)
-    if path in MULTI_KEY_READS:
-        res = getattr(store, path)(list(op.keys))
-        return list(res) if isinstance(res, (list, tuple)) else res
-    raise ValueError(f"unknown path {path!r}")
+    if path == "delete":
+        return store.delete(op.key)
+    res = getattr(store, path)(*read_args(path, op.keys))
+    return list(res) if isinstance(res, tuple) else res
 
 
-def _plans(layout: Layout, prefix: str) -> tuple[list[Op], list[list[Op]]]:
-    """Every op of the layout (ids in thread order, keys under `prefix`, put values tagged), and each caller's plan."""
+def _plans(layout: Layout, prefix: str, target: Any) -> tuple[list[Op], list[list[Op]]]:
+    """Every op of the layout (ids in thread order, keys under `prefix`, put values tagged), and each caller's plan;
+    `ValueError` for a client or a server eviction the target does not have."""
     ops: list[Op] = []
     plans: list[list[Op]] = []
     for t, mine in enumerate(layout.threads):
@@ -143,7 +168,13 @@ def _plans(layout: Layout, prefix: str) -> tuple[list[Op], list[list[Op]]]:
         for i, spec in enumerate(mine):
             keys = tuple(prefix + k for k in spec["keys"])
             value = tag_value(keys[0], caller, i, int(spec.get("pad", 0))) if spec["path"] == "put" else None
-            plan.append(Op(len(ops) + len(plan), caller, spec["path"], keys, value))
+            client, server = int(spec.get("client", 0)), spec["path"] == "evict"
+            if not 0 <= client < len(target.clients):
+                raise ValueError(f"the layout names client {client}; the target has {len(target.clients)}")
+            if server and target.evict is None:
+                raise ValueError("the layout has a server eviction, but this server cannot evict by itself")
+            plan.append(Op(len(ops) + len(plan), caller, "delete" if server else spec["path"], keys, value,
+                           client=client, server=server))
         ops.extend(plan)
         plans.append(plan)
     return ops, plans
@@ -152,14 +183,16 @@ def _plans(layout: Layout, prefix: str) -> tuple[list[Op], list[list[Op]]]:
 def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
                clock: Callable[[], float] = time.monotonic, strikes: Sequence[tuple[Any, Any]] = (),
                control: Any = None, recovery_seconds: float | None = None, op_timeout: float | None = None) -> History:
-    """Run `layout` on `store` (every caller at once); at most `bound` seconds for the whole run. Keys are
-    prefixed with `prefix` (default: a fresh one per run, so runs on one store never see each other's keys).
-    `strikes`: (kind, `ServerFault` at "run") pairs, each struck through `control` by the caller about to invoke op
-    `fault.step`; the run then waits for the servers and probes `recovery` (`History.faults`), and a call that took
-    longer than `op_timeout` (default: a third of `bound`) is judged as one that did not return within its bound."""
+    """Run `layout` on `store` (a store, or a `ServerClients`: several clients of one server; every caller at once); at
+    most `bound` seconds for the whole run. Keys are prefixed with `prefix` (default: a fresh one per run, so runs
+    on one store never see each other's keys). `strikes`: (kind, `ServerFault` at "run") pairs, each struck through
+    `control` by the caller about to invoke op `fault.step`; the run then waits for the servers and probes `recovery`
+    (`History.faults`), and a call that took longer than `op_timeout` (default: a third of `bound`) is judged as one
+    that did not return within its bound."""
+    target = ServerClients.of(store)
     prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
     lock = threading.Lock()
-    ops, plans = _plans(layout, prefix)
+    ops, plans = _plans(layout, prefix, target)
     started: list[Op] = []
     barrier = threading.Barrier(len(plans) + 1)
     deadline = [0.0]
@@ -206,18 +239,18 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
                 started.append(op)
             if op.path == "get_async":
                 try:
-                    fut = store.get_async(op.key)
+                    fut = target.clients[op.client].get_async(op.key)
                 except BaseException as exc:
                     complete(op, error=exc)
                     continue
                 fut.add_done_callback(lambda f, op=op: complete(op, *_outcome(f)))
                 continue
             try:
-                result = _call(store, op)
+                result = _call(target, op)
             except BaseException as exc:
                 complete(op, error=exc)
                 continue
-            complete(op, None if op.path in ("put", "delete") else result)
+            complete(op, None if op.path in WRITE_PATHS else result)
 
     workers = [threading.Thread(target=caller, args=(p,), name=f"shardcheck-caller-t{i}", daemon=True)
                for i, p in enumerate(plans)]
@@ -242,7 +275,7 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         op_timeout = bound / 3 if op_timeout is None else op_timeout
         for f in history.faults:
             f["op_timeout"] = op_timeout
-        _after_faults(store, history, sorted({k for op in ops for k in op.keys}), control, clock,
+        _after_faults(target.clients[0], history, sorted({k for op in ops for k in op.keys}), control, clock,
                       recovery_seconds if recovery_seconds is not None else default_recovery_seconds(op_timeout))
     return history
 
@@ -277,10 +310,10 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
 
 def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
-    real-server faults (`History.faults`): an op never completed is `fault-hang`; an error or a miss while a fault
-    lasted or within the recovery bound after it is fine (it constrains nothing), an error after that is
-    `recovery`, as is a failed recovery probe; a wrong answer is `fault-integrity`, judged against the register the
-    faults allow (`model.history.LOSSY_KV_MODEL`)."""
+    real-server faults (`History.faults`): an op never completed, or one that took longer than its bound, is
+    `fault-hang`; an error or a miss while a fault lasted or within the recovery bound after it is fine (it
+    constrains nothing), an error after that is `recovery`, as is a failed recovery probe; a wrong answer is
+    `fault-integrity`, judged against the register the faults allow (`model.history.LOSSY_KV_MODEL`)."""
     out: list[dict] = []
     faults = history.faults
     window = (min(f["struck"] for f in faults), max(f["healed"] for f in faults),
@@ -298,16 +331,9 @@ def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], d
         if op.completions > 1:
             out.append({"property": "double-completion", "op": op.id,
                         "summary": f"{op.label()} was completed {op.completions} times"})
-    for op in history.ops:
-        if op.pending or op.error or op.path not in ("get", "get_async", "get_sync", "get_batch", "get_prefix"):
-            continue
-        values = op.result if isinstance(op.result, list) else [op.result]
-        for key, value in zip(op.keys, values):
-            owner = _key_of(value)
-            if value is not None and owner != key:
-                out.append({"property": "fault-integrity" if faults else "wrong-caller", "op": op.id,
-                            "summary": f"{op.label()} was answered with a value written for {owner!r}" + _during(faults)})
-                break
+    for v in _foreign_values(history):  # through faults every wrong value is the one property
+        out.append({**v, "property": "fault-integrity", "summary": f"{v['summary']} ({v['property']})" + _during(faults)}
+                   if faults else v)
     for f in faults:
         if "not_recovered" in f:
             out.append({"property": "recovery", "op": None,
@@ -341,9 +367,51 @@ def _unconstrained_miss(op: Op) -> Op:
     res = op.result
     missed = (res is None or res is False or (isinstance(res, list) and (None in res or len(res) < len(op.keys)))
               or (isinstance(res, int) and not isinstance(res, bool) and res < len(op.keys)))
-    if op.path in ("put", "delete") or op.pending or op.error or not missed:
+    if op.path in WRITE_PATHS or op.pending or op.error or not missed:
         return op
     return attrs.evolve(op, error="a miss while a fault lasted")
+
+
+def _overlap(a: Op, b: Op) -> bool:
+    """Whether two ops' intervals overlap (a pending op never ends)."""
+    a_end = float("inf") if a.completed is None else a.completed
+    b_end = float("inf") if b.completed is None else b.completed
+    return a.invoked <= b_end and b.invoked <= a_end
+
+
+def _foreign_values(history: History) -> list[dict]:
+    """Reads answered with a value that is not their key's: bytes no put wrote (`store-roundtrip`), the reply to
+    another caller's concurrent read of the key that value was put for (`wrong-caller`), or else a value put for
+    another key (`wrong-key`: no other caller was reading that key, so no reply was crossed)."""
+    puts = {bytes(op.value): op for op in history.ops if op.path == "put" and op.value is not None}
+    out = []
+    for op in history.ops:
+        if op.pending or op.error or op.path not in VALUE_READS:
+            continue
+        values = op.result if isinstance(op.result, list) else [op.result]
+        for key, value in zip(op.keys, values):
+            if not isinstance(value, (bytes, bytearray)):
+                continue
+            put = puts.get(bytes(value))
+            if put is None:
+                out.append({"property": "store-roundtrip", "op": op.id,
+                            "summary": f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
+                                       f"({_short(value)})"})
+                break
+            if put.key == key:
+                continue
+            crossed = next((o for o in history.ops if o.caller != op.caller and o.path in VALUE_READS
+                            and put.key in o.keys and _overlap(o, op)), None)
+            if crossed is not None:
+                out.append({"property": "wrong-caller", "op": op.id,
+                            "summary": f"{op.label()} was answered with the reply to {crossed.label()} (a value put "
+                                       f"for {put.key} by op {put.id})"})
+            else:
+                out.append({"property": "wrong-key", "op": op.id,
+                            "summary": f"{op.label()} answered {key} with the value put for {put.key} "
+                                       f"({put.label()}); no other caller was reading {put.key} meanwhile"})
+            break
+    return out
 
 
 def _short(v: Any) -> str:
@@ -370,6 +438,30 @@ class Rate:
         return self.k / self.n if self.n else 0.0
 
 
+#: Seconds the removal of a run's keys may take in all (a client that hung is not waited on).
+CLEANUP_SECONDS = 2.0
+
+
+def remove_keys(store: Any, history: History, bound: float = CLEANUP_SECONDS) -> None:
+    """Delete the keys a run put (through client 0), so that runs leave nothing on a user's servers; skipped when
+    an op of the run never completed (the client may be wedged), bounded in all by `CLEANUP_SECONDS`."""
+    if any(op.pending for op in history.ops):
+        return
+    target = ServerClients.of(store)
+    keys = sorted({op.key for op in history.ops if op.path == "put"})
+    if not keys:
+        return
+    end = time.monotonic() + min(bound, CLEANUP_SECONDS)
+    for key in keys:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            call_bounded(left, "delete", key, target.clients[0].delete, key)
+        except Exception:  # noqa: BLE001 - cleaning up is best effort; the run's verdict is already taken
+            return
+
+
 def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
             should_stop: Callable[[], bool] = lambda: False, first_only: bool = False,
             strikes: Sequence[tuple[Any, Any]] = (), control: Any = None, op_timeout: float | None = None,
@@ -385,6 +477,7 @@ def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: 
         history = run_layout(store, layout, bound=bound, strikes=strikes, control=control, op_timeout=op_timeout,
                              recovery_seconds=recovery_seconds)
         violations, verdict = judge(history)
+        remove_keys(store, history, bound)
         if want is not None:
             violations = [v for v in violations if v["property"] == want]
         rate.n += 1

@@ -39,7 +39,7 @@ def fault_op(field: str, rank: int, seconds: float = 0.0) -> dict:
 class FaultWindow:
     """The faults of one sequential run and what they allow (see the module doc)."""
 
-    def __init__(self, stores: Sequence[Any], oracle: Sequence[Any], *, control: Any, op_timeout: float,
+    def __init__(self, stores: Sequence[Any], oracle: Sequence[dict], *, control: Any, op_timeout: float,
                  recovery_seconds: float | None) -> None:
         self.stores, self.oracle, self.control = stores, oracle, control
         self.op_timeout = op_timeout
@@ -69,7 +69,7 @@ class FaultWindow:
             raise ValueError(f"ops[{i}]: {kind.text(fault)} needs a nemesis (servers shardcheck started)")
         kind.strike(self.control, fault)
         if kind.loses in ("all", "any"):
-            for key in self.oracle[fault.rank].data:
+            for key in self.oracle[fault.rank]:
                 self.maybe.setdefault((fault.rank, key), []).append(None)
         self.struck.append((kind, fault))
         self.faulted = True
@@ -101,30 +101,29 @@ class FaultWindow:
         return self._recover(i, {})
 
     # -- the client's answers ------------------------------------------------------------------------------
-    def prior(self, r: int, op: dict) -> Any:
-        """The oracle's value of a put's or delete's key before it runs (what stays possible when it raises)."""
-        if op["op"] == "put":
-            self.owners.setdefault(bytes(op["value"]), op["key"])
-        return self.oracle[r].data.get(op["key"]) if op["op"] in ("put", "delete") else None
 
     def timed_out(self, i: int, r: int, exc: StoreCallTimeout, op: dict | None = None) -> Violation:
         detail = {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds}
         if op is not None and "key" in op:  # whether the server held the key (a missing one may hang for its own reasons)
-            detail["present"] = op["key"] in self.oracle[r].data
+            detail["present"] = op["key"] in self.oracle[r]
         if self.struck:
             return Violation("fault-hang", f"ops[{i}] rank {r} while {self.what()}: {exc}", detail)
         return Violation("store-hang", f"ops[{i}] rank {r}: {exc}", detail)
 
-    def raised(self, i: int, r: int, op: dict, exc: Exception, prior: Any) -> Violation | None:
+    def raised(self, i: int, r: int, op: dict, exc: Exception) -> Violation | None:
+        if op["op"] == "put":
+            self.owners.setdefault(bytes(op["value"]), op["key"])
         if not self.struck:
             return Violation("store-error", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
                              f" raised {type(exc).__name__}: {exc}", {"index": i})
-        if op["op"] in ("put", "delete"):  # it may not have happened
-            self.maybe.setdefault((r, op["key"]), []).append(prior)
+        if op["op"] in ("put", "delete"):  # it may have happened all the same (the oracle kept the value before)
+            self.maybe.setdefault((r, op["key"]), []).append(bytes(op["value"]) if op["op"] == "put" else None)
         return None
 
     def settled(self, r: int, op: dict) -> None:
-        """A put or delete that completed: its key's value is certain again."""
+        """A put or delete that completed (the oracle has it): its key's value is certain again."""
+        if op["op"] == "put":
+            self.owners.setdefault(bytes(op["value"]), op["key"])
         if op["op"] in ("put", "delete"):
             self.maybe.pop((r, op["key"]), None)
 
@@ -151,9 +150,9 @@ class FaultWindow:
 
     def _set(self, r: int, key: str, value: Any) -> None:
         if value is None:
-            self.oracle[r].data.pop(key, None)
+            self.oracle[r].pop(key, None)
         else:
-            self.oracle[r].data[key] = value
+            self.oracle[r][key] = value
         self.maybe.pop((r, key), None)
 
     def _wrong(self, i: int, r: int, op: dict, got: Any, expected: Any) -> Violation:

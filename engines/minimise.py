@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import attrs
 
 from engines.api import Runner
-from model.faults import FAULT_KINDS
+from model.faults import FAULT_KINDS, REFITS, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import Case, run_case
 from model.outcome import OtherPrompt
@@ -44,15 +44,38 @@ def ddmin(parts: Sequence[T], still_fails: Callable[[list[T]], bool], *,
     return ops, True
 
 
-def shrinks(case: Case) -> Iterator[Case]:
-    """Smaller neighbours of `case`: fewer ranks or chunks, fewer faults, simpler faults, no schedule or seed."""
+def _smaller_shapes(case: Case) -> Iterator[tuple[int, int]]:
+    """Fewer ranks, fewer chunks: one less, then half (a large case shrinks in a few steps)."""
+    n, k = case.n_ranks, case.n_chunks
+    for fewer in dict.fromkeys((n - 1, n // 2)):
+        if 1 <= fewer < n:
+            yield fewer, k
+    for fewer in dict.fromkeys((k - 1, k // 2)):
+        if 0 <= fewer < k:
+            yield n, fewer
+
+
+def _plans_in(case: Case, n: int, k: int) -> Iterator[FaultPlan]:
+    """The fault plans a case shrunk to `n` x `k` chunks is tried with: the faults that still fit, every fault
+    re-placed (each way of `model.faults.REFITS`), and, for a shape too small for them, each of those plus one
+    chunk evicted before the lookup (the explorer tries every cached set: a smaller shape may need another one)."""
     f = case.faults
-    if case.n_ranks > 1:
-        n = case.n_ranks - 1
-        yield attrs.evolve(case, n_ranks=n, schedule=(), faults=f.restricted(n, case.n_chunks))
-    if case.n_chunks > 0:
-        k = case.n_chunks - 1
-        yield attrs.evolve(case, n_chunks=k, schedule=(), faults=f.restricted(case.n_ranks, k))
+    plans = [f.restricted(n, k), *(f.refitted(n, k, how, was=case.n_chunks) for how in REFITS)]
+    plans = list(dict.fromkeys(plans))
+    yield from plans
+    for plan in plans:
+        for c in range(k):
+            if Eviction(c) not in plan.evict_before_lookup:
+                yield attrs.evolve(plan, evict_before_lookup=plan.evict_before_lookup + (Eviction(c),))
+
+
+def shrinks(case: Case) -> Iterator[Case]:
+    """Smaller neighbours of `case`: fewer ranks or chunks (with the faults re-placed, `_plans_in`), fewer faults,
+    simpler faults, no schedule or seed."""
+    f = case.faults
+    for n, k in _smaller_shapes(case):
+        for plan in _plans_in(case, n, k):
+            yield attrs.evolve(case, n_ranks=n, n_chunks=k, schedule=(), faults=plan)
     for kind in FAULT_KINDS:
         for i in range(len(getattr(f, kind.field))):
             yield attrs.evolve(case, faults=f.without(kind.field, i))

@@ -22,10 +22,11 @@ from typing import Any, Callable
 import attrs
 
 from engines.api import SearchContext
-from engines.concurrency import make_layout, measure, store_paths, thread_safe
+from engines.concurrency import make_layout, measure, thread_safe
 from engines.faulted import fault_op
 from engines.racy import to_trace
 from engines.storeops import run_ops
+from model.contract import declared_paths
 from model.faults import FAULT_OP_TIMEOUTS, FaultKind, FaultPlan, ServerFault
 from model.finding import Finding, Rate
 from model.outcome import Case
@@ -187,7 +188,7 @@ def nemesis_search(client: Any, *, kinds: tuple[FaultKind, ...], control_for: Ca
             control = control_for(stores, kind)
             if control is None or not thread_safe(stores[0]):
                 continue
-            layout, strikes, bound = nemesis_layout(kind, seed, paths=store_paths(stores[0]), op_timeout=op_timeout)
+            layout, strikes, bound = nemesis_layout(kind, seed, paths=declared_paths(stores[0]), op_timeout=op_timeout)
             rate = measure(stores[0], layout, runs=NEMESIS_RUNS, bound=bound, strikes=strikes, control=control,
                            should_stop=should_stop, op_timeout=op_timeout, recovery_seconds=recovery_seconds)
         finally:

@@ -13,15 +13,18 @@ from typing import Any, Callable, Iterator, Sequence
 import attrs
 
 from engines.api import SearchContext
-from engines.concurrency import Layout, Rate, make_layout, measure, store_paths, thread_safe
+from engines.concurrency import Layout, Rate, ServerClients, make_layout, measure, thread_safe
+from model.contract import declared_paths
 from model.faults import kind_of
 from model.finding import Finding, Rate as FindingRate
 from model.history import lanes
 from model.outcome import Violation
 from model.trace import Trace, violations_of
+from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
 
 __all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
-           "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT"]
+           "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT", "fresh_target", "needs_shared",
+           "targets"]
 
 #: The most runs a minimisation step spends on one candidate.
 MAX_CANDIDATE_RUNS = 20
@@ -31,17 +34,41 @@ CONCURRENT_BOUND = {"in-memory": 1.0, "real": 3.0}
 CONCURRENT_OP_TIMEOUT = 1.0
 
 
-def _on(store: Any, fresh: Callable[[], list] | None, layout: Layout, **kw: Any) -> Rate:
-    """`measure` on `store`, or on a fresh store of `fresh()` (closed afterwards): a store that earlier runs
+def fresh_target(made: Any) -> ServerClients:
+    """What a maker of fresh stores made, as a `ServerClients`: one already (several clients of one server), or a
+    list of rank stores whose first one is run (all closed with it)."""
+    if isinstance(made, ServerClients):
+        return made
+    return ServerClients([made[0]], closer=lambda: [s.close() for s in made])
+
+
+def targets(client: Any, **options: Any) -> tuple[Callable[..., ServerClients], str]:
+    """A maker of fresh targets of `client` (a `runtime.registry.Client`; `options`: its factory's) and a note: two
+    clients of the same server (`runtime.tier.open_shared`) and '' when the client can share servers, else one
+    store and why not."""
+    if not client.takes_urls():
+        return (lambda *_: fresh_target(client.stores(1, **options))), NotShared.reason(client)
+
+    def shared(clients: int = SHARED_CLIENTS) -> ServerClients:
+        return ServerClients.shared(open_shared(client, 1, clients=clients, **options))
+    return shared, ""
+
+
+def needs_shared(trace: Trace) -> bool:
+    """Whether a concurrent trace runs several clients of the same server, or the server's own evictions."""
+    return int(trace.config.get("clients", 1)) > 1 or any(op.get("path") == "evict" for op in trace.ops)
+
+
+def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) -> Rate:
+    """`measure` on `store`, or on a fresh target of `fresh()` (closed afterwards): a store that earlier runs
     wedged makes every later layout fail, and a replay starts from a fresh store."""
     if fresh is None:
         return measure(store, layout, **kw)
-    stores = fresh()
+    target = fresh_target(fresh())
     try:
-        return measure(stores[0], layout, **kw)
+        return measure(target, layout, **kw)
     finally:
-        for s in stores:
-            s.close()
+        target.close()
 
 
 def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
@@ -87,7 +114,7 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
 
 
 def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: list[int], origin: str,
-             options: dict | None = None, strikes: Sequence[tuple[Any, Any]] = ()) -> Trace:
+             options: dict | None = None, clients: int = 1, strikes: Sequence[tuple[Any, Any]] = ()) -> Trace:
     """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history, and the
     real-server faults each run struck (`config.faults`: `{"fault", "rank", "at": "run", "step", "seconds"}`)."""
     first = rate.first
@@ -98,7 +125,8 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
     return Trace(kind="concurrent", property=v["property"], summary=summary, protocol={"name": "-", "ref": None},
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)}, **(options or {}),
+                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)},
+                         **({"clients": clients} if clients > 1 else {}), **(options or {}),
                          **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
                  verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
                                          for x in first.violations],
@@ -126,14 +154,16 @@ def strikes_of(config: dict) -> list[tuple[Any, Any]]:
 
 
 @contextlib.contextmanager
-def layout_runs(trace: Trace, stores: list, control: Any = None) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
-    """`once()`: one run of a concurrent trace's layout on `stores[0]` (closed at the end), under a fresh key prefix
-    each time: its violations (of any property) and a note. A layout that uses a path the client does not offer
-    cannot run: no violation, and the note says so. A trace's real-server faults (`strikes_of`) strike in every run
-    through `control` (closed at the end too)."""
+def layout_runs(trace: Trace, stores: Any, control: Any = None) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+    """`once()`: one run of a concurrent trace's layout on `stores[0]` (or on a `ServerClients`: several clients of
+    one server; closed at the end), under a fresh key prefix each time: its violations (of any property) and a
+    note. A layout that uses a path the client does not offer cannot run: no violation, and the note says so. A
+    trace's real-server faults (`strikes_of`) strike in every run through `control` (closed at the end too)."""
+    target = fresh_target(stores)
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
-    missing = sorted({op["path"] for op in trace.ops if not callable(getattr(stores[0], op["path"], None))})
+    missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
+                      and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
     strikes = strikes_of(trace.config)
     faulted = {"strikes": strikes, "control": control, "op_timeout": trace.config.get("op_timeout"),
                "recovery_seconds": trace.config.get("recovery_seconds")} if strikes else {}
@@ -141,7 +171,7 @@ def layout_runs(trace: Trace, stores: list, control: Any = None) -> Iterator[Cal
     def once() -> tuple[list[Violation], str]:
         if missing:  # nothing to run: the race lives on a path this client does not offer
             return [], f"the client offers no {', '.join(missing)}: the layout cannot run on it"
-        got = measure(stores[0], layout, runs=1, bound=bound, **faulted)
+        got = measure(target, layout, runs=1, bound=bound, **faulted)
         if not got.k:
             return [], ""
         return [Violation(v["property"], v["summary"], {"op": v["op"]}) for v in got.first.violations], ""
@@ -150,8 +180,7 @@ def layout_runs(trace: Trace, stores: list, control: Any = None) -> Iterator[Cal
     finally:
         if control is not None:
             control.close()
-        for s in stores:
-            s.close()
+        target.close()
 
 
 @attrs.define
@@ -165,14 +194,20 @@ class ConcurrencyCoverage:
     paths: tuple[str, ...] = ()
     not_on_a_fresh_store: int = 0
     skipped: str = ""
+    #: Clients of the one server the layouts ran on, whether the server evicted by itself, and why one client only.
+    clients: int = 1
+    evictions: bool = False
+    not_shared: str = ""
 
     def text(self) -> str:
         if self.skipped:
             return f"not run: {self.skipped}"
         stale = f"; {self.not_on_a_fresh_store} layout(s) not shown again on a fresh store" \
             if self.not_on_a_fresh_store else ""
+        tier = (f"; {self.clients} clients of one server{', and its own evictions' if self.evictions else ''}"
+                if self.clients > 1 else f"; one client per server ({self.not_shared})" if self.not_shared else "")
         return (f"{self.layouts:,} layouts, {self.runs:,} runs, {self.ops:,} ops over "
-                f"{', '.join(self.paths) or 'no path'}{stale}")
+                f"{', '.join(self.paths) or 'no path'}{stale}{tier}")
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -186,15 +221,18 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
     store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
     measured on fresh stores, as a replay runs it; it is returned as a trace."""
     cov = coverage if coverage is not None else ConcurrencyCoverage()
-    if not thread_safe(store):
+    target = ServerClients.of(store)
+    if not thread_safe(target.clients[0]):
         cov.skipped = "the client declares thread_safe = False"
         return None
-    cov.paths = paths = store_paths(store)
+    cov.paths = paths = declared_paths(target.clients[0])
+    cov.clients, cov.evictions = len(target.clients), target.evict is not None
     sizes = [(2, 4, 2), (3, 6, 2), (4, 8, 3), (6, 8, 3), (8, 10, 4), (8, 16, 6)]
     i = 0
     while not should_stop():
         threads, ops, keys = sizes[min(i // 4, len(sizes) - 1)]
-        layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths)
+        layout = make_layout(seed + i, threads=threads, ops=ops, keys=keys, paths=paths,
+                             clients=len(target.clients), evictions=target.evict is not None)
         i += 1
         cov.layouts += 1
         rate = measure(store, layout, runs=runs_per_layout, bound=bound, should_stop=should_stop)
@@ -213,13 +251,15 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
         if not final.k:  # the minimised layout lost its rate before we could measure it: keep the original
             small, final = layout, rate
-        return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency")
+        return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency",
+                        clients=len(target.clients))
     return None
 
 
 class Concurrency:
-    """`check`'s concurrent layer: many ops at once on one fresh store of the client; a finding comes minimised and
-    measured on fresh stores. A run is never cut short (a pending op would read as lost): one starts only when its
+    """`check`'s concurrent layer: many ops at once on one fresh server of the client (two clients of it when the
+    client can share servers, and the server's own evictions); a finding comes minimised and measured on fresh
+    stores. A run is never cut short (a pending op would read as lost): one starts only when its
     whole bound fits in the phase."""
 
     name = "concurrency"
@@ -231,16 +271,15 @@ class Concurrency:
         ours = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
         options = ctx.target.store_options(**ours)
         phase_stop, whole_stop = ctx.should_stop, ctx.deadline - bound
-        stores = client.stores(1, **options)
+        coverage = ctx.coverage.of(self.name, ConcurrencyCoverage)
+        fresh, coverage.not_shared = targets(client, **options)
+        target = fresh()
         try:
-            trace = search(stores[0], client=client.name, seed=ctx.seed, bound=bound,
+            trace = search(target, client=client.name, seed=ctx.seed, bound=bound,
                            should_stop=lambda: phase_stop() or time.monotonic() + bound >= ctx.phase_end,
-                           coverage=ctx.coverage.of(self.name, ConcurrencyCoverage),
-                           minimise_stop=lambda: time.monotonic() >= whole_stop,
-                           fresh=lambda: client.stores(1, **options))
+                           coverage=coverage, minimise_stop=lambda: time.monotonic() >= whole_stop, fresh=fresh)
         finally:
-            for s in stores:
-                s.close()
+            target.close()
         if trace is None:
             return None
         trace.config.update(client.accepted(ours))

@@ -101,11 +101,13 @@ def _protocol_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple
 @contextlib.contextmanager
 def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
     """Runs of a store-ops trace, each on fresh stores (its keys are the trace's own)."""
-    from engines.storeops import bounded_factory, run
+    from engines.storeops import CannotRun, bounded_factory, run
 
     def once() -> tuple[list[Violation], str]:
         try:
             _, violations = run(trace, bounded_factory(trace, on.client, on.options), control_for=on.control)
+        except CannotRun as exc:
+            raise ReplayError(str(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ReplayError(f"ops: {exc}") from None
         if violations and violations[0].detail.get("index") == -1 and trace.property != "store-error":
@@ -116,19 +118,32 @@ def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tupl
 
 @contextlib.contextmanager
 def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a concurrent trace's layout on one fresh store (each run under its own key prefix)."""
-    from engines.racy import layout_runs
+    """Runs of a concurrent trace's layout on one fresh store (each run under its own key prefix); a trace of several
+    clients of one server (`engines.racy.needs_shared`) on that many fresh clients of one fresh server."""
+    from engines.racy import layout_runs, needs_shared, targets
     options = {**on.client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config}),
                **on.options}
     from engines.racy import strikes_of
-    stores = on.client.stores(1, **options)
+    if needs_shared(trace):
+        fresh, not_shared = targets(on.client, **options)
+        if not_shared:
+            raise ReplayError(f"the trace runs several clients of the same server, and {not_shared}")
+        made = fresh(int(trace.config.get("clients", 2)))
+        if any(op.get("path") == "evict" for op in trace.ops) and made.evict is None:
+            made.close()
+            raise ReplayError("the trace has the server's own evictions; these servers cannot evict by themselves")
+    else:
+        made = on.client.stores(1, **options)
     try:
-        control = on.control(stores) if strikes_of(trace.config) else None
+        control = on.control(made if isinstance(made, list) else list(made.clients)) if strikes_of(trace.config) \
+            else None
     except BaseException:
-        for s in stores:
+        for s in made if isinstance(made, list) else ():
             s.close()
+        if not isinstance(made, list):
+            made.close()
         raise
-    with layout_runs(trace, stores, control) as once:
+    with layout_runs(trace, made, control) as once:
         yield once
 
 

@@ -14,76 +14,184 @@ from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
-from model.store import MemoryStore
+from model.history import READ_PATHS, answer, read_args, wrong_key
 from model.trace import Trace, decode, encode
+from model.trace_validate import STORE_OPS
 from runtime.bounded import BoundedStore
 from runtime.registry import Client
+from runtime.tier import NotShared, SharedStores, open_shared
 
 __all__ = ["OPS", "run_ops", "OPTION_KEYS", "run", "violation_key", "kept_by_removal", "bounded_factory",
-           "minimise_store_ops", "replay"]
+           "minimise_store_ops", "replay", "needs_shared", "WRITES"]
 
-OPS = ("put", "get", "contains", "delete", "get_async", "get_batch")
+#: The ops of a store-ops sequence: a client's writes, every read path of `model.history.READ_PATHS`, the server's
+#: own eviction and ageing (`model.trace_validate.STORE_OPS`).
+OPS = STORE_OPS
+#: A client's writes.
+WRITES = ("put", "delete")
+
+
+def _keys(op: dict) -> list[str]:
+    return list(op["keys"]) if "keys" in op else [op["key"]]
 
 
 def _call(store: Any, op: dict, wait_bound: float) -> Any:
     name = op["op"]
     if name == "put":
         return store.put(op["key"], op["value"])
-    if name in ("get", "contains", "delete"):
-        return getattr(store, name)(op["key"])
+    if name == "delete":
+        return store.delete(op["key"])
     if name == "get_async":
         return wait_future(store.get_async(op["key"]), wait_bound, "get_async", op["key"])
-    if name == "get_batch":
-        if not callable(getattr(store, "get_batch", None)):
-            raise AttributeError("this client has no get_batch read path")
-        return list(store.get_batch(list(op["keys"])))
-    raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+    if name not in READ_PATHS:
+        raise ValueError(f"unknown op {name!r} (known: {', '.join(OPS)})")
+    if not callable(getattr(store, name, None)):
+        raise AttributeError(f"this client has no {name} read path")
+    got = getattr(store, name)(*read_args(name, _keys(op)))
+    return list(got) if isinstance(got, tuple) else got
+
+
+def _expected(oracle: dict, op: dict) -> Any:
+    """The register's answer to a read (None for a write), from `model.history.answer`."""
+    if op["op"] in WRITES:
+        return None
+    if op["op"] not in READ_PATHS:
+        raise ValueError(f"unknown op {op['op']!r} (known: {', '.join(OPS)})")
+    return answer(op["op"], [oracle.get(k) for k in _keys(op)])
+
+
+class _Register:
+    """The oracle of a run: per rank (one server each), every key's value, every value it was ever put (a
+    wrong key's), who changed it last (a client index, or "server"), and what each client last wrote or read of
+    it (a client-local view: a stale answer equals it)."""
+
+    def __init__(self, n_ranks: int, n_clients: int) -> None:
+        self.values: list[dict[str, bytes]] = [{} for _ in range(n_ranks)]
+        self.held: list[dict[str, list[bytes]]] = [{} for _ in range(n_ranks)]
+        self.by: list[dict[str, Any]] = [{} for _ in range(n_ranks)]
+        self.seen: list[list[dict[str, bytes | None]]] = [[{} for _ in range(n_ranks)] for _ in range(n_clients)]
+        self.aged: list[dict[str, float]] = [{} for _ in range(n_ranks)]  # keys not written since an `age` op
+
+    def age(self, seconds: float) -> None:
+        for r, values in enumerate(self.values):
+            for key in values:
+                self.aged[r][key] = self.aged[r].get(key, 0.0) + seconds
+
+    def write(self, r: int, op: dict, who: Any) -> None:
+        key = op["key"]
+        self.aged[r].pop(key, None)
+        if op["op"] == "put":
+            self.values[r][key] = bytes(op["value"])
+            self.held[r].setdefault(key, []).append(bytes(op["value"]))
+        else:
+            self.values[r].pop(key, None)
+        self.by[r][key] = who
+        if who != "server":
+            self.seen[who][r][key] = self.values[r].get(key)
+
+    def read(self, r: int, c: int, op: dict) -> None:
+        """A read by client `c` answered right: it has seen the keys' values now (value reads only)."""
+        if op["op"] in ("get", "get_async", "get_sync", "get_batch"):
+            for k in _keys(op):
+                self.seen[c][r][k] = self.values[r].get(k)
+
+    def judge(self, i: int, r: int, c: int, op: dict, got: Any, expected: Any) -> Violation:
+        """The violation of a read that answered `got`: a value put for another key (`wrong-key`), the answer
+        this client would give had it not seen another client's or the server's change (`shared-tier`), else
+        `store-roundtrip`."""
+        call = f"ops[{i}] rank {r}{f' client {c}' if c else ''}: {op['op']}({op.get('key', op.get('keys'))!r})"
+        crossed = wrong_key(_keys(op), got, expected, self.held[r])
+        if crossed is not None:
+            return Violation("wrong-key", f"{call} answered {crossed[0]!r} with a value put for {crossed[1]!r} "
+                             f"(returned {_short(got)}, the oracle {_short(expected)})",
+                             {"index": i, "key": crossed[0], "from": crossed[1]})
+        keys, seen = _keys(op), self.seen[c][r]
+        unseen = [k for k in keys if self.by[r].get(k, c) != c and k in seen]
+        local = answer(op["op"], [seen[k] if k in unseen else self.values[r].get(k) for k in keys])
+        if unseen and got == local:
+            who = self.by[r][unseen[0]]
+            did = "deleted" if unseen[0] not in self.values[r] else "overwrote"
+            whom = "the server evicted it" if who == "server" else f"client {who} {did} it"
+            return Violation("shared-tier", f"{call} returned {_short(got)}, the oracle {_short(expected)}: {whom}, "
+                             "and this client answered what it had seen before", {"index": i, "key": unseen[0],
+                                                                                  "by": who})
+        aged = [k for k in keys if k in self.aged[r]]
+        if aged:
+            return Violation("retention", f"{call} returned {_short(got)}, the oracle {_short(expected)}: put "
+                             f"{self.aged[r][aged[0]]:g} s before and never deleted", {"index": i, "key": aged[0]})
+        return Violation("store-roundtrip", f"{call} returned {_short(got)}, the oracle {_short(expected)}",
+                         {"index": i})
 
 
 def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
-            clock: Any = None, control: Any = None, recovery_seconds: float | None = None
-            ) -> tuple[list[dict], list[Violation]]:
+            clock: Any = None, others: Sequence[Sequence[RankStore]] = (),
+            evict: Callable[[int, str], None] | None = None,
+            done: Sequence[dict] = (), done_ago: float | None = None, control: Any = None,
+            recovery_seconds: float | None = None) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
-    An op is `{"rank", "op", "key" | "keys", "value"?}`; a value is bytes or a list of byte values; a
-    `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). Returns one
-    record per op run (`result`, `oracle`, `outcome`, and `seconds` when `clock` is given) and the
-    violations. Real-server faults are ops too (`engines.faulted`: `{"op": "fault", "fault": FIELD, "rank",
-    "seconds"}` strikes through `control`, `{"op": "recover"}` waits for the servers and probes `recovery`);
-    while one lasts, an error or a miss is fine.
+    An op is `{"rank", "op", "key" | "keys", "value"?, "client"?}`; a value is bytes or a list of byte values; a
+    `get_async` with `"wait": false` is fired and not awaited (as an engine's prefetch does). `others` are more
+    clients of the same servers (op `client` c > 0 runs on `others[c - 1]`); an `evict` op is the server's own
+    eviction (`evict(rank, key)`), an `age` op waits `seconds` (what was put grows old). `done`: puts and deletes
+    that already ran on these stores (the oracle starts from them; `done_ago`: that many seconds ago, as after an
+    `age` op). Returns one record per op run (`result`,
+    `oracle`, `outcome`, and `seconds` when `clock` is given) and the violations. Real-server faults are ops too
+    (`engines.faulted`: `{"op": "fault", "fault": FIELD, "rank", "seconds"}` strikes through `control`, `{"op":
+    "recover"}` waits for the servers and probes `recovery`); while one lasts, an error or a miss is fine.
     """
-    oracle = [MemoryStore() for _ in stores]
-    window = FaultWindow(stores, oracle, control=control, op_timeout=wait_bound,
+    clients = [stores, *others]
+    oracle = _Register(len(stores), len(clients))
+    for op in done:
+        oracle.write(op["rank"], {**op, "value": bytes(op["value"]) if op.get("value") is not None else None},
+                     op.get("client", 0))
+    if done_ago is not None:
+        oracle.age(done_ago)
+    window = FaultWindow(stores, oracle.values, control=control, op_timeout=wait_bound,
                          recovery_seconds=recovery_seconds)
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
         if isinstance(op.get("value"), list):
             op["value"] = bytes(op["value"])
+        rec = {"index": i, **op}
         if op["op"] in FAULT_OPS:
-            rec = {"index": i, **op}
             records.append(rec)
             violation = window.fault_op(i, op, rec)
             if violation is not None:
                 return records, [violation]
             continue
-        r = op["rank"]
+        if op["op"] == "age":
+            time.sleep(float(op["seconds"]))
+            oracle.age(float(op["seconds"]))
+            records.append({**rec, "outcome": "ok"})
+            continue
+        r, c = op["rank"], op.get("client", 0)
         if not 0 <= r < len(stores):
             raise ValueError(f"ops[{i}]: rank {r} is not one of the {len(stores)} stores")
+        if not 0 <= c < len(clients):
+            raise ValueError(f"ops[{i}]: client {c} is not one of the {len(clients)} clients of these servers")
+        if op["op"] == "evict":
+            if evict is None:
+                raise ValueError(f"ops[{i}]: a server eviction, but these servers cannot evict by themselves")
+            evict(r, op["key"])
+            oracle.write(r, op, "server")
+            records.append({**rec, "outcome": "ok"})
+            continue
         fire_only = op["op"] == "get_async" and op.get("wait", True) is False
-        prior = window.prior(r, op)
-        expected = None if fire_only else _call(oracle[r], op, wait_bound)
+        expected = None if fire_only else _expected(oracle.values[r], op)
         start = clock() if clock else None
-        rec = {"index": i, **op, "oracle": expected}
+        rec["oracle"] = expected
         records.append(rec)
+        store = clients[c][r]
         try:
-            got = stores[r].get_async(op["key"]) if fire_only else _call(stores[r], op, wait_bound)
+            got = store.get_async(op["key"]) if fire_only else _call(store, op, wait_bound)
         except StoreCallTimeout as exc:
             rec["outcome"] = "hang"
             return records, [window.timed_out(i, r, exc, op)]
         except Exception as exc:  # the client raised instead of answering
             rec["outcome"] = f"{type(exc).__name__}: {exc}"
-            violation = window.raised(i, r, op, exc, prior)
+            violation = window.raised(i, r, op, exc)
             if violation is not None:
                 return records, [violation]
             continue
@@ -93,14 +201,19 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             rec["outcome"] = "not awaited"
             continue
         rec["result"] = got
-        if op["op"] not in ("put", "delete") and got != expected:
-            violation = window.answered(i, r, op, got, expected)
+        if op["op"] in WRITES:
+            oracle.write(r, op, c)
+            window.settled(r, op)
+        elif got != expected:
+            violation = window.answered(i, r, op, got, expected) if window.faulted else \
+                oracle.judge(i, r, c, op, got, expected)
             if violation is not None:
                 rec["outcome"] = "mismatch"
                 return records, [violation]
             rec["outcome"] = "allowed under a fault"
             continue
-        window.settled(r, op)
+        else:
+            oracle.read(r, c, op)
         rec["outcome"] = "ok"
     violation = window.close(len(records))
     if violation is not None:
@@ -122,39 +235,69 @@ def _short(v: Any) -> str:
 OPTION_KEYS = ("topology", "use_mla", "op_timeout", "password")
 
 
+class CannotRun(ValueError):
+    """A trace that cannot run on this client at all (not a failure of the client)."""
+
+
+def needs_shared(trace: Trace) -> bool:
+    """Whether the trace runs several clients of the same servers, or the server's own evictions."""
+    return int(trace.config.get("clients", 1)) > 1 or any(op.get("op") == "evict" for op in trace.ops)
+
+
 def run(trace: Trace, factory: Callable[..., list],
         control_for: Callable[[list], Any] | None = None) -> tuple[list[dict], list[Violation]]:
     """Run the trace's ops with `engines.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
-    trace recorded); returns (records, violations) — at most one violation, the first (a factory that raised is
-    `store-error` at op index -1). Fault ops strike through `control_for(stores)` (closed after)."""
+    trace recorded), or, for a trace of several clients of the same servers (`needs_shared`), on
+    `factory.shared(n_ranks, clients, **options)` (`bounded_factory`); returns (records, violations) — at most one
+    violation, the first (a factory that raised is `store-error` at op index -1). `CannotRun` when the trace
+    cannot run on this factory. Fault ops strike through `control_for(stores)` (closed after)."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))
     options = {k: cfg[k] for k in OPTION_KEYS if k in cfg}
+    shared = None
     t0 = time.monotonic()
     try:
-        stores = factory(n, **options)
+        if needs_shared(trace):
+            opener = getattr(factory, "shared", None)
+            if opener is None:
+                raise CannotRun("the trace runs several clients of the same servers; this factory makes one")
+            try:
+                shared = opener(n, int(cfg.get("clients", 2)), **options)
+            except NotShared as exc:
+                raise CannotRun(f"the trace runs several clients of the same servers: {exc}") from None
+            stores = shared.clients[0]
+        else:
+            stores = factory(n, **options)
+    except CannotRun:
+        raise
     except Exception as e:
         return [], [Violation("store-error", f"factory({n}, **{options}) raised {type(e).__name__}: {e}",
                               {"index": -1})]
     control = None
     try:
+        others = shared.clients[1:] if shared is not None else ()
+        evict = shared.evict if shared is not None and shared.can_evict() else None
         if control_for is not None and any(op.get("op") == "fault" for op in trace.ops):
             control = control_for(stores)
         records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic,
-                                      control=control, recovery_seconds=cfg.get("recovery_seconds"))
+                                      others=others, evict=evict, control=control,
+                                      recovery_seconds=cfg.get("recovery_seconds"))
     finally:
         if control is not None:
             control.close()
-        for s in stores:
-            if hasattr(s, "close"):
-                s.close()
+        if shared is not None:
+            shared.close()
+        else:
+            for s in stores:
+                if hasattr(s, "close"):
+                    s.close()
     records = [encode(r) for r in records]
     records.append({"total_seconds": round(time.monotonic() - t0, 3)})
     return records, violations
 
 
-def violation_key(trace: Trace, violations: list[Violation]) -> tuple:
+def violation_key(trace: Trace, violations: list[Violation]) -> tuple | None:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
     when building the client failed); None without a violation. Through real-server faults the op's key too, whether
     the server held it, and whether a wrong answer was another key's bytes: a shorter sequence whose violation moved
@@ -186,15 +329,30 @@ def kept_by_removal(trace: Trace, factory: Callable[..., list], control_for: Any
     return kept
 
 
+class _BoundedFactory:
+    """`make(n, **recorded)`: fresh stores of a client with the options a trace recorded (those it accepts) and the
+    user's, every call bounded; `make.shared(n, clients, **recorded)`: several clients of the same servers
+    (`runtime.tier.open_shared`), bounded the same way."""
+
+    def __init__(self, client: Client, timeout: float, options: dict) -> None:
+        self.client, self.timeout, self.options = client, timeout, options
+
+    def _options(self, recorded: dict) -> dict:
+        return {**self.client.accepted(recorded), **self.options}
+
+    def __call__(self, n: int, **recorded: Any) -> list:
+        return [BoundedStore(s, self.timeout) for s in self.client.stores(n, **self._options(recorded))]
+
+    def shared(self, n: int, clients: int, **recorded: Any) -> SharedStores:
+        return open_shared(self.client, n, clients=clients, wrap=lambda s: BoundedStore(s, self.timeout),
+                           **self._options(recorded))
+
+
 def bounded_factory(trace: Any, client: Client, options: dict | None = None) -> Any:
     """Fresh stores from the client factory, with the options the trace recorded and the user's `options` (the
-    in-memory model takes none); every call bounded by the trace's op timeout."""
-    timeout = float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT))
-    extra = dict(options or {})
-
-    def make(n: int, **recorded: Any) -> list:
-        return [BoundedStore(s, timeout) for s in client.stores(n, **{**client.accepted(recorded), **extra})]
-    return make
+    in-memory model takes none); every call bounded by the trace's op timeout (`_BoundedFactory`: one client, or
+    several sharing servers)."""
+    return _BoundedFactory(client, float(trace.config.get("op_timeout", DEFAULT_OP_TIMEOUT)), dict(options or {}))
 
 
 def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress: Any = None,

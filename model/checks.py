@@ -230,6 +230,11 @@ CATALOG: tuple[Property, ...] = (
     _store("store-roundtrip", "every answer equals the oracle's, on every read path",
            "truncating_factory", "async_key_mismatch_factory", "shared_server_factory", "delete_keeps_cache_factory"),
     _store("store-error", "no call raises; the client stays usable", "unusable_after_miss_factory"),
+    _store("wrong-key", "a read never answers a key with a value put for another key", "mget_drops_misses_factory"),
+    _store("retention", "a value put and never deleted is still readable --retention seconds later (or as long as "
+           "the client declares it keeps values)", "expiring_factory"),
+    _store("shared-tier", "every client of the same servers sees the others' writes and evictions, and the "
+           "server's own, at once", "local_read_cache_factory"),
     _concurrent("lost-completion", "every op of overlapping callers completes within the bound", "lost_wakeup_factory"),
     _concurrent("double-completion", "no completion is delivered twice", "double_completion_factory"),
     _concurrent("wrong-caller", "no result reaches another caller", "crossed_replies_factory"),

@@ -8,7 +8,7 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 from model.effects import Effect
 
 __all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
-           "StoreCallTimeout", "missing_members"]
+           "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS"]
 
 
 @typing.runtime_checkable
@@ -38,9 +38,9 @@ class RankStore(typing.Protocol):
     """One rank's remote store client.
 
     Optional members shardcheck uses when present: `paths` (CONTRACT.md: every public read/lookup operation,
-    sync, async and batch, e.g. `("get", "get_async", "get_batch", "contains_batch")`; the concurrent layer
-    drives each), `thread_safe` (False: reported, not driven concurrently; default True), `read_paths` (the
-    older name of the read methods the sequential store layer uses), `get_batch(keys)`, and `max_value_bytes`
+    sync, async and batch, e.g. `("get", "get_async", "get_batch", "contains_batch")`; every store layer
+    drives each, see `declared_paths`), `thread_safe` (False: reported, not driven concurrently; default True),
+    `retention` (seconds the client keeps a value nobody deleted), `get_batch(keys)`, and `max_value_bytes`
     (the largest value the client stores; the properties keep values within it).
     """
 
@@ -69,6 +69,22 @@ class StoreCallTimeout(Exception):
         self.op = op
         self.key = key
         self.seconds = seconds
+
+
+#: The paths of a client that declares none: the contract's own reads.
+DEFAULT_PATHS = ("get", "get_async", "contains")
+
+
+def declared_paths(store: Any) -> tuple[str, ...]:
+    """Every read/lookup path a store (or its class) declares in `paths` (CONTRACT.md), with `contains` (a
+    contract method) always included; `DEFAULT_PATHS` when it declares none. `read_paths`, the older name,
+    is still read from a user's client that has no `paths` (docs/CONTRACT.md says so); shardcheck's own
+    clients declare `paths` only."""
+    declared = getattr(store, "paths", None)
+    if declared is None:
+        declared = getattr(store, "read_paths", None)
+    out = tuple(dict.fromkeys(declared or DEFAULT_PATHS))
+    return out if "contains" in out else out + ("contains",)
 
 
 def missing_members(obj: Any, names: Sequence[str]) -> list[str]:

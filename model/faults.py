@@ -104,6 +104,20 @@ class FaultPlan:
         return FaultPlan(**{k.field: tuple(x for x in getattr(self, k.field) if k.fits(x, n_ranks, n_chunks))
                             for k in FAULT_KINDS})
 
+    def refitted(self, n_ranks: int, n_chunks: int, how: str = "owner", *, was: int | None = None) -> "FaultPlan":
+        """Every fault re-placed to fit `n_ranks` x `n_chunks` (`FaultKind.refit`), so that a smaller shape keeps
+        the fault that made a case fail; one that cannot be re-placed is dropped. `how` (`REFITS`): "owner" moves
+        a chunk that no longer exists down to the last chunk with the same owner, "shift" moves every chunk down by
+        as many chunks as the shape lost (`was` chunks before; a fault keeps its distance from the end), "last"
+        puts it on the last chunk; ranks wrap, a completion's GetAsync index is cut to the rank's share."""
+        out = {}
+        for k in FAULT_KINDS:
+            placed = (x if k.fits(x, n_ranks, n_chunks) and how != "shift"
+                      else k.refit(x, n_ranks, n_chunks, how, n_chunks if was is None else was)
+                      for x in getattr(self, k.field))
+            out[k.field] = tuple(dict.fromkeys(x for x in placed if x is not None and k.fits(x, n_ranks, n_chunks)))
+        return FaultPlan(**out)
+
     def simulator_options(self) -> dict:
         """The load simulator's fault options (`model.sim.Simulator`): what strikes during the load (a real-server
         fault "during-load" comes before its load step, as an eviction does)."""
@@ -174,6 +188,7 @@ class FaultKind:
     singles: Callable[[int, int], Iterator[Any]]
     draw: Callable[[random.Random, int, int], tuple]
     smaller: Callable[[Any], Iterator[Any]] = lambda item: iter(())
+    refit: Callable[[Any, int, int, str, int], Any] = lambda item, n, k, how, was: None
     family: str = "harness"
     strike: Callable[[Any, Any], None] | None = None
     loses: str = "nothing"
@@ -229,9 +244,30 @@ def _draw_during(rng: random.Random, n: int, k: int) -> tuple:
     return (Eviction(rng.randrange(k), step=rng.randrange(_load_steps(n, k))),) if k and rng.random() < 0.4 else ()
 
 
+def _every_copy(e: Eviction) -> Iterator[Eviction]:
+    if e.rank is not None:
+        yield attrs.evolve(e, rank=None)
+
+
 def _earlier(e: Eviction) -> Iterator[Eviction]:
+    yield from _every_copy(e)
     if e.step:
+        if e.step > 1:
+            yield attrs.evolve(e, step=e.step // 2)
         yield attrs.evolve(e, step=e.step - 1)
+
+
+def _ev_refit(e: Eviction, n: int, k: int, how: str, was: int) -> Eviction | None:
+    """The eviction in `n` ranks x `k` chunks (`FaultPlan.refitted`), its rank wrapped."""
+    if k <= 0:
+        return None
+    chunk = e.chunk
+    if how == "shift":
+        chunk = max(0, chunk - max(0, was - k))
+    elif chunk >= k:
+        same_owner = (k - 1) - ((k - 1 - chunk) % n)
+        chunk = same_owner if how == "owner" and 0 <= same_owner < k else k - 1
+    return attrs.evolve(e, chunk=chunk, rank=None if e.rank is None else e.rank % n)
 
 
 # -- completions -------------------------------------------------------------------------------------
@@ -253,6 +289,11 @@ def _completion_fits(x: tuple, n: int, k: int) -> bool:
     return 0 <= x[0] < n and x[1] >= 0 and (len(x) < 3 or x[2] >= 0)
 
 
+def _completion_refit(x: tuple, n: int, k: int, how: str, was: int) -> tuple:
+    """The completion fault on a rank that exists, on a GetAsync the rank still issues (its share of k chunks)."""
+    return (x[0] % n, min(x[1], max(0, _asyncs(n, k) - 1)), *x[2:])
+
+
 def _draw_lost(rng: random.Random, n: int, k: int) -> tuple:
     return ((rng.randrange(n), rng.randrange(_asyncs(n, k))),) if k and rng.random() < 0.3 else ()
 
@@ -267,23 +308,26 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind(field="evict_before_lookup", when="before-lookup", level=None, explorer="initial configurations",
               text=_ev_text("before lookup"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
               singles=lambda n, k: (Eviction(c) for c in range(k)),
-              draw=lambda rng, n, k: tuple(Eviction(c) for c in range(k) if rng.random() < 0.1)),
+              draw=lambda rng, n, k: tuple(Eviction(c) for c in range(k) if rng.random() < 0.1), refit=_ev_refit,
+              smaller=_every_copy),
     FaultKind(field="evict_after_lookup", when="after-lookup", level="after-lookup", explorer="lazy eviction",
               text=_ev_text("between lookup and load"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
-              singles=lambda n, k: (Eviction(c) for c in range(k)), draw=_draw_after),
+              singles=lambda n, k: (Eviction(c) for c in range(k)), draw=_draw_after, refit=_ev_refit,
+              smaller=_every_copy),
     FaultKind(field="evict_during_load", when="during-load", level="during-load", explorer="lazy eviction",
               text=_ev_text("before load step"), to_json=_ev_json, from_json=_ev_from(True), fits=_ev_fits,
               singles=lambda n, k: (Eviction(c, step=s) for s in range(_load_steps(n, k)) for c in range(k)),
-              draw=_draw_during, smaller=_earlier),
+              draw=_draw_during, smaller=_earlier, refit=_ev_refit),
     FaultKind(field="lost", when="completion", level="completions", explorer="branch at each GetAsync",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion lost", to_json=list,
               from_json=_numbers(2, integers=2), fits=_completion_fits,
-              singles=lambda n, k: ((r, i) for r in range(n) for i in range(_asyncs(n, k))), draw=_draw_lost),
+              singles=lambda n, k: ((r, i) for r in range(n) for i in range(_asyncs(n, k))), draw=_draw_lost,
+              refit=_completion_refit),
     FaultKind(field="delayed", when="completion", level="completions", explorer="branch at each GetAsync",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion delayed {x[2]:g} s", to_json=list,
               from_json=_numbers(3, integers=2), fits=_completion_fits,
               singles=lambda n, k: ((r, i, DEFAULT_DELAY) for r in range(n) for i in range(_asyncs(n, k))),
-              draw=_draw_delayed),
+              draw=_draw_delayed, refit=_completion_refit),
 )
 
 
@@ -381,7 +425,8 @@ def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], Non
                  loses: str = "nothing", needs_process: bool = False) -> FaultKind:
     return FaultKind(field=field, when="server", level="nemesis", explorer="", text=_sf_text(what), to_json=_sf_json,
                      from_json=_sf_from, fits=_sf_fits, singles=_sf_singles(seconds), draw=lambda rng, n, k: (),
-                     smaller=_sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process)
+                     smaller=_sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
+                     refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
 
 
 _LASTS = FAULT_OP_TIMEOUTS * DEFAULT_OP_TIMEOUT
@@ -409,6 +454,8 @@ SERVER_KIND_NAMES = {k.field.removeprefix("server_").replace("_", "-"): k for k 
 
 FAULT_KINDS = FAULT_KINDS + SERVER_KINDS
 FAULT_FIELDS = tuple(k.field for k in FAULT_KINDS)
+#: The ways `FaultPlan.refitted` re-places a fault in a smaller shape.
+REFITS = ("owner", "shift", "last")
 NO_FAULTS = FaultPlan()
 
 

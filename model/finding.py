@@ -14,6 +14,7 @@ import attrs
 
 from model.outcome import Case, Outcome, Violation
 from model.trace import Trace
+from model.trace_validate import rate_problem
 
 __all__ = ["CONFIDENCE", "Rate", "Finding", "lower_bound", "runs_within"]
 
@@ -56,15 +57,10 @@ class Rate:
     @classmethod
     def from_json(cls, data: Any) -> "Rate":
         """The rate of a trace's `config.rate`; `ValueError` naming what is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError(f"expected an object {{'k', 'n'}}, got {type(data).__name__}")
-        k, n = data.get("k"), data.get("n")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k, n)) or not 0 < k <= n:
-            raise ValueError(f"expected integers with 0 < k <= n, got k={k!r}, n={n!r}")
-        flag = data.get("deterministic", False)
-        if not isinstance(flag, bool) or (flag and k != n):
-            raise ValueError(f"'deterministic' must be true or false, and true only when k == n (got {flag!r})")
-        return cls(k, n, flag)
+        problem = rate_problem(data)
+        if problem is not None:
+            raise ValueError(f"{problem[0].lstrip('.') or 'rate'}: {problem[1]}")
+        return cls(data["k"], data["n"], data.get("deterministic", False))
 
 
 @attrs.define
@@ -79,6 +75,8 @@ class Finding:
     rate: Rate | None = None
     #: What happened to it since it was found (minimised, confirmed...), in words.
     notes: list[str] = attrs.field(factory=list)
+    #: The engine built it 1-minimal (a retention finding: the put, the age, the read); the minimiser leaves it.
+    minimal: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.violations:

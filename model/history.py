@@ -10,14 +10,15 @@ register in that form, the one specification. `lanes` is a plain data form of a 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
 __all__ = ["Op", "History", "KVModel", "Model", "KV_MODEL", "LOSSY_KV_MODEL", "split_per_key", "WRITE_PATHS",
-           "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "FAULT_PATHS", "lanes"]
+           "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "VALUE_READS", "FAULT_PATHS", "lanes",
+           "read_args", "answer", "wrong_key", "short_value"]
 
-#: Paths that change the register.
+#: Paths that change the register (the server's own eviction of a key is a delete no client made: `Op.server`).
 WRITE_PATHS = ("put", "delete")
 #: Reads of one key: their result is the value (or `None`), `contains` a bool.
 SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
@@ -29,11 +30,56 @@ READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
 #: restart empty: the key is gone), `fault-save` / `fault-restore` (SAVE at the strike, the snapshot loaded at the
 #: restart), `fault-lose` (an eviction by the server's policy: the key may be gone).
 FAULT_PATHS = ("fault-wipe", "fault-save", "fault-restore", "fault-lose")
+#: Reads whose result holds values (bytes or None), not a count or a bool.
+VALUE_READS = ("get", "get_async", "get_sync", "get_batch", "get_prefix")
+
+
+def short_value(v: Any, width: int = 16) -> str:
+    """A result in a few characters: bytes as their length and first `width` characters, lists item by item."""
+    if isinstance(v, (bytes, bytearray)):
+        b = bytes(v)
+        head = b[:width].decode("utf-8", "replace")
+        return f"{len(b)} bytes {head!r}{'...' if len(b) > width else ''}"
+    if isinstance(v, list):
+        return "[" + ", ".join(short_value(x, width) for x in v) + "]"
+    return repr(v)
+
+
+def read_args(path: str, keys: Sequence[str]) -> tuple:
+    """The arguments of a call of read path `path` on `keys`: the key, or the list of keys of a multi-key read."""
+    if path in SINGLE_KEY_READS:
+        return (keys[0],)
+    if path in MULTI_KEY_READS:
+        return (list(keys),)
+    raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS)})")
+
+
+def answer(path: str, values: Sequence[bytes | None]) -> Any:
+    """What a correct client answers to the read `path` of keys whose values are `values` (None: absent):
+    the value (`get`...), a bool (`contains`), a value per key (`get_batch`), the values of the leading run of
+    hits (`get_prefix`) or its length (`contains_batch`, `contains_async`)."""
+    if path in ("get", "get_async", "get_sync"):
+        return values[0]
+    if path == "contains":
+        return values[0] is not None
+    if path == "get_batch":
+        return list(values)
+    run = []
+    for v in values:
+        if v is None:
+            break
+        run.append(v)
+    if path == "get_prefix":
+        return run
+    if path in ("contains_batch", "contains_async"):
+        return len(run)
+    raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
 
 
 @attrs.define
 class Op:
-    """One call: `completed is None` means it never completed; `error` names an exception it raised."""
+    """One call: `completed is None` means it never completed; `error` names an exception it raised. `client`: which
+    client of the same server made it; `server`: a delete no client made, the server's own eviction of the key."""
 
     id: int
     caller: str
@@ -45,6 +91,8 @@ class Op:
     result: Any = None
     error: str | None = None
     completions: int = 0
+    client: int = 0
+    server: bool = False
 
     @property
     def key(self) -> str:
@@ -55,10 +103,26 @@ class Op:
         return self.completed is None
 
     def label(self) -> str:
+        via = " (the server)" if self.server else f" (client {self.client})" if self.client else ""
+        return f"op {self.id} {self.caller}{via}: {self.call()}"
+
+    def call(self) -> str:
+        """The call as written: `path(key)`, `path([k1,k2])`, `put(key, N bytes)`; the server's eviction `evict(key)`."""
         args = self.keys[0] if len(self.keys) == 1 else "[" + ",".join(self.keys) + "]"
         if self.value is not None:
             args += f", {len(self.value)} bytes"
-        return f"op {self.id} {self.caller}: {self.path}({args})"
+        return f"{'evict' if self.server else self.path}({args})"
+
+    def outcome(self) -> str:
+        """What the caller got, short: `-> None`, `-> 21 bytes 'k0|t1.0|'...`, `-> True`, `raised ...`, `never
+        completed`."""
+        if self.pending:
+            return "never completed" + (f" ({self.error})" if self.error else "")
+        if self.error is not None:
+            return f"raised {self.error}"
+        if self.path in WRITE_PATHS:
+            return "-> ok"
+        return "-> " + short_value(self.result)
 
     def to_json(self) -> dict:
         res = self.result
@@ -68,7 +132,8 @@ class Op:
             res = [{"$hex": bytes(r).hex()} if isinstance(r, (bytes, bytearray)) else r for r in res]
         return {"id": self.id, "caller": self.caller, "path": self.path, "keys": list(self.keys),
                 "value": None if self.value is None else bytes(self.value).hex(), "invoked": self.invoked,
-                "completed": self.completed, "result": res, "error": self.error, "completions": self.completions}
+                "completed": self.completed, "result": res, "error": self.error, "completions": self.completions,
+                **({"client": self.client} if self.client else {}), **({"server": True} if self.server else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "Op":
@@ -81,7 +146,8 @@ class Op:
         return cls(id=int(d["id"]), caller=str(d["caller"]), path=str(d["path"]), keys=tuple(d["keys"]),
                    value=None if d.get("value") is None else bytes.fromhex(d["value"]),
                    invoked=float(d["invoked"]), completed=None if d.get("completed") is None else float(d["completed"]),
-                   result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)))
+                   result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)),
+                   client=int(d.get("client", 0)), server=bool(d.get("server", False)))
 
 
 @attrs.define
@@ -138,7 +204,7 @@ class KVModel:
     def step(self, state: tuple, op: Op) -> tuple[bool, tuple]:
         """Whether `op` (with its recorded result) is legal in `state`, and the state after it."""
         path = op.path
-        if path == "put" or path == "delete":
+        if path in WRITE_PATHS:
             i = self.index[op.key]
             new = list(state)
             new[i] = bytes(op.value) if path == "put" else None
@@ -149,23 +215,29 @@ class KVModel:
 
     def answer(self, state: tuple, path: str, keys: Sequence[str]) -> Any:
         """What a correct client answers to the read `path` of `keys` in `state`."""
-        vals = [state[self.index[k]] for k in keys]
-        if path in ("get", "get_async", "get_sync"):
-            return vals[0]
-        if path == "contains":
-            return vals[0] is not None
-        if path == "get_batch":
-            return vals
-        run = []
-        for v in vals:
-            if v is None:
-                break
-            run.append(v)
-        if path == "get_prefix":
-            return run
-        if path in ("contains_batch", "contains_async"):
-            return len(run)
-        raise ValueError(f"unknown read path {path!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
+        return answer(path, [state[self.index[k]] for k in keys])
+
+
+def wrong_key(keys: Sequence[str], got: Any, expected: Any, held: Mapping[str, Iterable[bytes]]) -> tuple[str, str] | None:
+    """Whether a value read of `keys` that answered `got` instead of `expected` answered, for one key `k`, a
+    value put for another key `k2` and never for `k` (`held`: every value each key was ever put): `(k, k2)`, or
+    None. A stale value of the key itself, or bytes nobody put, is no wrong key."""
+    if isinstance(got, (bytes, bytearray)) or got is None:
+        pairs = [(keys[0], got, expected)] if len(keys) == 1 else []
+    elif isinstance(got, (list, tuple)) and isinstance(expected, list):
+        pairs = list(zip(keys, got, expected + [None] * (len(got) - len(expected))))
+    else:
+        return None
+    for key, value, want in pairs:
+        if value is None or value == want or not isinstance(value, (bytes, bytearray)):
+            continue
+        value = bytes(value)
+        if value in set(held.get(key, ())):
+            continue
+        for other, values in held.items():
+            if other != key and value in set(values):
+                return key, other
+    return None
 
 
 
@@ -205,14 +277,14 @@ class Model:
 
 
 def lanes(history: History, *, verdict: dict | None = None) -> dict:
-    """A plain data form of `history` for a picture: one lane per caller with its op intervals (pending ones
-    flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
+    """A plain data form of `history` for a picture: one lane per caller with its op intervals (label: the call;
+    outcome: what the caller got; pending ones flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
     cannot be placed (from `verdict`, as `engines.linearizability.check` reports it)."""
     by_caller: dict[str, list[dict]] = {}
     t0 = min((op.invoked for op in history.ops), default=0.0)
     for op in sorted(history.ops, key=lambda o: o.invoked):
         by_caller.setdefault(op.caller, []).append({
-            "op": op.id, "label": op.label(), "start": op.invoked - t0,
+            "op": op.id, "label": op.label(), "outcome": op.outcome(), "start": op.invoked - t0,
             "end": None if op.pending else op.completed - t0, "pending": op.pending, "error": op.error})
     out: dict = {"lanes": [{"caller": c, "ops": ops} for c, ops in sorted(by_caller.items())],
                  "pending": [op.id for op in history.ops if op.pending]}

@@ -17,13 +17,14 @@ from typing import Any
 import attrs
 
 from model.codec import TraceError, decode, encode
-from model.faults import FaultPlan, kind_of
+from model.faults import FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
-from model.history import READ_PATHS, WRITE_PATHS
 from model.outcome import Violation
+from model.trace_validate import MAX_OPS, MAX_RANKS, need as _need, validate_concurrent, validate_rate, \
+    validate_store_ops
 
-__all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "decode",
+__all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "decode", "MAX_OPS",
            "Trace", "faults_to_json", "faults_from_json", "violations_of"]
 
 SCHEMA = "shardcheck-trace"
@@ -31,7 +32,7 @@ VERSION = 1
 KINDS = ("protocol", "store-ops", "concurrent")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
-MAX_RANKS, MAX_CHUNKS, MAX_OPS, MAX_FILE_BYTES, MAX_OTHERS = 64, 1024, 100_000, 64 * 1024 * 1024, 16
+MAX_CHUNKS, MAX_FILE_BYTES, MAX_OTHERS = 1024, 64 * 1024 * 1024, 16
 
 
 # -- the trace --------------------------------------------------------------------------------------
@@ -143,22 +144,19 @@ class Trace:
         for client, outcome in data["expect"].items():
             if outcome not in OUTCOMES:
                 raise TraceError(path, f"expect.{client}", f"expected one of {OUTCOMES}, got {outcome!r}")
+        for name, typ in (("origin", str), ("notes", str), ("events", list), ("lookup", dict), ("faults", dict),
+                          ("schedule", list), ("ops", list)):
+            if name in data:
+                _need(data, name, typ, path)
+        _validate_verdict(data["verdict"], path)
         if data["kind"] == "protocol":
             _validate_protocol(data, path)
+            if "rate" in data["config"]:  # (measured on fresh stores before it was saved)
+                validate_rate(data["config"]["rate"], path)
         elif data["kind"] == "concurrent":
-            _validate_concurrent(data, path)
+            validate_concurrent(data, path)
         else:
-            _need(data, "ops", list, path)
-            if len(data["ops"]) > MAX_OPS:
-                raise TraceError(path, "ops", f"{len(data['ops']):,} ops; a trace holds at most {MAX_OPS:,}")
-            n = data["config"].get("n_ranks", 1)
-            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_RANKS:
-                raise TraceError(path, "config.n_ranks", f"expected an integer in 1..{MAX_RANKS}, got {n!r}")
-            for i, op in enumerate(data["ops"]):
-                if isinstance(op, dict) and op.get("op") in ("fault", "recover"):
-                    _validate_fault_op(op, n, path, f"ops[{i}]")
-                elif not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("rank"), int):
-                    raise TraceError(path, f"ops[{i}]", "expected an object with 'op' (str) and 'rank' (int)")
+            validate_store_ops(data, path)
         known = {f.name for f in attrs.fields(cls)}
         unknown = set(data) - known - {"schema", "version"}
         if unknown:
@@ -188,45 +186,16 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
 
 
-def _need(data: dict, name: str, typ: type, path: Any) -> None:
-    if name not in data:
-        raise TraceError(path, name, "missing")
-    if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
-        raise TraceError(path, name, f"expected {typ.__name__}, got {type(data[name]).__name__}")
-
-
-def _validate_fault_op(op: dict, n_ranks: int, path: Any, field: str) -> None:
-    """A store-ops trace's real-server fault op (`{"op": "fault", "fault": FIELD, "rank", "seconds"}`) or its
-    recovery (`{"op": "recover"}`)."""
-    if op["op"] == "recover":
-        return
-    try:
-        kind = kind_of(str(op.get("fault")))
-    except KeyError:
-        raise TraceError(path, f"{field}.fault", f"unknown fault kind {op.get('fault')!r}") from None
-    if kind.family != "server":
-        raise TraceError(path, f"{field}.fault", f"{kind.field} is not a real-server fault")
-    try:
-        fault = kind.from_json({"rank": op.get("rank"), "at": "op", "seconds": op.get("seconds", 0.0)})
-    except ValueError as exc:
-        raise TraceError(path, field, str(exc)) from None
-    if not 0 <= fault.rank < n_ranks:
-        raise TraceError(path, f"{field}.rank", f"rank {fault.rank} is not one of the {n_ranks} ranks")
-
-
-def _validate_concurrent(data: dict, path: Any) -> None:
-    """A concurrent trace: `ops` are `{"thread", "path", "keys", "pad"?}`; `config.rate` is `{"k", "n", "seeds"}`."""
-    _need(data, "ops", list, path)
-    for i, op in enumerate(data["ops"]):
-        if not isinstance(op, dict) or not isinstance(op.get("thread"), int) or not isinstance(op.get("path"), str) \
-                or not isinstance(op.get("keys"), list) or not op["keys"] or not all(isinstance(k, str) for k in op["keys"]):
-            raise TraceError(path, f"ops[{i}]", "expected an object with 'thread' (int), 'path' (str), 'keys' (non-empty list of str)")
-        if op["path"] not in READ_PATHS + WRITE_PATHS:
-            raise TraceError(path, f"ops[{i}].path", f"unknown path {op['path']!r} (known: {', '.join(READ_PATHS + WRITE_PATHS)})")
-    rate = data["config"].get("rate")
-    if not isinstance(rate, dict) or not all(isinstance(rate.get(f), int) and not isinstance(rate.get(f), bool)
-                                             for f in ("k", "n")) or not 0 < rate["k"] <= rate["n"]:
-        raise TraceError(path, "config.rate", f"expected {{'k', 'n', 'seeds'}} with 0 < k <= n, got {rate!r}")
+def _validate_verdict(verdict: dict, path: Any) -> None:
+    """`verdict.violations`: a list of `{"property": str, "summary": str, "detail"?: object}`."""
+    vs = verdict.get("violations", [])
+    if not isinstance(vs, list):
+        raise TraceError(path, "verdict.violations", f"expected a list, got {type(vs).__name__}")
+    for i, v in enumerate(vs):
+        if not isinstance(v, dict) or not isinstance(v.get("property"), str) \
+                or not isinstance(v.get("summary", ""), str) or not isinstance(v.get("detail", {}), dict):
+            raise TraceError(path, f"verdict.violations[{i}]", "expected {'property': str, 'summary': str, "
+                             "'detail': object}")
 
 
 def _validate_protocol(data: dict, path: Any) -> None:

@@ -18,7 +18,8 @@ import time
 from typing import Any, Callable
 
 from model.checks import CATALOG
-from model.store import MemoryStore
+from model.store import MemoryStore, rank_data
+from runtime.registry import MEMORY_TIER
 
 __all__ = ["BLOCK_SECONDS", "BlockingMissStore", "LostAsyncStore", "TruncatingStore", "AsyncKeyMismatchStore",
            "UnusableAfterMissStore", "shared_server_factory", "BAD_STORES"]
@@ -107,6 +108,95 @@ class DeleteKeepsCacheStore(MemoryStore):
         self.cache.pop(key, None)
 
 
+class LocalReadCacheStore(MemoryStore):
+    """Reads go through a client-local cache, filled on every hit and updated by this client's own puts and
+    deletes: alone it is correct. But another client of the same servers (another engine) that deletes or
+    overwrites a key, or the server's own eviction, never reaches this cache: `get`, `get_async`, `get_batch` and
+    `contains` keep answering a value that is gone."""
+
+    paths = ("get", "get_async", "get_batch", "contains")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        self._check()
+        if key in self.cache:
+            return self.cache[key]
+        value = self.data.get(key)
+        if value is not None:
+            self.cache[key] = value
+        return value
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    def contains(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(self.get(key))
+        return future
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self.cache[key] = bytes(value)
+
+    def delete(self, key: str) -> None:
+        super().delete(key)
+        self.cache.pop(key, None)
+
+
+class ExpiringStore(MemoryStore):
+    """Writes every value with a 1 s TTL (as `SET key value EX 1`): every check that puts and reads at once passes,
+    and a minute later the cache holds nothing (a hit rate of zero in production)."""
+
+    TTL = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expires: dict[str, float] = {}
+
+    def _live(self, key: str) -> None:
+        self._check()
+        if self.expires.get(key, float("inf")) <= time.monotonic():
+            self.data.pop(key, None)
+            self.expires.pop(key, None)
+
+    def put(self, key: str, value: bytes) -> None:
+        super().put(key, value)
+        self.expires[key] = time.monotonic() + self.TTL
+
+    def get(self, key: str) -> bytes | None:
+        self._live(key)
+        return super().get(key)
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    def contains(self, key: str) -> bool:
+        self._live(key)
+        return super().contains(key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        self._live(key)
+        return super().get_async(key)
+
+
+class MgetDropsMissesStore(MemoryStore):
+    """`get_batch` is one MGET whose reply is filtered of its nils and then paired with the keys in order: with a
+    miss before a hit, the hit's value lands on the missed key (deterministic, one caller is enough)."""
+
+    paths = ("get", "get_async", "get_batch", "contains")
+
+    def get_batch(self, keys: list[str]) -> list[bytes | None]:
+        self._check()
+        found = [v for v in (self.data.get(k) for k in keys) if v is not None]
+        return found + [None] * (len(keys) - len(found))
+
+
 # -- racy clients: correct sequentially, broken under overlap -----------------------------------------------
 #: How long a racy store holds its race window open (seconds).
 RACE_WINDOW = 0.002
@@ -152,9 +242,10 @@ class LostWakeupStore(MemoryStore):
 
 
 class CrossedRepliesStore(MemoryStore):
-    """One pipelined connection: a `get` queues its request's reply in order, waits for the network, and
-    takes the reply at the head of the queue. Overlapping calls whose latencies differ take each other's
-    replies; one call at a time always takes its own."""
+    """One pipelined connection: a `get` (and a `get_async`, which reads on the caller's thread and hands back a
+    done future) queues its request's reply in order, waits for the network, and takes the reply at the head of
+    the queue. Overlapping calls whose latencies differ take each other's replies; one call at a time always
+    takes its own."""
 
     paths = _RACY_PATHS
 
@@ -163,13 +254,21 @@ class CrossedRepliesStore(MemoryStore):
         self._replies: collections.deque = collections.deque()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> bytes | None:
+    def _round_trip(self, key: str) -> bytes | None:
         self._check()
         with self._lock:
             self._replies.append(self.data.get(key))
-        time.sleep(RACE_WINDOW * (1 + sum(key.encode()) % 3))  # the latency depends on the key
+        time.sleep(RACE_WINDOW * (1 + ord(key[-1:] or "0") % 3))  # the latency depends on the key (its last character)
         with self._lock:
             return self._replies.popleft()
+
+    def get(self, key: str) -> bytes | None:
+        return self._round_trip(key)
+
+    def get_async(self, key: str) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(self._round_trip(key))
+        return future
 
 
 class StaleCacheStore(MemoryStore):
@@ -257,11 +356,23 @@ class JitterStore(MemoryStore):
         super().close()
 
 
-def _per_rank(cls: type) -> Callable[..., list]:
-    def factory(n_ranks: int, **options: Any) -> list:
-        return [cls() for _ in range(n_ranks)]
+def _per_rank(cls: type, *, shares: bool = True) -> Callable[..., list]:
+    """A factory of one `cls` per rank; with `urls` (in-memory servers, `model.store.memory_tier`), stores of those
+    servers, so that several calls make several clients of the same servers. `shares=False`: a factory that takes
+    no `urls` (one client per server: the racy demos, whose bug is meant to show under overlap alone)."""
+    def factory(n_ranks: int, *, urls: Any = None, **options: Any) -> list:
+        stores = []
+        for data in rank_data(n_ranks, urls):
+            store = cls()
+            if data is not None:
+                store.data = data
+            stores.append(store)
+        return stores
 
     factory.__name__ = factory.__qualname__ = f"{cls.__name__}_factory"
+    factory.tier = MEMORY_TIER  # type: ignore[attr-defined]  (their servers are in memory)
+    if not shares:
+        factory.options = ()  # type: ignore[attr-defined]  (no urls: never called again on the same servers)
     return factory
 
 
@@ -277,6 +388,9 @@ truncating_factory = _per_rank(TruncatingStore)
 async_key_mismatch_factory = _per_rank(AsyncKeyMismatchStore)
 unusable_after_miss_factory = _per_rank(UnusableAfterMissStore)
 delete_keeps_cache_factory = _per_rank(DeleteKeepsCacheStore)
+mget_drops_misses_factory = _per_rank(MgetDropsMissesStore)
+local_read_cache_factory = _per_rank(LocalReadCacheStore)
+expiring_factory = _per_rank(ExpiringStore, shares=False)  # (its expiry times are the client's own, not the server's)
 
 #: Every bad store: its factory and the store-layer property it violates (from `model.checks.CATALOG`).
 BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
@@ -284,9 +398,9 @@ BAD_STORES: dict[str, tuple[Callable[..., list], str]] = {
     for p in CATALOG if p.layer == "store" for name in p.demos}
 
 
-lost_wakeup_factory = _per_rank(LostWakeupStore)
-crossed_replies_factory = _per_rank(CrossedRepliesStore)
-stale_cache_factory = _per_rank(StaleCacheStore)
+lost_wakeup_factory = _per_rank(LostWakeupStore, shares=False)
+crossed_replies_factory = _per_rank(CrossedRepliesStore, shares=False)
+stale_cache_factory = _per_rank(StaleCacheStore, shares=False)
 jitter_factory = _per_rank(JitterStore)
 
 class _Twice(concurrent.futures.Future):
@@ -309,7 +423,7 @@ class DoubleCompletionStore(MemoryStore):
         return fut
 
 
-double_completion_factory = _per_rank(DoubleCompletionStore)
+double_completion_factory = _per_rank(DoubleCompletionStore, shares=False)
 
 #: Every racy store (correct one call at a time, broken under overlap): its factory and the concurrent-layer
 #: property it violates (from `model.checks.CATALOG`; the double completion is no race, so not among them).

@@ -13,8 +13,10 @@ from typing import Any, Iterator
 
 import attrs
 
+from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
+from runtime.tier import NotShared, open_shared
 
 __all__ = ["MAX_RANKS", "RunConfig", "CURRENT", "current", "using"]
 
@@ -42,7 +44,13 @@ class RunConfig:
     recovery_seconds: float | None = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
+    #: Whether the store layer runs two clients of the same servers when the client can share them.
+    shared: bool = True
+    #: The least age (seconds) a value nobody deleted is read back at (`engines.retention`; 0: not tested).
+    retention: float = DEFAULT_RETENTION
     _stores: list | None = attrs.field(default=None, init=False)
+    _shared: Any = attrs.field(default=None, init=False)
+    shared_note: str = attrs.field(default="", init=False)
 
     def resolved_protocol(self) -> Protocol:
         if self._protocol is None:
@@ -91,12 +99,33 @@ class RunConfig:
                              "(--max-ranks); use rank_cap()")
         return self._stores[:n_ranks]
 
+    def store_clients(self, n_ranks: int) -> tuple[list[list], Any]:
+        """The store layer's clients: two clients of the same servers (`runtime.tier.open_shared`, the session's,
+        made on first use) and their `SharedStores`; or, for a client that cannot share servers, the session's
+        stores alone and None (`shared_note` says why)."""
+        if not self.shared:
+            return [self.stores(n_ranks)], None
+        if self._shared is None and not self.shared_note:
+            try:
+                self._shared = open_shared(self.resolved_client(), self.rank_cap(MAX_RANKS), **self.factory_options())
+            except NotShared as exc:
+                self.shared_note = f"shared-tier checks did not run: {exc}"
+        if self._shared is None:
+            return [self.stores(n_ranks)], None
+        if n_ranks > len(self._shared.clients[0]):
+            raise ValueError(f"{n_ranks} ranks asked for, but the session has {len(self._shared.clients[0])} "
+                             "stores (--max-ranks); use rank_cap()")
+        return [stores[:n_ranks] for stores in self._shared.clients], self._shared
+
     def discard(self) -> None:
         """Close the session's stores (after a failure they may be unusable); the next use makes new ones."""
         stores, self._stores = self._stores, None
+        shared, self._shared = self._shared, None
         for s in stores or ():
             with contextlib.suppress(Exception):
                 s.close()
+        if shared is not None:
+            shared.close()
 
     close = discard
 
@@ -116,8 +145,9 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
-                                                              "max_ranks", "nemesis_spec", "recovery_seconds")},
-                          **changes})
+                                                              "max_ranks", "shared", "retention", "nemesis_spec",
+                                                              "recovery_seconds")},
+                           **changes})
     try:
         yield CURRENT
     finally:

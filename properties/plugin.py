@@ -4,7 +4,8 @@ Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperPro
 `runtime.registry.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
 `--minimise-seconds` (how long a failing run is minimised on fresh stores before its trace is written),
-`--stall-seconds` (seconds one protocol method may run without returning; every property test runs under
+`--retention` (the least age a value nobody deleted is read back at), `--stall-seconds` (seconds one protocol
+method may run without returning; every property test runs under
 `runtime.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging),
 `--client-option KEY=VALUE` (the factory's options, as for `check`) and `--max-ranks`. A real client whose tier
 cannot be reached ends the session at once with exit 2 and one line.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
@@ -61,6 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--recovery-seconds", default=None, type=float, metavar="SECONDS",
                     help="once a faulted server is back, calls must succeed again within this bound "
                          "(default: twice the op timeout)")
+    group.addoption("--retention", default=DEFAULT_RETENTION, type=float, metavar="SECONDS",
+                    help="the least age a value put and never deleted is read back at (a client's own `retention` "
+                         f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
     group.addoption("--shrink-real", action="store_true",
                     help="let Hypothesis shrink failures of a real (non-model) client too; off by default because "
                          "every shrink step of a hanging client costs a timeout and a server restart (minutes)")
@@ -82,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
     stall, op = config.getoption("stall_seconds"), config.getoption("op_timeout")
     if not stall > 0 or not op > 0:
         raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
+    if not config.getoption("retention") >= 0:
+        raise pytest.UsageError(f"--retention must be >= 0 seconds, got {config.getoption('retention')}")
     try:
         resolve_protocol(protocol)
         resolved = resolve_client(client)
@@ -108,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
                                               op_timeout=config.getoption("op_timeout"),
                                               minimise_seconds=config.getoption("minimise_seconds"),
+                                              retention=config.getoption("retention"),
                                               client_options=options, max_ranks=max_ranks,
                                               nemesis_spec=config.getoption("nemesis"),
                                               recovery_seconds=config.getoption("recovery_seconds"))

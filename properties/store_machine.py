@@ -1,5 +1,7 @@
-"""The store-client layer as a Hypothesis state machine: `StoreMachine` drives one client's `RankStore`s (put, get,
-contains, delete, get_async, wait, get_batch) against an in-memory oracle, every call bounded in time."""
+"""The store-client layer as a Hypothesis state machine: `StoreMachine` drives a client's `RankStore`s (put, get,
+contains, delete, get_async, wait, get_batch, every declared path) against an in-memory oracle, every call bounded
+in time. A client that can share its servers runs as two clients of the same servers (`runtime.tier`), each op from
+either, and the servers evict by themselves too: the oracle is one register per key per server."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,26 +11,27 @@ from typing import Any
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
-from model.contract import StoreCallTimeout
+from model.contract import StoreCallTimeout, declared_paths
 from model.faults import ServerFault
+from model.history import VALUE_READS, answer, read_args, wrong_key
 from model.recovery import default_recovery_seconds, probe
 from model.trace import Trace, encode
 from properties import config, strategies as s
 from runtime.bounded import BoundedStore, call_bounded
 from properties.reporting import PATH_CALLS, RULE_STEPS, VIOLATED, event, final_run, note, write_found
 
-__all__ = ["StoreMachine", "Pending", "STRUCK", "DECIDED"]
+__all__ = ["StoreMachine", "Pending", "ANSWER_PROPERTIES", "STRUCK", "DECIDED"]
 
 
 # == the store-client layer ==============================================================================
 class Pending:
     """An outstanding `get_async`: its future and every value it may rightly resolve to."""
 
-    def __init__(self, rank: int, key: str, future: Any, allowed: list) -> None:
-        self.rank, self.key, self.future, self.allowed = rank, key, future, allowed
+    def __init__(self, rank: int, key: str, future: Any, allowed: list, client: int = 0) -> None:
+        self.rank, self.key, self.future, self.allowed, self.client = rank, key, future, allowed, client
 
     def __repr__(self) -> str:
-        return f"Pending(rank={self.rank}, key={self.key!r})"
+        return f"Pending(rank={self.rank}, key={self.key!r}, client={self.client})"
 
 
 def _short(v: Any) -> str:
@@ -45,20 +48,33 @@ _namespaces = itertools.count()
 #: exactly where the failing run did.
 STRUCK: set[str] = set()
 DECIDED: dict[tuple, bool] = {}
+#: Violations that are a wrong answer: the client stays usable (the others may have wedged it).
+ANSWER_PROPERTIES = ("store-roundtrip", "wrong-key", "shared-tier")
+
+
+def _has_batch(self: "StoreMachine") -> bool:
+    return all("get_batch" in paths for paths in self.paths)
 
 
 class StoreMachine(RuleBasedStateMachine):
-    """One client's stores (two ranks) against a dict oracle, every call bounded in time."""
+    """A client's stores (two ranks; two clients of the same servers when it can share them) against a dict
+    oracle, every call bounded in time."""
 
     futures = Bundle("futures")
 
     def __init__(self) -> None:
         super().__init__()
         self.cfg = config.current()
-        self.stores = self.cfg.stores(s.STORE_RANKS)
+        self.clients, self.shared = self.cfg.store_clients(s.STORE_RANKS)
+        self.stores = self.clients[0]
         self.timeout = self.cfg.op_timeout
-        self.read_paths = [tuple(getattr(st, "read_paths", ("get", "get_async"))) for st in self.stores]
+        self.paths = [tuple(p for p in declared_paths(st) if all(p in declared_paths(c[r]) for c in self.clients))
+                      for r, st in enumerate(self.stores)]
         self.oracle: list[dict[str, bytes]] = [{} for _ in self.stores]
+        self.held: list[dict[str, list[bytes]]] = [{} for _ in self.stores]  # every value each key was put
+        self.by: list[dict[str, Any]] = [{} for _ in self.stores]  # who changed each key last: a client, "server"
+        # what each client last wrote or read of each key (a client-local view: a stale answer equals it)
+        self.seen: list[list[dict[str, bytes | None]]] = [[{} for _ in self.stores] for _ in self.clients]
         self.pending: list[Pending] = []
         self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
         self.ops: list[dict] = []
@@ -70,12 +86,13 @@ class StoreMachine(RuleBasedStateMachine):
     # -- calling the client -----------------------------------------------------------------------------
     def _fail(self, prop: str, message: str) -> None:
         self.failed = True
-        if prop != "store-roundtrip":
+        if prop not in ANSWER_PROPERTIES:
             self.cfg.discard()  # a client that hung or raised may be unusable; a wrong answer leaves it usable
         if final_run() and self.cfg.write_traces:
+            clients = {"clients": len(self.clients)} if len(self.clients) > 1 else {}
             trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
                           client=self.cfg.client_label(),
-                          config={"n_ranks": len(self.stores), "op_timeout": self.timeout},
+                          config={"n_ranks": len(self.stores), "op_timeout": self.timeout, **clients},
                           ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
                           verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
                           origin="pytest properties/ (StoreMachine)")
@@ -91,121 +108,157 @@ class StoreMachine(RuleBasedStateMachine):
         from engines.storeops import minimise_store_ops
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
-        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(), options=self.cfg.client_options,
+        trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
                                      should_stop=lambda: time.monotonic() >= stop_at, progress=note,
                                      control_for=self.plan.control if self.plan is not None else None)
         return trace
 
-    def _call(self, rank: int, op: str, key: Any, *args: Any) -> Any:
+    def _call(self, rank: int, op: str, key: Any, *args: Any, client: int = 0) -> Any:
         PATH_CALLS[op] += 1
-        fn = getattr(self.stores[rank], op)
+        fn = getattr(self.clients[client][rank], op)
         try:
             if self.cfg.in_memory():
                 # the reference in-memory store (exactly that class) is a dict and cannot block: no thread hop
                 return fn(*args)
             return call_bounded(self.timeout, op, str(key), fn, *args)
         except StoreCallTimeout as exc:
-            self._fail("store-hang", f"{self._where(rank, op, key)}: {exc}")
+            self._fail("store-hang", f"{self._where(rank, op, key, client)}: {exc}")
         except Exception as exc:
-            self._fail("store-error", f"{self._where(rank, op, key)} raised {type(exc).__name__}: {exc}")
+            self._fail("store-error", f"{self._where(rank, op, key, client)} raised {type(exc).__name__}: {exc}")
 
-    def _where(self, rank: int, op: str, key: Any) -> str:
-        where = f"rank {rank}: {op}({key!r})"
+    def _where(self, rank: int, op: str, key: Any, client: int = 0) -> str:
+        where = f"rank {rank}{f' client {client}' if client else ''}: {op}({key!r})"
         if len(self.ops) > 1:
             where += f" after {self.ops[-2]['op']}({self.ops[-2].get('key', self.ops[-2].get('keys'))!r})"
         return where
 
-    def _record(self, op: str, rank: int, **args: Any) -> None:
+    def _record(self, op: str, rank: int, client: int = 0, **args: Any) -> None:
         """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
-        self.ops.append({"op": op, "rank": rank, **args})
+        self.ops.append({"op": op, "rank": rank, **args, **({"client": client} if client else {})})
 
-    def _allowed(self, rank: int, key: str) -> list:
-        """What a read of `key` may answer: the oracle's value, or a miss too when a real fault may have lost it."""
-        return [self.oracle[rank].get(key)] + ([None] if key in self.maybe_lost[rank] else [])
+    def _client(self, client: int) -> int:
+        return client % len(self.clients)
 
-    def _saw(self, rank: int, key: str, got: Any) -> None:
-        """A read of a key a fault may have lost answered: a miss says it is gone, a value that it was kept."""
-        if key in self.maybe_lost[rank]:
-            self.maybe_lost[rank].discard(key)
-            if got is None or got is False:
-                self.oracle[rank].pop(key, None)
-
-    def _expect(self, rank: int, what: str, got: Any, allowed: list) -> None:
-        if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
-            self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
-        value = None if got is None else bytes(got)
-        if value not in allowed:
-            shown = " or ".join(_short(a) for a in allowed)
-            self._fail("store-roundtrip", f"rank {rank}: {what} returned {_short(value)}, expected {shown}")
-
-    # -- rules -----------------------------------------------------------------------------------------
-    @rule(rank=s.store_rank, key=s.keys, value=s.values)
-    def put(self, rank: int, key: str, value: bytes) -> None:
-        """Write a value; the oracle records it."""
-        RULE_STEPS["store"] += 1
-        limit = getattr(self.stores[rank], "max_value_bytes", None)
-        value = value if limit is None else value[:limit]  # a client's documented size limit is not a bug
-        self._record("put", rank, key=key, value=value)
-        self._call(rank, "put", key, self.ns + key, value)
-        self.oracle[rank][key] = value
+    def _changed(self, rank: int, key: str, value: bytes | None, who: Any) -> None:
+        """The oracle after a write (`value`; None: deleted or evicted) by `who`; pending reads may see it too."""
         self.maybe_lost[rank].discard(key)
+        if value is None:
+            self.oracle[rank].pop(key, None)
+        else:
+            self.oracle[rank][key] = value
+            self.held[rank].setdefault(key, []).append(value)
+        self.by[rank][key] = who
+        if who != "server":
+            self.seen[who][rank][key] = value
         for p in self.pending:
             if p.rank == rank and p.key == key:
                 p.allowed.append(value)
 
-    @rule(rank=s.store_rank, key=s.keys)
-    def get(self, rank: int, key: str) -> None:
+    def _expect(self, rank: int, what: str, got: Any, allowed: list, key: str, client: int = 0) -> None:
+        """`got` is one of `allowed`; else a value put for another key and never for `key` is `wrong-key`, an
+        answer that misses another client's or the server's change `shared-tier`, any other `store-roundtrip`."""
+        if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
+            self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
+        value = None if got is None else bytes(got)
+        if key in self.maybe_lost[rank]:  # a real fault may have lost it: a miss says it did, the value that it did not
+            if value is None:
+                self._changed(rank, key, None, "server")
+                return
+            self.maybe_lost[rank].discard(key)
+        if value in allowed:
+            self.seen[client][rank][key] = value
+            return
+        shown = " or ".join(_short(a) for a in allowed)
+        where = f"rank {rank}{f' client {client}' if client else ''}"
+        crossed = wrong_key([key], value, allowed[0], self.held[rank])
+        if crossed is not None:
+            self._fail("wrong-key", f"{where}: {what} answered {key!r} with a value put for {crossed[1]!r} "
+                                    f"({_short(value)}), expected {shown}")
+        stale = self._unseen_change(rank, key, client, lambda seen: seen == value)
+        if stale:
+            self._fail("shared-tier", f"{where}: {what} returned {_short(value)}, expected {shown}: {stale}")
+        self._fail("store-roundtrip", f"{where}: {what} returned {_short(value)}, expected {shown}")
+
+    def _unseen_change(self, rank: int, key: str, client: int, stale: Any) -> str:
+        """Why a wrong answer is a change this client did not see ('' if it is not): another client or the server
+        changed `key` last, and the answer is what this client last wrote or read of it (`stale(seen value)`)."""
+        who = self.by[rank].get(key, client)
+        if who == client or key not in self.seen[client][rank] or not stale(self.seen[client][rank][key]):
+            return ""
+        did = "deleted" if key not in self.oracle[rank] else "overwrote"
+        whom = "the server evicted it" if who == "server" else f"client {who} {did} it"
+        return f"{whom}, and this client answered what it had seen before"
+
+    # -- rules -----------------------------------------------------------------------------------------
+    @rule(rank=s.store_rank, key=s.keys, value=s.values, client=s.store_client)
+    def put(self, rank: int, key: str, value: bytes, client: int = 0) -> None:
+        """Write a value; the oracle records it."""
+        RULE_STEPS["store"] += 1
+        client = self._client(client)
+        limit = getattr(self.clients[client][rank], "max_value_bytes", None)
+        value = value if limit is None else value[:limit]  # a client's documented size limit is not a bug
+        self._record("put", rank, client, key=key, value=value)
+        self._call(rank, "put", key, self.ns + key, value, client=client)
+        self._changed(rank, key, value, client)
+
+    @rule(rank=s.store_rank, key=s.keys, client=s.store_client)
+    def get(self, rank: int, key: str, client: int = 0) -> None:
         """A GET answers the oracle's value, or None (promptly) on a miss."""
         RULE_STEPS["store"] += 1
-        self._record("get", rank, key=key)
+        client = self._client(client)
+        self._record("get", rank, client, key=key)
         event("get hit" if key in self.oracle[rank] else "get miss")
-        got = self._call(rank, "get", key, self.ns + key)
-        self._expect(rank, f"get({key!r})", got, self._allowed(rank, key))
-        self._saw(rank, key, got)
+        got = self._call(rank, "get", key, self.ns + key, client=client)
+        self._expect(rank, f"get({key!r})", got, [self.oracle[rank].get(key)], key, client)
 
-    @rule(rank=s.store_rank, key=s.keys)
-    def contains(self, rank: int, key: str) -> None:
+    @rule(rank=s.store_rank, key=s.keys, client=s.store_client)
+    def contains(self, rank: int, key: str, client: int = 0) -> None:
         """`contains` agrees with the oracle."""
         RULE_STEPS["store"] += 1
-        self._record("contains", rank, key=key)
-        got = self._call(rank, "contains", key, self.ns + key)
-        if key in self.maybe_lost[rank] and got is False:
-            self._saw(rank, key, got)
-        elif got is not (key in self.oracle[rank]) and got != (key in self.oracle[rank]):
-            self._fail("store-roundtrip", f"rank {rank}: contains({key!r}) returned {got!r}, "
-                                          f"expected {key in self.oracle[rank]}")
+        self._read_path(rank, "contains", key, self.oracle[rank].get(key), self._client(client))
 
-    @rule(rank=s.store_rank, key=s.keys)
-    def delete(self, rank: int, key: str) -> None:
+    @rule(rank=s.store_rank, key=s.keys, client=s.store_client)
+    def delete(self, rank: int, key: str, client: int = 0) -> None:
         """Delete a key (present or not)."""
         RULE_STEPS["store"] += 1
-        self._record("delete", rank, key=key)
-        self._call(rank, "delete", key, self.ns + key)
-        self.oracle[rank].pop(key, None)
-        self.maybe_lost[rank].discard(key)
-        for p in self.pending:
-            if p.rank == rank and p.key == key:
-                p.allowed.append(None)
+        client = self._client(client)
+        self._record("delete", rank, client, key=key)
+        self._call(rank, "delete", key, self.ns + key, client=client)
+        self._changed(rank, key, None, client)
 
+    @precondition(lambda self: self.shared is not None and self.shared.can_evict())
     @rule(rank=s.store_rank, key=s.keys)
-    def delete_then_read(self, rank: int, key: str) -> None:
-        """A delete is seen at once by every read path, also right after the key was read (no stale read cache)."""
+    def server_evicts(self, rank: int, key: str) -> None:
+        """The server evicts a key by itself (its LRU, another tenant's flush): no client sees it first."""
         RULE_STEPS["store"] += 1
-        self.read_every_path(rank, key)
-        self.delete(rank, key)
-        self.read_every_path(rank, key)
+        self._record("evict", rank, key=key)
+        try:
+            self.shared.evict(rank, self.ns + key)
+        except OSError as exc:  # the admin connection to the server, not the client, failed
+            raise RuntimeError(f"the server of rank {rank} could not evict {key!r}: {exc}") from exc
+        self._changed(rank, key, None, "server")
 
-    @rule(target=futures, rank=s.store_rank, key=s.keys)
-    def get_async(self, rank: int, key: str) -> Pending:
+    @rule(rank=s.store_rank, key=s.keys, client=s.store_client, deleter=s.store_client)
+    def delete_then_read(self, rank: int, key: str, client: int = 0, deleter: int = 0) -> None:
+        """A delete (by this client or another of the same servers) is seen at once by every read path, also right
+        after the key was read (no stale read cache)."""
+        RULE_STEPS["store"] += 1
+        self.read_every_path(rank, key, client)
+        self.delete(rank, key, deleter)
+        self.read_every_path(rank, key, client)
+
+    @rule(target=futures, rank=s.store_rank, key=s.keys, client=s.store_client)
+    def get_async(self, rank: int, key: str, client: int = 0) -> Pending:
         """Start an async GET; the call itself returns promptly with a future."""
         RULE_STEPS["store"] += 1
-        self._record("get_async", rank, key=key)  # kept in the log only if the call itself fails
-        future = self._call(rank, "get_async", key, self.ns + key)
+        client = self._client(client)
+        self._record("get_async", rank, client, key=key)  # kept in the log only if the call itself fails
+        future = self._call(rank, "get_async", key, self.ns + key, client=client)
         self.ops.pop()
         if not isinstance(future, concurrent.futures.Future):
             self._fail("store-error", f"rank {rank}: get_async({key!r}) returned {type(future).__name__}, "
                                       "not a concurrent.futures.Future")
-        p = Pending(rank, key, future, self._allowed(rank, key))
+        p = Pending(rank, key, future, [self.oracle[rank].get(key)], client)
         self.pending.append(p)
         return p
 
@@ -216,7 +269,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._await(p)
 
     def _await(self, p: Pending) -> None:
-        self._record("get_async", p.rank, key=p.key)
+        self._record("get_async", p.rank, p.client, key=p.key)
         try:
             got = p.future.result(timeout=self.timeout)
         except concurrent.futures.TimeoutError:
@@ -225,39 +278,74 @@ class StoreMachine(RuleBasedStateMachine):
         except Exception as exc:
             self._fail("store-error", f"rank {p.rank}: the future of get_async({p.key!r}) raised "
                                       f"{type(exc).__name__}: {exc}")
-        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed)
+        self._expect(p.rank, f"get_async({p.key!r})", got, p.allowed, p.key, p.client)
 
-    @precondition(lambda self: all("get_batch" in paths for paths in self.read_paths))
-    @rule(rank=s.store_rank, keys=s.batch_keys)
-    def get_batch(self, rank: int, keys: list[str]) -> None:
+    @precondition(_has_batch)
+    @rule(rank=s.store_rank, keys=s.batch_keys, client=s.store_client)
+    def get_batch(self, rank: int, keys: list[str], client: int = 0) -> None:
         """A batch GET answers, per key, what a single GET would."""
         RULE_STEPS["store"] += 1
-        self._record("get_batch", rank, keys=keys)
-        got = self._call(rank, "get_batch", keys, [self.ns + k for k in keys])
+        client = self._client(client)
+        self._record("get_batch", rank, client, keys=keys)
+        got = self._call(rank, "get_batch", keys, [self.ns + k for k in keys], client=client)
         got = list(got) if got is not None else None
         if got is None or len(got) != len(keys):
             self._fail("store-roundtrip", f"rank {rank}: get_batch({keys!r}) returned {got!r:.80}, "
                                           f"not {len(keys)} results")
         for k, g in zip(keys, got):
-            self._expect(rank, f"get_batch(...{k!r}...)", g, self._allowed(rank, k))
-            self._saw(rank, k, g)
+            self._expect(rank, f"get_batch({keys!r}) for {k!r}", g, [self.oracle[rank].get(k)], k, client)
 
-    @rule(rank=s.store_rank, key=s.keys)
-    def read_every_path(self, rank: int, key: str) -> None:
-        """A key (written through `put`) reads the same through every read path the client has."""
+    @precondition(_has_batch)
+    @rule(rank=s.store_rank, keys=s.batch_keys, key=s.keys, value=s.values, client=s.store_client)
+    def batch_around_a_write(self, rank: int, keys: list[str], key: str, value: bytes, client: int = 0) -> None:
+        """A batch with a fresh write among other keys (misses, mostly) answers per key what a single GET would,
+        whether the misses come before or after the hit."""
+        self.put(rank, key, value, client)
+        self.get_batch(rank, keys + [key] + keys, client)
+
+    @rule(rank=s.store_rank, key=s.keys, client=s.store_client)
+    def read_every_path(self, rank: int, key: str, client: int = 0) -> None:
+        """A key reads the same through every read path the client declares (`paths`)."""
         RULE_STEPS["store"] += 1
-        expected = self._allowed(rank, key)
-        self._record("get", rank, key=key)
-        self._expect(rank, f"get({key!r})", self._call(rank, "get", key, self.ns + key), expected)
-        if "get_async" in self.read_paths[rank]:
-            self._record("get_async", rank, key=key)
-            future = self._call(rank, "get_async", key, self.ns + key)
-            self.ops.pop()
-            self._await(Pending(rank, key, future, expected))
-        if "get_batch" in self.read_paths[rank]:
-            self._record("get_batch", rank, keys=[key])
-            got = self._call(rank, "get_batch", [key], [self.ns + key])
-            self._expect(rank, f"get_batch([{key!r}])", (list(got) or [b""])[0] if got else got, expected)
+        client = self._client(client)
+        value = self.oracle[rank].get(key)
+        self._record("get", rank, client, key=key)
+        got = self._call(rank, "get", key, self.ns + key, client=client)
+        self._expect(rank, f"get({key!r})", got, [value], key, client)
+        for path in self.paths[rank]:
+            if path == "get":
+                continue
+            if path == "get_async":
+                self._record("get_async", rank, client, key=key)
+                future = self._call(rank, "get_async", key, self.ns + key, client=client)
+                self.ops.pop()
+                self._await(Pending(rank, key, future, [value], client))
+                continue
+            self._read_path(rank, path, key, value, client)
+
+    def _read_path(self, rank: int, path: str, key: str, value: bytes | None, client: int = 0) -> None:
+        """One read of `key` through the declared `path` (not get_async), compared with the register's answer."""
+        multi = path not in ("get", "get_sync", "contains")
+        self._record(path, rank, client, **({"keys": [key]} if multi else {"key": key}))
+        got = self._call(rank, path, [key] if multi else key, *read_args(path, [self.ns + key]), client=client)
+        want = answer(path, [value])
+        if path in VALUE_READS:
+            if multi:
+                got = list(got) if isinstance(got, (list, tuple)) else got
+                if not isinstance(got, list) or len(got) != len(want):
+                    self._fail("store-roundtrip", f"rank {rank}: {path}([{key!r}]) returned {got!r:.80}, "
+                                                  f"not {len(want)} result(s)")
+                for g in got:
+                    self._expect(rank, f"{path}([{key!r}])", g, [value], key, client)
+            else:
+                self._expect(rank, f"{path}({key!r})", got, [value], key, client)
+        elif got != want and key in self.maybe_lost[rank] and got == answer(path, [None]):
+            self._changed(rank, key, None, "server")  # a real fault lost it
+        elif got != want:
+            stale = self._unseen_change(rank, key, client, lambda seen: answer(path, [seen]) == got)
+            self._fail("shared-tier" if stale else "store-roundtrip",
+                       f"rank {rank}{f' client {client}' if client else ''}: {path}({[key] if multi else key!r}) "
+                       f"returned {got!r:.80}, expected {want!r}{f': {stale}' if stale else ''}")
 
     @precondition(lambda self: self.plan is not None)
     @rule(which=s.fault_kind_index, rank=s.store_rank, key=s.keys)
@@ -316,7 +404,7 @@ class StoreMachine(RuleBasedStateMachine):
         for r in range(len(self.stores)):
             # a miss, then one more call: the client must still answer after its last op and after a miss
             self._record("get", r, key=probe)
-            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None])
+            self._expect(r, f"get({probe!r}) at the end", self._call(r, "get", probe, self.ns + probe), [None], probe)
             self._record("contains", r, key=probe)
             if self._call(r, "contains", probe, self.ns + probe):
                 self._fail("store-roundtrip", f"rank {r}: contains({probe!r}) of a never-written key returned true")

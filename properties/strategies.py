@@ -13,7 +13,8 @@ from model.outcome import OtherPrompt
 from model.protocols import DEFAULT_WAIT_TIMEOUT
 
 __all__ = ["n_ranks", "n_chunks", "salts", "chunk_index", "evict_rank", "rank_index", "async_ahead", "delays",
-           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "fault_kind_index", "keys", "large_values", "values", "batch_keys", "needed_ops"]
+           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "store_client", "fault_kind_index", "keys",
+           "large_values", "values", "batch_keys", "needed_ops"]
 
 # -- protocol layer -----------------------------------------------------------------------------------
 n_ranks = st.integers(1, 4)
@@ -43,6 +44,8 @@ STORE_RANKS = 2
 store_rank = st.integers(0, STORE_RANKS - 1)
 #: Which real-server fault kind strikes (wrapped over the run's `--nemesis` kinds).
 fault_kind_index = st.integers(0, 6)
+#: Which client of the same servers makes a call (wrapped by the machine: one client when it cannot share them).
+store_client = st.integers(0, 1)
 #: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.
 keys = st.sampled_from(["k0", "k1", "kv:abc:pcp2:r0", "K0", "k0:", "kv:abc:pcp2:r1", "x" * 200,
                         "kv:ünïcode:✓", "a b\tc", "{braces}[brackets]@#$%^&*", "-", "0",
@@ -65,9 +68,10 @@ needed_ops = st.integers(0, 40).flatmap(
 CONCURRENT_KEYS = ("k0", "k1", "k2")
 
 
-def concurrent_op(paths: tuple[str, ...]) -> st.SearchStrategy[dict]:
+def concurrent_op(paths: tuple[str, ...], clients: int = 1, evictions: bool = False) -> st.SearchStrategy[dict]:
     """One op of a caller thread: a put (with 0-32 filler bytes), a delete, or a read through one of `paths`
-    (multi-key paths read 2-3 distinct keys)."""
+    (multi-key paths read 2-3 distinct keys); through one of `clients` clients of the same server; with
+    `evictions`, also the server's own eviction of a key."""
     key = st.sampled_from(CONCURRENT_KEYS)
     puts = st.builds(lambda k, pad: {"path": "put", "keys": [k], "pad": pad}, key, st.integers(0, 32))
     deletes = st.builds(lambda k: {"path": "delete", "keys": [k]}, key)
@@ -77,9 +81,15 @@ def concurrent_op(paths: tuple[str, ...]) -> st.SearchStrategy[dict]:
     if multi:
         reads.append(st.builds(lambda p, ks: {"path": p, "keys": ks}, st.sampled_from(multi),
                                st.lists(key, min_size=2, max_size=3, unique=True)))
-    return st.one_of(puts, deletes, *reads)
+    op = st.one_of(puts, deletes, *reads)
+    if clients > 1:
+        op = st.builds(lambda o, c: {**o, "client": c} if c else o, op, st.integers(0, clients - 1))
+    if evictions:  # about one op in eight
+        op = st.one_of(*[op] * 7, st.builds(lambda k: {"path": "evict", "keys": [k]}, key))
+    return op
 
 
-def concurrent_batches(paths: tuple[str, ...]) -> st.SearchStrategy[list[list[dict]]]:
-    """A batch of ops run at once: 1-4 caller threads of 1-6 ops each."""
-    return st.lists(st.lists(concurrent_op(paths), min_size=1, max_size=6), min_size=1, max_size=4)
+def concurrent_batches(paths: tuple[str, ...], clients: int = 1,
+                       evictions: bool = False) -> st.SearchStrategy[list[list[dict]]]:
+    """A batch of ops run at once: 1-4 caller threads of 1-6 ops each (see `concurrent_op`)."""
+    return st.lists(st.lists(concurrent_op(paths, clients, evictions), min_size=1, max_size=6), min_size=1, max_size=4)

@@ -12,7 +12,8 @@ import queue
 import threading
 from typing import Any, Callable
 
-from model.contract import StoreCallTimeout
+from model.contract import StoreCallTimeout, declared_paths
+from model.history import MULTI_KEY_READS
 
 __all__ = ["call_bounded", "BoundedStore"]
 
@@ -60,12 +61,14 @@ def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *arg
 
 class BoundedStore:
     """A `RankStore` whose every call is bounded by `seconds`; after a timeout the wrapped client is taken
-    as unusable (`broken`): later calls fail at once and `close()` never waits on it."""
+    as unusable (`broken`): later calls fail at once and `close()` never waits on it. Every read path the
+    client declares (`paths`) is offered, bounded the same way."""
 
     def __init__(self, inner: Any, seconds: float) -> None:
         self.inner, self.seconds = inner, seconds
-        self.read_paths = tuple(getattr(inner, "read_paths", ("get", "get_async")))
+        self.paths = declared_paths(inner)
         self.max_value_bytes = getattr(inner, "max_value_bytes", None)
+        self.retention = getattr(inner, "retention", None)
         self.broken: str | None = None
         self.close_error: str | None = None
 
@@ -97,6 +100,17 @@ class BoundedStore:
         if not callable(getattr(self.inner, "get_batch", None)):
             raise AttributeError("the wrapped client has no get_batch read path")
         return self._call("get_batch", ",".join(keys), self.inner.get_batch, keys)
+
+    def __getattr__(self, name: str) -> Any:
+        """A declared read path other than the contract's (`get_sync`, `get_prefix`, `contains_batch`...), bounded."""
+        if name in ("inner", "paths") or name not in self.paths or not callable(getattr(self.inner, name, None)):
+            raise AttributeError(name)
+        fn = getattr(self.inner, name)
+
+        def bounded(arg: Any) -> Any:
+            shown = ",".join(arg) if name in MULTI_KEY_READS else str(arg)
+            return self._call(name, shown, fn, arg)
+        return bounded
 
     def close(self) -> None:
         """Close the client, never blocking longer than `seconds` (a hung client's close may never return)."""

@@ -9,9 +9,10 @@
 A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
 `in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
 call bounds itself with the `op_timeout` option), `thread_safe` (may be driven from several threads at once),
-`options` (the factory options it accepts; None: any). A `MOD:ATTR` factory may declare them as attributes of
-the factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its
-stores say `thread_safe = False`.
+`options` (the factory options it accepts; None: any), `tier` (`MOD:ATTR` of what starts servers that several of
+its clients share, `runtime.tier`). A `MOD:ATTR` factory may declare them as attributes of the factory; otherwise
+it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores say
+`thread_safe = False`, a Valkey client (embedded Valkey servers for the shared-tier checks).
 
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
@@ -30,11 +31,15 @@ import attrs
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect", "DEMO_MODULES", "demo_refs",
-           "load_attr", "ref_of"]
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
+           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect",
+           "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
+#: What starts the servers several clients share: embedded Valkey (a real client), in-memory servers (`model`).
+VALKEY_TIER = "adapters.shared_tier:valkey_tier"
+MEMORY_TIER = "model.store:memory_tier"
 
 #: Short protocol names accepted by `--protocol` (the reference protocols of `model.protocols`).
 PROTOCOLS: dict[str, str] = {
@@ -56,6 +61,7 @@ class ClientEntry:
     options: tuple[str, ...] | None = None
     #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
     corpus: bool = False
+    tier: str = VALKEY_TIER
 
 
 _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
@@ -63,7 +69,7 @@ _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "nu
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
     "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=(), corpus=True),
+                         in_memory=True, options=("urls",), corpus=True, tier=MEMORY_TIER),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
                            about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
@@ -90,6 +96,7 @@ def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
 CHECK_ENGINES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
     "nemesis": "engines.nemesis:Nemesis",
+    "retention": "engines.retention:Retention",
     "concurrency": "engines.racy:Concurrency",
     "enumerate": "engines.search:Enumeration",
     "explore": "engines.explore.engine:Explorer",
@@ -99,9 +106,9 @@ CHECK_ENGINES: dict[str, str] = {
 #: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
 #: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
-    "in-memory": (("scenarios", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
-    "real": (("scenarios", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15), ("enumerate", 0.3),
-             ("random", "rest")),
+    "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
+    "real": (("scenarios", None), ("retention", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15),
+             ("enumerate", 0.3), ("random", "rest")),
 }
 
 
@@ -133,6 +140,7 @@ class Client:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
+    tier: str = VALKEY_TIER
 
     def accepted(self, options: dict) -> dict:
         """The subset of `options` this client's factory accepts."""
@@ -148,6 +156,17 @@ class Client:
         if unknown:
             takes = ", ".join(self.options) or "none"
             raise ResolveError(f"client {self.name!r}: unknown option {unknown[0]!r} (it takes: {takes})")
+
+    def takes_urls(self) -> bool:
+        """Whether the factory accepts `urls` (declared in `options`, or a parameter named `urls`): then it may be
+        called several times with the same servers (CONTRACT.md), and the shared-tier checks run."""
+        if self.options is not None:
+            return "urls" in self.options
+        try:
+            params = inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):
+            return False
+        return "urls" in params and params["urls"].kind is not inspect.Parameter.POSITIONAL_ONLY
 
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
@@ -170,7 +189,7 @@ class Client:
             what = [f"returned {len(made)} stores for {n_ranks} ranks"] if len(made) != n_ranks else []
             if lacking:
                 kinds = sorted({type(s).__name__ for s in made})
-                what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (CONTRACT.md)")
+                what.append(f"{', '.join(kinds)} lacks the RankStore method(s) {', '.join(lacking)} (docs/CONTRACT.md)")
             raise ResolveError(f"client {self.name!r}: factory {'; '.join(what)}")
         return made
 
@@ -241,7 +260,7 @@ def resolve_protocol(spec: Any = None) -> Protocol:
         raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} lacks the ShardingProtocol method(s) "
                            f"{', '.join(missing)}")
     if not isinstance(getattr(obj, "name", None), str):
-        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} has no string attribute 'name' (CONTRACT.md)")
+        raise ResolveError(f"protocol {shown!r}: {type(obj).__name__} has no string attribute 'name' (docs/CONTRACT.md)")
     return Protocol(obj=obj, name=obj.name, ref=ref)
 
 
@@ -273,7 +292,8 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if entry is not None:
         caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus"))
     else:
-        caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options") if hasattr(obj, k)}
+        caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options", "tier")
+                if hasattr(obj, k)}
     return Client(name=name, factory=obj, **caps)
 
 

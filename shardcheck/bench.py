@@ -70,7 +70,6 @@ def format_bench(r: dict[str, Any]) -> str:
 def histories_command(directory: str | None, write: str | None, *, as_json: bool) -> int:
     """`shardcheck bench --histories DIR [--write-histories DIR]`: the checker on a directory of history files
     (the same files another checker can read), one row per file. Exit 0; 2 on a bad directory or file."""
-    import json
     import os
     import sys
 
@@ -88,7 +87,8 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
         print(f"shardcheck bench: no *.json history in {directory}", file=sys.stderr)
         return EXIT_USAGE
     if as_json:
-        print(json.dumps(rows, indent=2))
+        from shardcheck.output import print_json
+        print_json(rows)
         return 0
     print(f"{'file':<40} {'ops':>8} {'verdict':>10} {'seconds':>9}  method")
     for row in rows:

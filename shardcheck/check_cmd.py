@@ -1,12 +1,13 @@
 """`shardcheck check`: parse, hand the target to `engines.check.run_check`, print the verdict."""
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Any
 
+from engines.api import DEFAULT_RETENTION
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 from shardcheck.targets import (add_nemesis_arguments, add_target_arguments, build_target, case_runner_of,
                                 fresh_runner_of, nemesis_plan_of)
 
@@ -26,6 +27,9 @@ def add_arguments(c: Any) -> None:
     c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
                    help="first enumerate every configuration up to this size, whatever the budget, then spend "
                         "--budget on the engines (default: off)")
+    c.add_argument("--retention", type=float, default=DEFAULT_RETENTION, metavar="SECONDS",
+                   help="the least age a value put and never deleted is read back at (a client's own `retention` "
+                        f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
     c.add_argument("--out", default="counterexamples/found",
                    help="where counterexamples are written (default: counterexamples/found)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
@@ -38,7 +42,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               out_dir: str = "counterexamples/found", progress: bool = False, op_timeout: float | None = None,
               until_exhausted: tuple[int, int] | None = None, runner: str = "sim", explore_workers: int = 1,
               options: list[str] | dict | None = None, ranks: int | None = None,
-              max_ranks: int | None = None, nemesis: str | None = None,
+              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, nemesis: str | None = None,
               recovery_seconds: float | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict)."""
     from engines.check import run_check as check
@@ -51,6 +55,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError(f"--op-timeout must be a positive number of seconds, got {op_timeout:g}")
     if explore_workers < 1:
         raise UsageError(f"--explore-workers must be at least 1, got {explore_workers}")
+    if not math.isfinite(retention) or retention < 0:
+        raise UsageError(f"--retention must be a number of seconds >= 0, got {retention:g}")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
@@ -60,7 +66,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
             result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None), nemesis=plan)
+                           note=_err if progress else (lambda text: None), retention=retention, nemesis=plan)
         except OSError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
@@ -71,9 +77,10 @@ def cmd_check(args: Any) -> int:
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
-                       max_ranks=args.max_ranks, nemesis=args.nemesis, recovery_seconds=args.recovery_seconds)
+                       max_ranks=args.max_ranks, retention=args.retention, nemesis=args.nemesis,
+                       recovery_seconds=args.recovery_seconds)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         _print_check(result)
     return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD

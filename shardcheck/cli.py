@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.registry import ResolveError
     from runtime.watchdog import watching
     import importlib
+    from shardcheck.output import json_stdout
     handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
     try:
-        with watching(stall_limit(args)):
+        with json_stdout(bool(getattr(args, "json", False))), watching(stall_limit(args)):
             return handler(args)
     except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
         traceback.print_exc()
         print(f"shardcheck {args.command}: error: the run could not complete (traceback above); "
-              "this is most often a protocol or client that does not follow CONTRACT.md", file=sys.stderr)
+              "this is most often a protocol or client that does not follow docs/CONTRACT.md", file=sys.stderr)
         return EXIT_USAGE
 
 

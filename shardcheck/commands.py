@@ -1,11 +1,11 @@
 """The small subcommands behind `shardcheck.cli` (prove, show, bench), and resolving what a user names."""
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["protocol_of", "client_of", "cmd_prove", "cmd_show", "cmd_bench"]
 
@@ -39,7 +39,10 @@ def cmd_prove(args: Any) -> int:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     results = proofs.run_all(seeds=args.seeds)
     ok = all(r["result"] == r["expected"] for r in results)
-    print(json.dumps(results, indent=2) if args.json else proofs.format_table(results))
+    if args.json:
+        print_json(results)
+    else:
+        print(proofs.format_table(results))
     return EXIT_HELD if ok else EXIT_VIOLATED
 
 
@@ -56,7 +59,7 @@ def cmd_bench(args: Any) -> int:
         return histories_command(args.histories, args.write_histories, as_json=args.json)
     result = run_bench(seconds=args.seconds, progress=None if args.json else _err)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         from shardcheck.bench import format_bench
         print(format_bench(result))

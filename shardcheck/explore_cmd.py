@@ -8,13 +8,13 @@ Exit 0: every reachable state checked, no violation; 1: a violation (its trace w
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
 from typing import Any, Callable
 
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["add_arguments", "cmd_explore", "parse_cached"]
 
@@ -104,7 +104,7 @@ def cmd_explore(args: Any) -> int:
                 raise UsageError(f"cannot write the counterexample under --out {args.out}: {exc}") from None
             report["counterexample"] = str(path)
     if args.json:
-        print(json.dumps(report, indent=1))
+        print_json(report)
     else:
         _print(report)
     if res.verdict == "violated":

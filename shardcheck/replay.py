@@ -8,13 +8,13 @@ answer is `reproduces` or `fixed`, never `error`, for a protocol that merely beh
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 from shardcheck.targets import add_nemesis_arguments, add_target_arguments, build_target, fresh_runner_of, nemesis_plan_of
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths"]
@@ -79,7 +79,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
         except (UsageError, ReplayError) as exc:
             row["outcome"], row["why"] = "error", str(exc)
-        except (RuntimeError, ValueError) as exc:  # the runner or the client could not run this trace
+        except Exception as exc:  # noqa: BLE001 - whatever stops this trace from running is its row's error
             row["outcome"], row["why"] = "error", f"{type(exc).__name__}: {exc}"
         row["matches"] = row["outcome"] == row["expected"]
         row["seconds"] = round(time.monotonic() - t0, 3)
@@ -103,7 +103,7 @@ def cmd_replay(args: Any) -> int:
     rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout, runner=args.runner,
                       options=args.client_option, nemesis=args.nemesis)
     if args.json:
-        print(json.dumps({"results": rows}, indent=2))
+        print_json({"results": rows})
     else:
         w = max(len(r["path"]) for r in rows)
         cw = max(len("client"), *(len(r["client"]) for r in rows))

@@ -7,13 +7,13 @@ Exit 0 when it measured, 2 on unusable input or an unreachable server (one line)
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from shardcheck.errors import EXIT_HELD, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["PRESETS", "add_arguments", "cmd_tier", "bytes_per_token", "verdict"]
 
@@ -165,6 +165,9 @@ def cmd_tier(args: Any) -> int:
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("measuring the tier", total=steps)
         result = run_tier(args, progress=lambda text: bar.update(task, advance=1, description=text))
-    print(json.dumps(result, indent=2) if args.json else format_tier(result))
+    if args.json:
+        print_json(result)
+    else:
+        print(format_tier(result))
     sys.stdout.flush()
     return EXIT_HELD

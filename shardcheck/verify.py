@@ -3,7 +3,6 @@ demo variant, the explorer's manifest, the real LMCache clients against real Val
 here, and the corpus replayed against each client, with a summary table."""
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -11,6 +10,7 @@ from typing import Any, Callable
 
 from runtime.registry import corpus_clients
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.output import print_json
 
 __all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
 
@@ -65,6 +65,13 @@ def run_verify(*, budget: float, as_json: bool) -> int:
     for variant, prop in DEMO_VARIANTS.items():
         ref = f"{variant.__module__}:{variant.__name__}"
         _step(rows, f"check demo {variant.__name__} -> {prop}", "violated", check(ref, secs=min(budget, 10)))
+
+    from properties.bad_stores import BAD_STORES  # what one client's op-by-op checks cannot see: caught too
+    for bad, (_, prop) in BAD_STORES.items():
+        if prop not in ("wrong-key", "shared-tier", "retention"):
+            continue  # (the other store demos are caught by tests/test_properties_stores.py)
+        spec = f"properties.bad_stores:{bad.replace('-', '_')}_factory"
+        _step(rows, f"check store client {bad} -> {prop}", "violated", check(None, spec, secs=min(budget, 10)))
 
     from properties.bad_stores import RACY_STORES  # the concurrent layer: racy clients caught, a correct one holds
     for racy, (_, prop) in RACY_STORES.items():
@@ -134,7 +141,7 @@ def run_verify(*, budget: float, as_json: bool) -> int:
 
     ok = all(r["ok"] for r in rows)
     if as_json:
-        print(json.dumps({"ok": ok, "steps": rows}, indent=2))
+        print_json({"ok": ok, "steps": rows})
     else:
         w = max(len(r["step"]) for r in rows)
         print(f"\n{'step':<{w}}  {'expected':<12} {'got':<12} {'s':>6}  detail")

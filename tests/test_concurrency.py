@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from engines.concurrency import Layout, judge, make_layout, measure, run_layout, store_paths, thread_safe
+from engines.concurrency import Layout, judge, make_layout, measure, run_layout, thread_safe
+from model.contract import declared_paths
 from engines.storeops import run_ops
 from model.store import MemoryStore
 from properties.bad_stores import RACY_STORES, DoubleCompletionStore, JitterStore
@@ -15,7 +16,7 @@ RUNS = 10
 
 
 def racy_layout(store, seed=0):
-    return make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store))
+    return make_layout(seed, threads=4, ops=10, keys=2, paths=declared_paths(store))
 
 
 @pytest.mark.parametrize("name", list(RACY_STORES))
@@ -57,7 +58,7 @@ def test_correct_clients_are_never_flagged(store_cls):
     store = store_cls()
     try:
         for seed in range(3):
-            rate = measure(store, make_layout(seed, threads=4, ops=10, keys=2, paths=store_paths(store)),
+            rate = measure(store, make_layout(seed, threads=4, ops=10, keys=2, paths=declared_paths(store)),
                            runs=3, bound=2.0)
             assert rate.k == 0, rate.first.violations if rate.first else None
     finally:
@@ -118,6 +119,40 @@ def test_declared_paths_and_thread_safety_are_read_with_defaults():
     class Declared(MemoryStore):
         paths = ("get", "get_batch")
         thread_safe = False
-    assert store_paths(Declared()) == ("get", "get_batch", "contains")
-    assert store_paths(MemoryStore()) == ("get", "get_async", "get_batch", "contains")
+    assert declared_paths(Declared()) == ("get", "get_batch", "contains")
+    assert declared_paths(MemoryStore()) == ("get", "get_async", "get_batch", "contains")
     assert thread_safe(MemoryStore()) and not thread_safe(Declared())
+
+
+def test_a_deterministic_wrong_key_is_no_wrong_caller():
+    """One caller, an MGET that drops its misses: the hit's value lands on the missed key -- `wrong-key` (no other
+    caller's read was crossed), naming the put whose value it was."""
+    from properties.bad_stores import MgetDropsMissesStore
+    layout = Layout([[{"path": "put", "keys": ["k1"], "pad": 2}, {"path": "get_batch", "keys": ["k0", "k1"]}]])
+    violations, _ = judge(run_layout(MgetDropsMissesStore(), layout, bound=1.0))
+    assert violations[0]["property"] == "wrong-key", violations
+    assert "with the value put for" in violations[0]["summary"] and "put(" in violations[0]["summary"]
+
+
+def test_bytes_no_put_wrote_are_named_so():
+    """A read answering bytes that no put of the run wrote is a round-trip violation saying so (not 'a value
+    written for None')."""
+    class Garbling(MemoryStore):
+        def get(self, key):
+            value = super().get(key)
+            return None if value is None else b"\x00garbage"
+    violations, _ = judge(run_layout(Garbling(), one("get"), bound=1.0))
+    assert violations[0]["property"] == "store-roundtrip"
+    assert "bytes that no put wrote" in violations[0]["summary"] and "None" not in violations[0]["summary"]
+
+
+def test_crossed_replies_are_wrong_caller_naming_the_other_read():
+    """Two callers reading two keys at once through one pipeline take each other's replies: `wrong-caller`,
+    naming the other caller's read."""
+    from properties.bad_stores import CrossedRepliesStore
+    store = CrossedRepliesStore()
+    writes = [{"path": "put", "keys": ["k0"], "pad": 1}, {"path": "put", "keys": ["k1"], "pad": 1}]
+    layout = Layout([writes + [{"path": "get", "keys": ["k0"]}] * 4, [{"path": "get", "keys": ["k1"]}] * 6])
+    rate = measure(store, layout, runs=RUNS, bound=1.0)
+    assert rate.properties.get("wrong-caller"), rate.properties
+    assert "was answered with the reply to op" in rate.first.violations[0]["summary"]

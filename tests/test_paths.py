@@ -7,12 +7,12 @@ import inspect
 import pytest
 
 from adapters import lmcache_stores, patched
-from engines.concurrency import store_paths
+from model.contract import declared_paths
 from model.history import READ_PATHS
 from properties import bad_stores
 
 #: Public members that are not read/lookup operations: the contract's writes and close, key naming, diagnostics.
-NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_keys", "servers"}
+NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_key", "server_keys", "servers"}
 ADAPTERS = [lmcache_stores.BackendStore, lmcache_stores.ValkeyBackendStore, lmcache_stores.NativeStore,
             patched.PatchedBackendStore, patched.PatchedValkeyStore]
 
@@ -24,7 +24,7 @@ def public_operations(cls: type) -> set[str]:
 
 def undeclared(cls: type) -> set[str]:
     """Public operations of `cls` that its `paths` does not declare."""
-    return public_operations(cls) - NOT_PATHS - set(store_paths(cls))
+    return public_operations(cls) - NOT_PATHS - set(declared_paths(cls))
 
 
 @pytest.mark.parametrize("cls", ADAPTERS, ids=lambda c: c.__name__)
@@ -37,7 +37,7 @@ def test_adapter_declares_every_public_read_path(cls):
                          ids=lambda c: c.__name__)
 def test_every_declared_path_is_driven_by_the_concurrent_layer(cls):
     """Each declared path is one the driver calls and the register model answers, and the class offers it."""
-    for path in store_paths(cls):
+    for path in declared_paths(cls):
         assert path in READ_PATHS, f"{cls.__name__} declares {path!r}, which the concurrent layer cannot drive"
         assert callable(getattr(cls, path, None)), f"{cls.__name__} declares {path!r} but has no such method"
 

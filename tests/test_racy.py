@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from engines.concurrency import make_layout, measure, store_paths
+from engines.concurrency import make_layout, measure
+from model.contract import declared_paths
 from engines.racy import ConcurrencyCoverage, minimise, search
 from engines.replay import ReplayOn, judge
 from model.finding import Rate, lower_bound, runs_within
@@ -91,7 +92,7 @@ def test_minimise_keeps_the_violation():
     factory, prop = RACY_STORES["crossed-replies"]
     store = factory(1)[0]
     try:
-        layout = make_layout(0, threads=4, ops=10, keys=2, paths=store_paths(store))
+        layout = make_layout(0, threads=4, ops=10, keys=2, paths=declared_paths(store))
         rate = measure(store, layout, runs=10, bound=0.5, want=prop)
         small = minimise(store, layout, prop, rate, bound=0.5, should_stop=lambda: False)
         again = measure(store, small, runs=40, bound=0.5, want=prop)
@@ -107,7 +108,8 @@ def test_hypothesis_concurrent_property_catches_racy_client(name, monkeypatch):
     with more drawn batches and runs of each than a profile gives it, so a race shown in a few runs in ten is not
     missed)."""
     from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-    from engines.concurrency import Layout, store_paths
+    from engines.concurrency import Layout
+    from model.contract import declared_paths
     from properties import test_concurrent_layer
     from properties.strategies import concurrent_batches
     monkeypatch.setattr(test_concurrent_layer, "RUNS", 6)
@@ -117,7 +119,7 @@ def test_hypothesis_concurrent_property_catches_racy_client(name, monkeypatch):
     @given(data=st.data())
     def batches_hold(data):
         store = test_concurrent_layer._store()
-        test_concurrent_layer._assert_holds(store, Layout(data.draw(concurrent_batches(store_paths(store)))))
+        test_concurrent_layer._assert_holds(store, Layout(data.draw(concurrent_batches(declared_paths(store)))))
 
     factory, _ = RACY_STORES[name]
     with config.using(client=factory, op_timeout=0.2):

@@ -76,8 +76,13 @@ def test_pytest_properties_on_real_clients(tmp_path):
     # whose hangs are racy, that final run may not, and Hypothesis then reports the failure as flaky instead)
     assert "store-hang" in written
     # Hypothesis does not shrink real-client runs; the plugin minimises them on fresh servers instead
-    # (the wedge needs 4 missed prefetches and a put: 5 ops, 1-minimal)
-    assert all(len(t.ops) <= 5 for t in traces if t.kind == "store-ops"), [t.ops for t in traces]
+    # (the wedge needs 4 missed prefetches and a put: 5 ops, 1-minimal). A scenario that reads through the stock
+    # client's batched contains may instead fail by its racy lost completion (2-6% of calls), which minimising on
+    # fresh servers may not see again in time: such a trace says it stopped before it was 1-minimal.
+    store_ops = [t for t in traces if t.kind == "store-ops"]
+    assert any(t.origin == "scenario:miss-prompt" and len(t.ops) == 1 for t in store_ops), [t.ops for t in store_ops]
+    assert all(len(t.ops) <= 5 for t in store_ops if "(1-minimal)" in t.notes or "by construction" in t.notes), \
+        [(t.origin, t.notes, len(t.ops)) for t in store_ops]
     assert all(t.config["n_ranks"] <= 2 for t in traces if t.kind == "protocol"), [t.config for t in traces]
 
 

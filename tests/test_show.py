@@ -240,14 +240,13 @@ def test_svg_key_consistency_marks_the_read():
 
 
 def test_renders_a_loadable_but_odd_trace(tmp_path, deadlock):
-    """Fields `Trace.load` does not check (events, details, ranks out of range) never break the renderers."""
+    """What `Trace.load` does not check (events, violation details, ranks out of range) never breaks the renderers."""
     data = deadlock.to_json()
     data["events"] = data["events"][:3] + [None, 7, {"rank": 99, "effect": {"$effect": "Get"}}, {"effect": [1]},
                                            {"rank": 0, "effect": {"$evict": {"chunk": 0, "rank": 10 ** 9}},
                                             "note": "evict"}]
-    data["lookup"], data["faults"]["lost"] = None, []
+    data["lookup"], data["faults"]["lost"] = {"reports": "x"}, []
     data["verdict"]["violations"].append({"property": "deadlock", "detail": {"waits_for": 3, "cycle": 1.5}})
-    data["verdict"]["violations"].append("junk")
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(data))
     t = Trace.load(path)
@@ -478,3 +477,21 @@ def test_a_concurrent_history_is_drawn_as_lanes_with_its_pending_and_unplaceable
     assert sum("unplaceable" in r.get("class", "") for r in rects) == 1
     assert sum("pending" in r.get("class", "") for r in ET.fromstring(history_svg(lost)).iter()
                if r.tag.endswith("rect")) == 1
+
+
+def test_a_concurrent_svg_labels_every_op_with_its_call_and_result():
+    """Each op of a concurrent history has a visible label (not only a tooltip) with its call and what its caller
+    got, also for traces whose recorded picture predates the outcomes (taken from the recorded history)."""
+    from pathlib import Path
+    from shardcheck.show.history import history_svg, history_timeline
+    corpus = Path(__file__).resolve().parents[1] / "counterexamples"
+    for name in ("lmcache-put-dropped-while-in-flight.json", "lmcache-sync-prefix-count-lost-completion.json"):
+        trace = Trace.load(corpus / name)
+        root = ET.fromstring(history_svg(trace))
+        labels = [e.text for e in root.iter() if e.tag.endswith("text") and e.get("class") == "label"]
+        assert len(labels) == len(trace.verdict["history"])
+        assert all(re.search(r"\w+\(.+\) (-> |never completed|raised )", text) for text in labels), labels
+        assert any(text.endswith("-> False") for text in labels) or any("never completed" in t for t in labels)
+        width = float(root.get("width"))
+        assert all(float(e.get("x")) + 6.6 * len(e.text) <= width for e in root.iter() if e.get("class") == "label")
+        assert all(label in history_timeline(trace).replace("  <--", "") or len(label) > 72 for label in labels)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 
 from engines.minimise import ddmin as minimise_ops
+from engines.storeops import run_ops
 from properties.strategies import needed_ops
 
 
@@ -49,3 +50,16 @@ def test_minimise_returns_a_sequence_that_fails_only_as_it_is():
     """When every removal loses the failure, the sequence comes back unchanged and 1-minimal."""
     ops, minimal = minimise_ops(_ops(3), lambda shorter: len(shorter) == 3)
     assert [o["key"] for o in ops] == ["k0", "k1", "k2"] and minimal
+
+
+def test_run_ops_tells_a_wrong_key_from_a_stale_value():
+    """A read answering another key's value is `wrong-key`; a stale value of its own key stays `store-roundtrip`."""
+    from properties.bad_stores import DeleteKeepsCacheStore, MgetDropsMissesStore
+    ops = [{"rank": 0, "op": "put", "key": "b", "value": b"B"}, {"rank": 0, "op": "get_batch", "keys": ["a", "b"]}]
+    _, violations = run_ops([MgetDropsMissesStore()], ops)
+    assert violations[0].property == "wrong-key" and "answered 'a' with a value put for 'b'" in violations[0].summary
+    ops = [{"rank": 0, "op": "put", "key": "a", "value": b"A"}, {"rank": 0, "op": "get", "key": "a"},
+           {"rank": 0, "op": "put", "key": "b", "value": b"A"}, {"rank": 0, "op": "delete", "key": "a"},
+           {"rank": 0, "op": "get", "key": "a"}]
+    _, violations = run_ops([DeleteKeepsCacheStore()], ops)
+    assert violations[0].property == "store-roundtrip"

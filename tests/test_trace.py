@@ -82,3 +82,76 @@ def test_hang_trace_records_the_stuck_rank():
     t = Trace.from_outcome(out, protocol_ref="model.variants:UnboundedWaitAsync")
     assert t.property == "hang" and t.verdict["violations"][0]["detail"]["rank"] == 0
 
+
+
+# -- store-ops and concurrent traces: a trace that cannot have shown what it records is refused ---------------
+def _store_ops_trace() -> dict:
+    return Trace(kind="store-ops", property="store-roundtrip", summary="s", protocol={"name": "-", "ref": None},
+                 client="model", config={"n_ranks": 2, "op_timeout": 1.0},
+                 ops=[{"rank": 0, "op": "put", "key": "k", "value": encode(b"v")},
+                      {"rank": 1, "op": "get_batch", "keys": ["k"]}, {"rank": 0, "op": "get_async", "key": "k",
+                                                                      "wait": False}],
+                 verdict={"violations": [{"property": "store-roundtrip", "summary": "s", "detail": {"index": 1}}]}
+                 ).to_json()
+
+
+def _concurrent_trace() -> dict:
+    return Trace(kind="concurrent", property="linearizability", summary="s", protocol={"name": "-", "ref": None},
+                 client="model", config={"n_ranks": 1, "threads": 2, "bound": 1.0,
+                                         "rate": {"k": 3, "n": 10, "seeds": [0]}},
+                 ops=[{"thread": 0, "path": "put", "keys": ["k0"], "pad": 4},
+                      {"thread": 1, "path": "get_batch", "keys": ["k0", "k1"]}],
+                 verdict={"violations": [{"property": "linearizability", "summary": "s", "detail": {"op": 1}}]}
+                 ).to_json()
+
+
+@pytest.mark.parametrize("make, mutate, field", [
+    (_store_ops_trace, lambda d: d.update(ops=[]), "ops"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(rank="0"), "ops[0].rank"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(rank=2), "ops[0].rank"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(op="fetch"), "ops[0].op"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(key=3), "ops[0].key"),
+    (_store_ops_trace, lambda d: d["ops"][0].pop("value"), "ops[0].value"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(value="abc"), "ops[0].value"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(value=[1, 300]), "ops[0].value"),
+    (_store_ops_trace, lambda d: d["ops"][1].update(keys=[]), "ops[1].keys"),
+    (_store_ops_trace, lambda d: d["ops"][2].update(wait="no"), "ops[2].wait"),
+    (_store_ops_trace, lambda d: d["ops"][0].update(colour="red"), "ops[0].colour"),
+    (_store_ops_trace, lambda d: d["config"].update(op_timeout="2"), "config.op_timeout"),
+    (_store_ops_trace, lambda d: d["config"].update(rate={"k": 5, "n": 3}), "config.rate"),
+    (_store_ops_trace, lambda d: d["verdict"].update(violations=["junk"]), "verdict.violations[0]"),
+    (_store_ops_trace, lambda d: d.update(notes=3), "notes"),
+    (_concurrent_trace, lambda d: d.update(ops=[]), "ops"),
+    (_concurrent_trace, lambda d: d["config"].update(threads="two"), "config.threads"),
+    (_concurrent_trace, lambda d: d["config"].update(threads=3), "config.threads"),
+    (_concurrent_trace, lambda d: d["ops"][1].update(thread=2), "config.threads"),
+    (_concurrent_trace, lambda d: d["ops"][0].update(thread=True), "ops[0].thread"),
+    (_concurrent_trace, lambda d: d["ops"][0].update(pad=-1), "ops[0].pad"),
+    (_concurrent_trace, lambda d: d["ops"][0].update(keys=["k0", "k1"]), "ops[0].keys"),
+    (_concurrent_trace, lambda d: d["ops"][1].update(keys="k0"), "ops[1].keys"),
+    (_concurrent_trace, lambda d: d["config"].update(rate={"k": 0, "n": 10, "seeds": []}), "config.rate"),
+    (_concurrent_trace, lambda d: d["config"].update(rate={"k": 11, "n": 10, "seeds": []}), "config.rate"),
+    (_concurrent_trace, lambda d: d["config"].update(rate={"k": 1.5, "n": 10, "seeds": []}), "config.rate"),
+    (_concurrent_trace, lambda d: d["config"]["rate"].update(seeds="0"), "config.rate.seeds"),
+    (_concurrent_trace, lambda d: d["config"].update(bound=0), "config.bound"),
+    (_concurrent_trace, lambda d: d["config"].update(n_ranks=2), "config.n_ranks"),
+])
+def test_op_traces_that_cannot_have_shown_their_violation_are_refused(tmp_path, make, mutate, field):
+    """No ops, a wrong type in any op or config field, a rate that is not a rate, a thread count that disagrees
+    with the ops: a TraceError naming the field."""
+    data = make()
+    Trace.from_json(json.loads(json.dumps(data)))  # the unmutated trace is fine
+    mutate(data)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(TraceError) as info:
+        Trace.load(p)
+    assert info.value.field == field, str(info.value)
+
+
+def test_a_factory_failure_needs_no_ops():
+    """A store-error of building the client (detail index -1) is the one store-ops trace with no ops."""
+    data = _store_ops_trace()
+    data.update(ops=[], property="store-error",
+                verdict={"violations": [{"property": "store-error", "summary": "s", "detail": {"index": -1}}]})
+    assert Trace.from_json(data).ops == []

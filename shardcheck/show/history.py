@@ -6,8 +6,10 @@ The lanes come from the trace's `verdict.picture` (`model.history.lanes`), or ar
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from model.history import Op
 from model.trace import Trace
 from shardcheck.show.text import clip, safe
 from shardcheck.show.diagram import _t
@@ -16,19 +18,33 @@ __all__ = ["history_lanes", "history_timeline", "history_svg"]
 
 
 def history_lanes(trace: Trace) -> dict:
-    """The picture data of a concurrent trace: {"lanes": [{"caller", "ops": [{op, label, start, end, pending}]}],
-    "pending": [...], "linearizable_prefix"?, "unplaceable"?}."""
+    """The picture data of a concurrent trace: {"lanes": [{"caller", "ops": [{op, label, outcome, start, end,
+    pending}]}], "pending": [...], "linearizable_prefix"?, "unplaceable"?}. An op's `outcome` (what its caller
+    got) comes from the picture, else from the recorded history."""
     verdict = trace.verdict if isinstance(trace.verdict, dict) else {}
+    history = [op for op in verdict.get("history") or [] if isinstance(op, dict)]
+    outcomes = {}
+    for raw in history:
+        try:
+            op = Op.from_json(raw)
+        except (KeyError, TypeError, ValueError):
+            continue
+        outcomes[op.id] = op.outcome()
     picture = verdict.get("picture")
     if isinstance(picture, dict) and isinstance(picture.get("lanes"), list):
+        picture = copy.deepcopy(picture)  # (the trace's own record stays as it was)
+        for lane in picture["lanes"]:
+            for op in lane.get("ops", []) if isinstance(lane, dict) else []:
+                if isinstance(op, dict) and "outcome" not in op:
+                    op["outcome"] = outcomes.get(op.get("op"), "")
         return picture
-    history = [op for op in verdict.get("history") or [] if isinstance(op, dict)]
     t0 = min((op.get("invoked", 0.0) for op in history), default=0.0)
     lanes: dict[str, list[dict]] = {}
     for op in sorted(history, key=lambda o: o.get("invoked", 0.0)):
         end = op.get("completed")
         lanes.setdefault(str(op.get("caller")), []).append({
             "op": op.get("id"), "label": f"op {op.get('id')} {op.get('caller')}: {op.get('path')}({','.join(op.get('keys') or [])})",
+            "outcome": outcomes.get(op.get("id"), ""),
             "start": op.get("invoked", 0.0) - t0, "end": None if end is None else end - t0, "pending": end is None,
             "error": op.get("error")})
     out: dict[str, Any] = {"lanes": [{"caller": c, "ops": ops} for c, ops in sorted(lanes.items())],
@@ -37,6 +53,11 @@ def history_lanes(trace: Trace) -> dict:
     if lin.get("linearizable") is False:
         out["linearizable_prefix"], out["unplaceable"] = list(lin.get("prefix") or []), lin.get("unplaceable")
     return out
+
+
+def _text(op: dict) -> str:
+    """An op's label and what its caller got: `op 3 t1: get(k0) -> 21 bytes 'k0|t0.0|v'`."""
+    return f"{op.get('label', '')} {op.get('outcome') or ''}".strip()
 
 
 def _span(pic: dict) -> float:
@@ -70,7 +91,7 @@ def history_timeline(trace: Trace, *, width: int = 100) -> str:
             mark = _mark(pic, op)
             cells = " " * a + (mark * (b - a) if not op["pending"] else "=" * (b - a - 1) + ">")
             note = "  <-- never completed" if op["pending"] else "  <-- cannot be placed" if mark == "X" else ""
-            lines.append(f"{safe(lane['caller']):<6} {cells:<{bar}}  {clip(safe(op['label']), 50)}{note}")
+            lines.append(f"{safe(lane['caller']):<6} {cells:<{bar}}  {clip(safe(_text(op)), 72)}{note}")
     if pic.get("linearizable_prefix") is not None and "unplaceable" in pic:
         lines.append(f"linearizable prefix (+): ops {pic['linearizable_prefix']}; op {pic['unplaceable']} (X) "
                      "cannot be placed after it")
@@ -81,33 +102,37 @@ def history_timeline(trace: Trace, *, width: int = 100) -> str:
 
 
 def history_svg(trace: Trace) -> str:
-    """The SVG picture: a lane per caller, a rectangle per op interval (red and running off the end: never
-    completed; green: in the linearizable prefix; red outline: cannot be placed)."""
+    """The SVG picture: a band per caller, a row per op in it with a rectangle over the op's interval (red and
+    running off the end: never completed; green: in the linearizable prefix; red outline: cannot be placed)
+    labelled with its call and what its caller got."""
     pic = history_lanes(trace)
     span = _span(pic) * 1.05
-    left, plot, lane_h = 70, 760, 28
-    ops = [(i, op) for i, lane in enumerate(pic["lanes"]) for op in lane["ops"]]
-    height = 60 + lane_h * max(1, len(pic["lanes"])) + 40
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + plot + 20}" height="{height}" '
-           'font-family="monospace" font-size="11">',
-           f'<text x="10" y="20">{_t(trace.client)}: {_t(trace.property or "no violation")} (concurrent history)</text>']
-    for i, lane in enumerate(pic["lanes"]):
-        y = 50 + i * lane_h
-        out.append(f'<text x="10" y="{y + 14}">{_t(lane["caller"])}</text>')
-        out.append(f'<line x1="{left}" y1="{y + lane_h - 4}" x2="{left + plot}" y2="{y + lane_h - 4}" stroke="#ddd"/>')
-    for i, op in ops:
-        y = 50 + i * lane_h
+    left, plot, row_h, top = 70, 760, 18, 40
+    rows = [(lane, op) for lane in pic["lanes"] for op in lane["ops"]]
+    height = top + row_h * max(1, len(rows)) + 40
+    out = [f'<text x="10" y="20">{_t(trace.client)}: {_t(trace.property or "no violation")} (concurrent history)</text>']
+    previous, right = None, left + plot + 20.0
+    for i, (lane, op) in enumerate(rows):
+        y = top + i * row_h
+        if lane is not previous:  # a new caller's band: its name and a separator
+            out.append(f'<line x1="10" y1="{y}" x2="{left + plot}" y2="{y}" stroke="#bbb"/>')
+            out.append(f'<text x="10" y="{y + 13}">{_t(lane["caller"])}</text>')
+            previous = lane
         x0 = left + op["start"] / span * plot
         x1 = left + plot if op["end"] is None else max(x0 + 2, left + op["end"] / span * plot)
         mark = _mark(pic, op)
         fill = {"!": "#f4cccc", "X": "#fff", "+": "#d9ead3", "=": "#dde"}[mark]
         stroke = "#c00" if mark in ("!", "X") else "#555"
         dash = ' stroke-dasharray="4 2"' if op["pending"] else ""
+        text = _text(op)
         out.append(f'<rect class="op{" pending" if op["pending"] else ""}{" unplaceable" if mark == "X" else ""}" '
-                   f'x="{x0:.1f}" y="{y + 2}" width="{x1 - x0:.1f}" height="{lane_h - 8}" fill="{fill}" '
-                   f'stroke="{stroke}"{dash}><title>{_t(op["label"])}</title></rect>')
-        out.append(f'<text x="{x0 + 2:.1f}" y="{y + 15}">{_t(str(op["op"]))}</text>')
+                   f'x="{x0:.1f}" y="{y + 3}" width="{x1 - x0:.1f}" height="{row_h - 5}" fill="{fill}" '
+                   f'stroke="{stroke}"{dash}><title>{_t(text)}</title></rect>')
+        out.append(f'<text class="label" x="{x1 + 4:.1f}" y="{y + 13}">{_t(text)}</text>')
+        right = max(right, x1 + 4 + 6.6 * len(text) + 10)  # 11 px monospace: about 6.6 px a character
     out.append(f'<text x="{left}" y="{height - 12}">0 .. {span * 1e3:.1f} ms; red dashed: never completed; '
                'green: linearizable prefix; red outline: cannot be placed</text>')
     out.append("</svg>")
-    return "\n".join(out) + "\n"
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{right:.0f}" height="{height}" font-family="monospace" '
+            'font-size="11">')
+    return "\n".join([head, *out]) + "\n"
