@@ -61,6 +61,8 @@ class Bounded:
         try:
             return fut.result(timeout)
         except cf.TimeoutError:
+            if fut.done():  # the call itself raised a TimeoutError (a socket timeout): an error, not our bound
+                raise
             self.timeouts += 1
             raise StoreCallTimeout(op, key, timeout) from None
 
@@ -77,6 +79,8 @@ class Bounded:
         try:
             return fut.result(timeout)
         except cf.TimeoutError:
+            if fut.done():  # the coroutine itself raised a TimeoutError: an error, not our bound
+                raise
             fut.cancel()
             self.timeouts += 1
             raise StoreCallTimeout(op, key, timeout) from None

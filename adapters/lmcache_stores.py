@@ -169,13 +169,15 @@ class _StoreBase:
 
     def delete(self, key: str) -> None:
         """Evict: DEL LMCache's key string on an admin connection to this rank's server (a fresh connection the
-        server drops under a burst of them is retried twice: DEL is idempotent)."""
+        server drops under a burst of them is retried twice: DEL is idempotent); every socket operation is bounded
+        by a quarter of the op timeout, so a server that does not answer makes it raise within its bound."""
         ks = self.key_string(key)
+        timeout = min(2.0, self.op_timeout / 4)
 
         def evict() -> bytes:
             for attempt in range(3):
                 try:
-                    return _resp_command(self.host, self.port, self.password, "DEL", ks)
+                    return _resp_command(self.host, self.port, self.password, "DEL", ks, timeout=timeout)
                 except (BrokenPipeError, ConnectionResetError):
                     if attempt == 2:
                         raise

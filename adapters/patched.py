@@ -59,14 +59,17 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    shielded, not cancelled, and what it read is freed when it ends; a retired client is closed no sooner than
    1 s after it was replaced (closing it fails its pending reads, which then free their buffers).
 
-9. The connector's close never returns (finding `engine-returns` of `--engine lmcache`): `RESPConnector.close`
+9.-11. The nemesis's fixes (a call on a paused server, a lost connection, glide's request timeout): see
+   `adapters.patched_connector` and the README's nemesis findings.
+
+12. The connector's close never returns (finding `engine-returns` of `--engine lmcache`): `RESPConnector.close`
    awaits `AsyncPQExecutor.shutdown`, a synchronous method that schedules `shutdown_async` on the connector's
    event loop and blocks on its result, from a coroutine running on that same loop: the loop thread blocks for
    good, and so does `RemoteBackend.close` (and the engine's close, and an interpreter exit waiting for the
    storage manager's non-daemon loop thread). Fix: the close awaits `shutdown_async(wait=False)` itself.
 
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
-is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
+is the `lmcache-valkey` client with fix 1, fix 7, fix 11 and fix 3:
 
 3. Valkey connector cannot authenticate (finding `valkey-auth-swapped`): lmcache 0.5.6's
    ValkeyWorkerPool builds `glide_sync.ServerCredentials(username, password)` positionally, but
@@ -78,11 +81,9 @@ is the `lmcache-valkey` client with fix 1, fix 7 and fix 3:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 from adapters.lmcache_stores import (
     DEFAULT_OP_TIMEOUT,
@@ -101,130 +102,19 @@ PATCHED_EXTRA_CONFIG = {"remote_enable_mla_worker_id_as0": False}
 _connector_class: Any = None
 
 
-def _release_late(task: Any) -> None:
-    """A GET abandoned by fix 2 ended (its client was retired, or it answered late): free what it read."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    result = task.result()
-    for mo in result if isinstance(result, list) else [result]:
-        if mo is not None:
-            try:
-                mo.ref_count_down()
-            except Exception:
-                pass
-
-
 def patched_resp_connector_class() -> type:
-    """`RESPConnector` with fix 2 (built lazily so importing this module does not import torch)."""
+    """`RESPConnector` with fixes 2, 4-6, 8-10, 12 (`adapters.patched_connector`), built on first use so importing this
+    module does not import torch."""
     global _connector_class
     if _connector_class is not None:
         return _connector_class
     from lmcache.v1.storage_backend.connector.redis_connector import RESPConnector
     from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
 
-    class ExistsGuardedRESPConnector(RESPConnector):
-        """RESPConnector whose reads never issue a GET for a key the server does not hold, and
-        whose remaining GETs are bounded (a stuck one answers a miss and renews the client)."""
-
-        get_timeout: float = 1.0
-        _auth: tuple[str, str] = ("", "")
-        recycled: int = 0
-
-        def _renew_client(self) -> None:
-            old = self.client
-            self.client = RESPClient(self.host, self.port, self.num_threads, self.loop, *self._auth)
-            self.recycled += 1
-            # fix 5: other callers' ops may still be in flight on the old client; closing it at once failed
-            # them ("socket writev failed" on a put): close it once they have had time to finish
-            self._retired = [*getattr(self, "_retired", []), old]
-            self.loop.call_later(max(1.0, 4 * self.get_timeout), self._retire, old)
-
-        def _retire(self, old: Any) -> None:
-            retired = getattr(self, "_retired", [])
-            if old in retired:
-                retired.remove(old)
-                try:
-                    old.close()  # shuts its sockets: the parked native worker returns
-                except Exception:
-                    pass
-
-        async def close(self) -> None:
-            for old in list(getattr(self, "_retired", [])):
-                self._retire(old)
-            # fix 9: stock close awaits `AsyncPQExecutor.shutdown`, a sync method that blocks this very event loop
-            # waiting for a coroutine scheduled on it (the engine's close never returns): use its async form
-            await self.pq_executor.shutdown_async(wait=False)
-            self.client.close()
-
-        async def _bounded(self, coro: Any) -> tuple[bool, Any]:
-            # fix 8: the stuck GET is shielded, not cancelled: cancelling dropped its memory object, whose
-            # buffer the allocator handed to another read while the native worker still wrote into it
-            task = asyncio.ensure_future(coro)
-            try:
-                return True, await asyncio.wait_for(asyncio.shield(task), self.get_timeout)
-            except asyncio.TimeoutError:
-                self._renew_client()
-                return False, None
-            finally:
-                if not task.done():
-                    task.add_done_callback(_release_late)
-
-        async def _get(self, key: Any) -> Optional[Any]:
-            # fix 6: a GET that stuck (evicted after EXISTS, or slow under load) is asked again on the renewed
-            # client after a fresh EXISTS, rather than answered as a miss while the key is present
-            for _ in range(2):
-                if not await self.client.exists(key.to_string()):
-                    return None
-                ok, mo = await self._bounded(super()._get(key))
-                if ok:
-                    return mo
-            return None
-
-        async def _batched_get(self, keys: List[Any]) -> List[Optional[Any]]:
-            present = await self.client.batch_exists([k.to_string() for k in keys])
-            out: List[Optional[Any]] = [None] * len(keys)
-            idx = [i for i, p in enumerate(present) if p]
-            if idx:
-                ok, objs = await self._bounded(super()._batched_get([keys[i] for i in idx]))
-                if ok:
-                    for i, mo in zip(idx, objs):
-                        out[i] = mo
-                else:  # fix 6: one stuck key no longer turns the whole batch into misses
-                    again = await asyncio.gather(*(self._get(keys[i]) for i in idx))  # at once: bounded
-                    for i, mo in zip(idx, again):
-                        out[i] = mo
-            return out
-
-        def _on_loop(self, coro: Any) -> Any:
-            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-            try:
-                return fut.result(self.get_timeout)
-            except concurrent.futures.TimeoutError:
-                fut.cancel()
-                raise
-
-        def batched_contains(self, keys: List[Any]) -> int:
-            # fix 4: the stock sync form registers its future after submitting, racing the loop's drain
-            return self._on_loop(self._batched_async_contains(keys))
-
-        def exists_sync(self, key: Any) -> bool:
-            # fix 4, for the `use_exists_sync` configuration
-            return self._on_loop(self._exists(key))
-
-        async def batched_get_non_blocking(self, lookup_id: str, keys: List[Any]) -> List[Any]:
-            # the prefetch path hands back the leading run of hits (RemoteConnector's contract)
-            objs = await super().batched_get_non_blocking(lookup_id, keys)
-            prefix: List[Any] = []
-            for mo in objs:
-                if mo is None:
-                    break
-                prefix.append(mo)
-            for mo in objs[len(prefix):]:
-                if mo is not None:
-                    mo.ref_count_down()
-            return prefix
-
-    _connector_class = ExistsGuardedRESPConnector
+    from adapters.patched_connector import GuardedConnector, ResultCheckingClient
+    client = type("ResultCheckingRESPClient", (ResultCheckingClient, RESPClient), {"__module__": __name__})
+    _connector_class = type("ExistsGuardedRESPConnector", (GuardedConnector, RESPConnector),
+                            {"__module__": __name__, "client_class": client})
     return _connector_class
 
 
@@ -274,8 +164,11 @@ class PatchedBackendStore(BackendStore):
         # object, same native client and executor); only its read methods change.
         inner.__class__ = cls
         # a read may take one stuck GET and two more attempts (fix 6): all of it must fit in op_timeout
-        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 4))
+        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 5))
         inner._auth = ("", self.password or "")
+        # fix 10: the native client RemoteBackend built drops the per-key results of a GET: replace it (no op is in
+        # flight yet) by one that hands them back
+        self.bounded.on_loop(lambda: inner._renew_client(), timeout=max(10.0, self.op_timeout))
         # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
         self.backend.__class__ = patched_remote_backend_class()
         self.backend.put_wait = max(0.05, self.op_timeout / 2)
@@ -287,7 +180,8 @@ def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
 
 
 class PatchedValkeyStore(ValkeyBackendStore):
-    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order) and fix 7 (no dropped put)."""
+    """The `lmcache-valkey` store with fix 1 (MLA collapse off), fix 3 (credentials order), fix 7 (no dropped put) and
+    fix 11 (a request timeout within the op timeout)."""
 
     client_name = "lmcache-valkey-patched"
 
@@ -295,6 +189,9 @@ class PatchedValkeyStore(ValkeyBackendStore):
                  op_timeout: float = DEFAULT_OP_TIMEOUT, num_workers: int = 8,
                  extra_config: dict | None = None) -> None:
         extra = dict(PATCHED_EXTRA_CONFIG)
+        # fix 11: glide's request timeout defaults to blocking_timeout_secs (10 s): a call on a paused server waited
+        # that long, beyond the caller's bound
+        extra["request_timeout"] = max(0.05, op_timeout / 4)
         if servers.password is not None:
             # fix 3: LMCache passes (username, password) where glide expects (password, username)
             extra.update(valkey_username=servers.password, valkey_password="default")

@@ -9,25 +9,31 @@ ready once it answers PING. Servers are always stopped and reaped:
 - SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
   signal is re-delivered with its previous disposition, so the process still dies of it;
 - SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs);
-- the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL from one
-  long-lived spawner thread, so the kernel kills the servers when this process goes away.
+- the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
+  wrapper, `_DEATHSIG_EXEC`) from one long-lived spawner thread, so the kernel kills the servers when this process
+  goes away.
+
+A server can also be paused (`pause()`: SIGSTOP, `resume()`: SIGCONT), killed (`kill(keep_data=...)`) and started
+again on the same port and dir (`respawn()`): what `adapters.nemesis` strikes with. Every stop path resumes a paused
+server first (a stopped process does not act on SIGTERM), and a server killed and not yet respawned is never
+started again once it was stopped.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 
 __all__ = [
     "ServerStartError",
@@ -38,9 +44,10 @@ __all__ = [
     "valkey_servers",
     "live_pids",
     "resp_command",
+    "server_on",
+    "spawn_tied",
 ]
 
-HOST = "127.0.0.1"
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 3.0
 
@@ -70,22 +77,29 @@ def valkey_server_binary() -> str:
 
 # --------------------------------------------------------------------------- process spawning
 
-_PR_SET_PDEATHSIG = 1
+#: The server is started through this wrapper, which asks the kernel to SIGKILL it when its parent thread goes
+#: (PR_SET_PDEATHSIG = 1, kept across exec), checks that parent is still there, and execs valkey-server in place
+#: (same pid). Doing it in the wrapper rather than in a `preexec_fn` lets Python spawn without running fork
+#: handlers: a client library's handler (valkey-glide's) stalled forked children for seconds before exec.
+_DEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n")
 
 
-def _child_setup() -> None:  # runs in the forked child, before exec
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except Exception:
-        pass
+def _with_deathsig(argv: list[str]) -> list[str]:
+    import sys
+
+    return [sys.executable, "-S", "-c", _DEATHSIG_EXEC, str(os.getpid()), *argv]
 
 
 class _Spawner:
-    """One daemon thread that forks every server.
+    """One daemon thread that spawns every server.
 
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so the servers are
-    forked from a thread that lives as long as the process (not from a short-lived worker).
+    PR_SET_PDEATHSIG fires when the *thread* that spawned the child exits, so the servers are
+    spawned from a thread that lives as long as the process (not from a short-lived worker).
     """
 
     def __init__(self) -> None:
@@ -116,7 +130,7 @@ class _Spawner:
                     self._cond.wait()
                 argv, kw, box = self._jobs.pop(0)
             try:
-                result: object = subprocess.Popen(argv, preexec_fn=_child_setup, **kw)
+                result: object = subprocess.Popen(_with_deathsig(argv), **kw)
             except BaseException as e:  # handed back to the caller
                 result = e
             with self._cond:
@@ -125,6 +139,12 @@ class _Spawner:
 
 
 _SPAWNER = _Spawner()
+
+
+def spawn_tied(argv: list[str]) -> subprocess.Popen:
+    """A helper process that dies with this one (PR_SET_PDEATHSIG from the spawner thread), no stdio."""
+    return _SPAWNER.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          close_fds=True)
 _LIVE: set["ValkeyServer"] = set()
 _LIVE_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, object] = {}
@@ -134,6 +154,12 @@ def live_pids() -> list[int]:
     """The pids of every server this process started and has not stopped yet."""
     with _LIVE_LOCK:
         return sorted(s.pid for s in _LIVE if s.pid is not None)
+
+
+def server_on(port: int) -> "ValkeyServer | None":
+    """The server this process started (and has not stopped) on 127.0.0.1:`port`, if any."""
+    with _LIVE_LOCK:
+        return next((s for s in _LIVE if s.port == port), None)
 
 
 def _stop_all() -> None:
@@ -169,50 +195,20 @@ def _install_cleanup_hooks() -> None:
 atexit.register(_stop_all)
 
 
-# --------------------------------------------------------------------------- RESP helpers
-
-def _command(*args: bytes | str) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a.encode() if isinstance(a, str) else a
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
-
-
-def resp_command(host: str, port: int, password: str | None, *args: str, timeout: float = 2.0) -> bytes:
-    """One RESP command on a fresh connection to host:port (AUTH first when `password`): its reply's first bytes
-    (at most 4 KB), every socket operation bounded by `timeout`."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        if password is not None:
-            s.sendall(_command("AUTH", password))
-            s.recv(256)
-        s.sendall(_command(*args))
-        return s.recv(4096)
-
-
-def ping(port: int, password: str | None = None, timeout: float = 1.0) -> bool:
-    """True when the server on `port` answers PING (after AUTH when `password` is given)."""
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            if password is not None:
-                s.sendall(_command("AUTH", password))
-                if not s.recv(64).startswith(b"+OK"):
-                    return False
-            s.sendall(_command("PING"))
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 # --------------------------------------------------------------------------- one server
+
+def _until_state(pid: int, state: str, limit: float) -> None:
+    """Wait (at most `limit` s) until process `pid` is in `state` (a /proc/PID/stat state letter)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == state:
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.001)
+
 
 class ValkeyServer:
     """One valkey-server process on 127.0.0.1:`port`."""
@@ -223,6 +219,9 @@ class ValkeyServer:
         self.proc: subprocess.Popen | None = None
         self.dir: str | None = None
         self.start_seconds: float | None = None
+        self.paused = False
+        self._stopped = False
+        self._lock = threading.RLock()
 
     @property
     def pid(self) -> int | None:
@@ -251,6 +250,7 @@ class ValkeyServer:
             f"logfile {self.log_path}",
             "daemonize no",
             "loglevel notice",
+            "enable-debug-command local",  # DEBUG SLEEP (adapters.nemesis), from 127.0.0.1 only
         ]
         if self.password is not None:
             conf.append(f'requirepass "{self.password}"')
@@ -267,8 +267,12 @@ class ValkeyServer:
         if self.port is None:
             self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
-        conf = self._write_config()
+        self._stopped = False
+        self._spawn(self._write_config(), timeout)
+
+    def _spawn(self, conf: str, timeout: float) -> None:
         t0 = time.monotonic()
+        self.paused = False
         self.proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, close_fds=True)
@@ -276,7 +280,7 @@ class ValkeyServer:
             _LIVE.add(self)
         deadline = t0 + timeout
         while True:
-            if ping(self.port, self.password, timeout=0.5):
+            if ping(int(self.port), self.password, timeout=0.5):  # type: ignore[arg-type]
                 self.start_seconds = time.monotonic() - t0
                 return
             code = self.proc.poll()
@@ -288,10 +292,61 @@ class ValkeyServer:
                 raise ServerStartError(f"valkey-server on {HOST}:{self.port} {what}; log tail:\n{tail}")
             time.sleep(0.01)
 
+    # -- what the nemesis strikes with (adapters.nemesis) -------------------------------------------
+    def pause(self) -> None:
+        """SIGSTOP the server: it holds its connections and answers nothing until `resume()`."""
+        with self._lock:
+            if self.running():
+                os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+                self.paused = True
+                _until_state(self.proc.pid, "T", 1.0)  # type: ignore[union-attr]  (SIGSTOP is delivered async)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server (a no-op otherwise)."""
+        with self._lock:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+            self.paused = False
+
+    @property
+    def dump_path(self) -> str | None:
+        return os.path.join(self.dir, "dump.rdb") if self.dir else None
+
+    def kill(self, *, keep_data: bool = False) -> None:
+        """SIGKILL the server at once (no shutdown, no save) and reap it; its port, dir and config stay for
+        `respawn()`. `keep_data=False` removes the dump file, so the respawned server starts empty."""
+        with self._lock:
+            proc, self.proc = self.proc, None
+            self.paused = False
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+            if not keep_data and self.dump_path and os.path.exists(self.dump_path):
+                os.unlink(self.dump_path)
+
+    def respawn(self, timeout: float = READY_TIMEOUT) -> bool:
+        """Start a killed server again on its port with its dir (it loads the dump file, if any); False when the
+        server was stopped meanwhile (then it stays down)."""
+        with self._lock:
+            if self._stopped or self.dir is None:
+                return False
+            if self.running():
+                return True
+            self._spawn(os.path.join(self.dir, "valkey.conf"), timeout)
+            return True
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        proc, self.proc = self.proc, None
+        with self._lock:
+            self._stopped = True
+            proc, self.proc = self.proc, None
+            self.paused = False
         if proc is not None:
             if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)  # a paused server acts on SIGTERM only once resumed
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
                 try:

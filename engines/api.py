@@ -126,6 +126,8 @@ class SearchContext:
     deadline: float = float("inf")
     explore_workers: int = 1
     note: Callable[[str], None] = lambda text: None
+    #: The real faults of the run (`engines.nemesis.NemesisPlan`, `--nemesis`), or None: none.
+    nemesis: Any = None
     #: `--retention`: the least age a value nobody deleted is read back at (0: not tested).
     retention: float = DEFAULT_RETENTION
     #: Checks an engine started that come due later (`Later`: a retention sample): polled while the engines after

@@ -77,14 +77,15 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
               seed: int = 0, out_dir: str | Path = "counterexamples/found", op_timeout: float = 2.0,
               explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
-              note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION) -> CheckResult:
+              note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION,
+              nemesis: Any = None) -> CheckResult:
     """Search `target` within `budget` seconds (see the module doc). `run` runs a protocol case over the target's
     client (kept for the whole check); `fresh_runner()` a context giving one over fresh stores (the measurement)."""
     t0 = time.monotonic()
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
     ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=op_timeout, coverage=coverage,
-                        explore_workers=explore_workers, note=note, retention=retention)
+                        explore_workers=explore_workers, note=note, retention=retention, nemesis=nemesis)
     if until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
         finding = _exhaust(ctx, until_exhausted, on_progress)
         start = time.monotonic()
@@ -118,6 +119,8 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
+    if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
+        schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
     budgeted_from = None
     share_so_far = 0.0
     for name, share in schedule:
@@ -192,7 +195,8 @@ def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Findin
         from engines.storeops import minimise_store_ops
         before = len(finding.trace.ops)
         trace, minimal = minimise_store_ops(finding.trace, ctx.target.client, should_stop=stop,
-                                            options=dict(ctx.target.client_options), progress=ctx.note)
+                                            options=dict(ctx.target.client_options), progress=ctx.note,
+                                            control_for=ctx.nemesis.control if ctx.nemesis is not None else None)
         from model.trace import violations_of
         finding = attrs.evolve(finding, trace=trace, violations=violations_of(trace) or finding.violations,
                                notes=list(finding.notes))
@@ -209,7 +213,7 @@ def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], C
         return finding
     t = ctx.target
     on = ReplayOn(client=t.client, protocol=t.protocol, runner=fresh_runner, runner_name=t.runner,
-                  options=dict(t.client_options), op_timeout=ctx.op_timeout)
+                  options=dict(t.client_options), op_timeout=ctx.op_timeout, nemesis=ctx.nemesis)
     last = [time.monotonic(), 0.0]  # (when the last run ended, how long the longest took)
 
     def stop() -> bool:  # no run is started that would end past finish_by

@@ -32,13 +32,16 @@ import attrs
 from engines.linearizability import check
 from runtime.bounded import call_bounded
 from model.contract import StoreCallTimeout
-from model.history import MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
+from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
+from model.recovery import default_recovery_seconds, probe
 
 __all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
-           "CONCURRENT_PROPERTIES", "thread_safe"]
+           "CONCURRENT_PROPERTIES", "FAULTED_PROPERTIES", "thread_safe"]
 
 CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
                          "store-error", "linearizability")
+#: What a concurrent run through real-server faults can violate instead (see `judge`).
+FAULTED_PROPERTIES = ("fault-hang", "fault-integrity", "recovery", "double-completion")
 _nonce = itertools.count()
 
 
@@ -154,14 +157,9 @@ def _call(target: ServerClients, op: Op) -> Any:
     return list(res) if isinstance(res, tuple) else res
 
 
-def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
-               clock: Callable[[], float] = time.monotonic) -> History:
-    """Run `layout` on `store` (a store, or a `ServerClients`: several clients of one server; every caller at once); at
-    most `bound` seconds for the whole run. Keys are prefixed with `prefix` (default: a fresh one per run, so runs
-    on one store never see each other's keys)."""
-    target = ServerClients.of(store)
-    prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
-    lock = threading.Lock()
+def _plans(layout: Layout, prefix: str, target: Any) -> tuple[list[Op], list[list[Op]]]:
+    """Every op of the layout (ids in thread order, keys under `prefix`, put values tagged), and each caller's plan;
+    `ValueError` for a client or a server eviction the target does not have."""
     ops: list[Op] = []
     plans: list[list[Op]] = []
     for t, mine in enumerate(layout.threads):
@@ -179,9 +177,37 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
                            client=client, server=server))
         ops.extend(plan)
         plans.append(plan)
+    return ops, plans
+
+
+def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | None = None,
+               clock: Callable[[], float] = time.monotonic, strikes: Sequence[tuple[Any, Any]] = (),
+               control: Any = None, recovery_seconds: float | None = None, op_timeout: float | None = None) -> History:
+    """Run `layout` on `store` (a store, or a `ServerClients`: several clients of one server; every caller at once); at
+    most `bound` seconds for the whole run. Keys are prefixed with `prefix` (default: a fresh one per run, so runs
+    on one store never see each other's keys). `strikes`: (kind, `ServerFault` at "run") pairs, each struck through
+    `control` by the caller about to invoke op `fault.step`; the run then waits for the servers and probes `recovery`
+    (`History.faults`), and a call that took longer than `op_timeout` (default: a third of `bound`) is judged as one
+    that did not return within its bound."""
+    target = ServerClients.of(store)
+    prefix = f"r{next(_nonce)}-{random.randrange(1 << 30):x}-" if prefix is None else prefix
+    lock = threading.Lock()
+    ops, plans = _plans(layout, prefix, target)
     started: list[Op] = []
     barrier = threading.Barrier(len(plans) + 1)
     deadline = [0.0]
+    due = {f.step: (kind, f) for kind, f in strikes}
+    struck: list[dict] = []
+
+    def strike(op_id: int) -> None:
+        kind, f = due.pop(op_id)
+        t0 = clock()
+        try:
+            kind.strike(control, f)
+        finally:
+            with lock:
+                struck.append({"fault": kind.field, "rank": f.rank, "seconds": f.seconds, "step": f.step,
+                               "loses": kind.loses, "struck": t0, "struck_end": clock()})
 
     def complete(op: Op, result: Any = None, error: BaseException | None = None) -> None:
         now = clock()
@@ -206,6 +232,8 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         for op in plan:
             if clock() > deadline[0]:
                 return
+            if op.id in due:
+                strike(op.id)
             with lock:
                 op.invoked = clock()
                 started.append(op)
@@ -242,7 +270,35 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         time.sleep(0.001)
     with lock:  # ops never invoked (a caller stuck before them) are not part of the history
         ids = {op.id for op in started}
-        return History([attrs.evolve(op) for op in ops if op.id in ids])
+        history = History([attrs.evolve(op) for op in ops if op.id in ids], [dict(f) for f in struck])
+    if struck:
+        op_timeout = bound / 3 if op_timeout is None else op_timeout
+        for f in history.faults:
+            f["op_timeout"] = op_timeout
+        _after_faults(target.clients[0], history, sorted({k for op in ops for k in op.keys}), control, clock,
+                      recovery_seconds if recovery_seconds is not None else default_recovery_seconds(op_timeout))
+    return history
+
+
+def _after_faults(store: Any, history: History, keys: list[str], control: Any, clock: Callable[[], float],
+                  recovery_seconds: float) -> None:
+    """Wait for the servers, probe `recovery`, and add what each fault did to every key of the run as nemesis ops."""
+    healed = control.healed(max(f["seconds"] for f in history.faults) + 10.0)
+    if healed is None:
+        raise RuntimeError("the nemesis could not end the faults of the run")
+    result = probe(store, healed_at=healed, recovery_seconds=recovery_seconds, clock=clock)
+    n = max((op.id for op in history.ops), default=-1) + 1
+    for f in history.faults:
+        f.update(healed=healed, recovered=result.seconds, recovery_seconds=recovery_seconds,
+                 **({"not_recovered": result.why} if not result.ok else {}))
+        paths = {"all": [("fault-wipe", f["struck"], f["struck_end"])],
+                 "snapshot": [("fault-save", f["struck"], f["struck_end"]),
+                              ("fault-restore", f["struck_end"], healed)],
+                 "any": [("fault-lose", f["struck"], f["struck_end"])]}.get(f["loses"], [])
+        for path, start, end in paths:
+            for key in keys:
+                history.ops.append(Op(n, "nemesis", path, (key,), invoked=start, completed=end, completions=1))
+                n += 1
 
 
 def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
@@ -253,27 +309,67 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
 
 
 def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
-    """The violations of a history (see the module docstring) and the linearizability verdict as data."""
+    """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
+    real-server faults (`History.faults`): an op never completed, or one that took longer than its bound, is
+    `fault-hang`; an error or a miss while a fault lasted or within the recovery bound after it is fine (it
+    constrains nothing), an error after that is `recovery`, as is a failed recovery probe; a wrong answer is
+    `fault-integrity`, judged against the register the faults allow (`model.history.LOSSY_KV_MODEL`)."""
     out: list[dict] = []
+    faults = history.faults
+    window = (min(f["struck"] for f in faults), max(f["healed"] for f in faults),
+              max(f["healed"] + f["recovery_seconds"] for f in faults)) if faults else None
     for op in history.ops:
         if op.pending:
             why = op.error or "no completion within the run's bound"
-            out.append({"property": "lost-completion", "op": op.id, "summary": f"{op.label()} never completed ({why})"})
+            out.append({"property": "fault-hang" if faults else "lost-completion", "op": op.id,
+                        "summary": f"{op.label()} never completed ({why})" + _during(faults)})
+        elif faults and op.caller != "nemesis" and op.completed - op.invoked > faults[0]["op_timeout"]:
+            out.append({"property": "fault-hang", "op": op.id,
+                        "summary": f"{op.label()} took {op.completed - op.invoked:.2f} s, beyond its bound of "
+                                   f"{faults[0]['op_timeout']:g} s" + _during(faults)})
     for op in history.ops:
         if op.completions > 1:
             out.append({"property": "double-completion", "op": op.id,
                         "summary": f"{op.label()} was completed {op.completions} times"})
-    out.extend(_foreign_values(history))
+    for v in _foreign_values(history):  # through faults every wrong value is the one property
+        out.append({**v, "property": "fault-integrity", "summary": f"{v['summary']} ({v['property']})" + _during(faults)}
+                   if faults else v)
+    for f in faults:
+        if "not_recovered" in f:
+            out.append({"property": "recovery", "op": None,
+                        "summary": f"{f['recovery_seconds']:g} s after the server was back from {f['fault']} the client "
+                                   f"still fails: {f['not_recovered']}"})
+            break
     for op in history.ops:
         if op.error and not op.pending:
-            out.append({"property": "store-error", "op": op.id, "summary": f"{op.label()} raised {op.error}"})
-    verdict = check(history, max_states=max_states).to_json()
+            if window is not None and op.invoked <= window[2]:
+                continue  # an error while a fault lasts, or before the client had its bound to recover, is fine
+            out.append({"property": "recovery" if faults else "store-error", "op": op.id,
+                        "summary": f"{op.label()} raised {op.error}" + (" after the client should have recovered"
+                                                                         if faults else "")})
+    ops = [_unconstrained_miss(op) if window and op.invoked <= window[2] else op for op in history.ops]
+    verdict = check(ops, LOSSY_KV_MODEL if faults else KV_MODEL, max_states=max_states).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
-        out.append({"property": "linearizability", "op": bad.id,
+        out.append({"property": "fault-integrity" if faults else "linearizability", "op": bad.id,
                     "summary": f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
-                               f"op(s) in order, {bad.label()} -> {_short(bad.result)} cannot be placed"})
+                               f"op(s) in order, {bad.label()} -> {_short(bad.result)} cannot be placed" + _during(faults)})
     return out, verdict
+
+
+def _during(faults: list[dict]) -> str:
+    return f" (through {', '.join(sorted({f['fault'] for f in faults}))})" if faults else ""
+
+
+def _unconstrained_miss(op: Op) -> Op:
+    """A read invoked while a fault lasted (or within the recovery bound after it) that answered a miss (any part of
+    it): it constrains nothing."""
+    res = op.result
+    missed = (res is None or res is False or (isinstance(res, list) and (None in res or len(res) < len(op.keys)))
+              or (isinstance(res, int) and not isinstance(res, bool) and res < len(op.keys)))
+    if op.path in WRITE_PATHS or op.pending or op.error or not missed:
+        return op
+    return attrs.evolve(op, error="a miss while a fault lasted")
 
 
 def _overlap(a: Op, b: Op) -> bool:
@@ -367,16 +463,19 @@ def remove_keys(store: Any, history: History, bound: float = CLEANUP_SECONDS) ->
 
 
 def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
-            should_stop: Callable[[], bool] = lambda: False, first_only: bool = False) -> Rate:
-    """Run `layout` up to `runs` times on `store`; count the runs with a violation (of property `want`, when
-    given). Stops early when `should_stop()`, or after the first failing run with `first_only`; `n` counts the
-    runs made."""
+            should_stop: Callable[[], bool] = lambda: False, first_only: bool = False,
+            strikes: Sequence[tuple[Any, Any]] = (), control: Any = None, op_timeout: float | None = None,
+            recovery_seconds: float | None = None) -> Rate:
+    """Run `layout` up to `runs` times on `store` (each run striking `strikes` through `control`); count the runs with
+    a violation (of property `want`, when given). Stops early when `should_stop()`, or after the first failing run
+    with `first_only`; `n` counts the runs made."""
     t0 = time.monotonic()
     rate = Rate(0, 0)
     for _ in range(runs):
         if should_stop():
             break
-        history = run_layout(store, layout, bound=bound)
+        history = run_layout(store, layout, bound=bound, strikes=strikes, control=control, op_timeout=op_timeout,
+                             recovery_seconds=recovery_seconds)
         violations, verdict = judge(history)
         remove_keys(store, history, bound)
         if want is not None:

@@ -185,7 +185,6 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tu
                                           zones_first=True)
             if ok:
                 orders[probe] = [cut[j] for j in order]
-            before = hi
             learn(probe, found)
             step = 1 if hi < probe else step * 2  # the evidence moved: look right next to it first
         if lo not in orders:

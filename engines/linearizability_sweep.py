@@ -497,7 +497,6 @@ def witness(inst: Instance, chosen: list[tuple]) -> list[int] | None:
     for x in range(n_p - 1, -1, -1):
         nxt[kinds[x]][x] = x
         nxt[1 - kinds[x]][x] = nxt[1 - kinds[x]][x + 1]
-    ops = inst.ops
     after: list[list[int] | None] = [None] * (n_p + 1)  # after[p + 1]: the reads right after placement p
     j0 = -1  # the last placement before the read was called
     for c, j, w, k in sorted(inst.reads):

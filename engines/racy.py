@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import attrs
 
 from engines.api import SearchContext
 from engines.concurrency import Layout, Rate, ServerClients, make_layout, measure, thread_safe
 from model.contract import declared_paths
+from model.faults import kind_of
 from model.finding import Finding, Rate as FindingRate
 from model.history import lanes
 from model.outcome import Violation
 from model.trace import Trace, violations_of
 from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
 
-__all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "layout_runs", "search", "Concurrency",
+__all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
            "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT", "fresh_target", "needs_shared",
            "targets"]
 
@@ -113,8 +114,9 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
 
 
 def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: list[int], origin: str,
-             options: dict | None = None, clients: int = 1) -> Trace:
-    """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history."""
+             options: dict | None = None, clients: int = 1, strikes: Sequence[tuple[Any, Any]] = ()) -> Trace:
+    """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history, and the
+    real-server faults each run struck (`config.faults`: `{"fault", "rank", "at": "run", "step", "seconds"}`)."""
     first = rate.first
     assert first is not None, "a finding has a failing run"
     v = first.violations[0]
@@ -124,35 +126,60 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
                          "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)},
-                         **({"clients": clients} if clients > 1 else {}), **(options or {})},
+                         **({"clients": clients} if clients > 1 else {}), **(options or {}),
+                         **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
                  verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
                                          for x in first.violations],
                           "linearizability": first.verdict, "history": first.history.to_json(),
+                          **({"faults": first.history.faults} if first.history.faults else {}),
                           "picture": lanes(first.history, verdict=first.verdict)},
                  expect={client: "reproduces"}, origin=origin)
 
 
+def strikes_of(config: dict) -> list[tuple[Any, Any]]:
+    """The (kind, `ServerFault`) pairs every run of a concurrent trace strikes (`config.faults`); `ValueError` naming a
+    bad entry."""
+    out = []
+    for i, raw in enumerate(config.get("faults", [])):
+        if not isinstance(raw, dict):
+            raise ValueError(f"config.faults[{i}]: expected an object")
+        try:
+            kind = kind_of(str(raw.get("fault")))
+        except KeyError:
+            raise ValueError(f"config.faults[{i}]: unknown fault {raw.get('fault')!r}") from None
+        if kind.family != "server":
+            raise ValueError(f"config.faults[{i}]: {kind.field} is not a real-server fault")
+        out.append((kind, kind.from_json({k: v for k, v in raw.items() if k != "fault"})))
+    return out
+
+
 @contextlib.contextmanager
-def layout_runs(trace: Trace, stores: Any) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
+def layout_runs(trace: Trace, stores: Any, control: Any = None) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
     """`once()`: one run of a concurrent trace's layout on `stores[0]` (or on a `ServerClients`: several clients of
     one server; closed at the end), under a fresh key prefix each time: its violations (of any property) and a
-    note. A layout that uses a path the client does not offer cannot run: no violation, and the note says so."""
+    note. A layout that uses a path the client does not offer cannot run: no violation, and the note says so. A
+    trace's real-server faults (`strikes_of`) strike in every run through `control` (closed at the end too)."""
     target = fresh_target(stores)
     layout = Layout.from_ops(trace.ops)
     bound = float(trace.config.get("bound", 2.0))
     missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
                       and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
+    strikes = strikes_of(trace.config)
+    faulted = {"strikes": strikes, "control": control, "op_timeout": trace.config.get("op_timeout"),
+               "recovery_seconds": trace.config.get("recovery_seconds")} if strikes else {}
 
     def once() -> tuple[list[Violation], str]:
         if missing:  # nothing to run: the race lives on a path this client does not offer
             return [], f"the client offers no {', '.join(missing)}: the layout cannot run on it"
-        got = measure(target, layout, runs=1, bound=bound)
+        got = measure(target, layout, runs=1, bound=bound, **faulted)
         if not got.k:
             return [], ""
         return [Violation(v["property"], v["summary"], {"op": v["op"]}) for v in got.first.violations], ""
     try:
         yield once
     finally:
+        if control is not None:
+            control.close()
         target.close()
 
 

@@ -51,6 +51,16 @@ class ReplayOn:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     #: A serving engine under test (`engines.engine_search.EngineTarget`): what an `engine` trace runs on.
     engine: Any = None
+    #: The real faults a trace strikes go through it (`engines.nemesis.NemesisPlan`); None: a trace with one cannot run.
+    nemesis: Any = None
+
+    def control(self, stores: list) -> Any:
+        """A `ServerControl` over `stores`' servers; `ReplayError` when there is none."""
+        control = self.nemesis.control(stores) if self.nemesis is not None else None
+        if control is None:
+            raise ReplayError("the trace strikes real faults on the servers: it needs servers shardcheck started "
+                              "(or --nemesis given explicitly for servers passed with urls)")
+        return control
 
     def deterministic(self, trace: Trace) -> bool:
         """Whether every run of `trace` here gives the same result (one run is the verdict)."""
@@ -100,7 +110,7 @@ def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tupl
 
     def once() -> tuple[list[Violation], str]:
         try:
-            _, violations = run(trace, bounded_factory(trace, on.client, on.options))
+            _, violations = run(trace, bounded_factory(trace, on.client, on.options), control_for=on.control)
         except CannotRun as exc:
             raise ReplayError(str(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
@@ -118,6 +128,7 @@ def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tup
     from engines.racy import layout_runs, needs_shared, targets
     options = {**on.client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config}),
                **on.options}
+    from engines.racy import strikes_of
     if needs_shared(trace):
         fresh, not_shared = targets(on.client, **options)
         if not_shared:
@@ -128,7 +139,16 @@ def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tup
             raise ReplayError("the trace has the server's own evictions; these servers cannot evict by themselves")
     else:
         made = on.client.stores(1, **options)
-    with layout_runs(trace, made) as once:
+    try:
+        control = on.control(made if isinstance(made, list) else list(made.clients)) if strikes_of(trace.config) \
+            else None
+    except BaseException:
+        for s in made if isinstance(made, list) else ():
+            s.close()
+        if not isinstance(made, list):
+            made.close()
+        raise
+    with layout_runs(trace, made, control) as once:
         yield once
 
 

@@ -42,7 +42,11 @@ def _level_cost(level: str) -> int:
 #: The enumeration levels: every cached set alone; with another prompt in the same tier (`prompts`); then with
 #: every single fault of each level's kinds.
 LEVELS = ("cached", "prompts",
-          *sorted(dict.fromkeys(k.level for k in FAULT_KINDS if k.level is not None), key=_level_cost))
+          *sorted(dict.fromkeys(k.level for k in FAULT_KINDS if k.level is not None and k.family == "harness"),
+                  key=_level_cost))
+#: The level of the real-server faults (`model.faults.SERVER_KINDS`): enumerated only where a nemesis strikes them
+#: (`enumerate_cases(NEMESIS_LEVEL, kinds=...)`).
+NEMESIS_LEVEL = "nemesis"
 
 
 def other_prompts(n: int, k: int) -> Iterator[OtherPrompt]:
@@ -55,14 +59,15 @@ def other_prompts(n: int, k: int) -> Iterator[OtherPrompt]:
         yield OtherPrompt(salt="tenant-b", n_chunks=k, after=True, evicted=evicted)
 
 
-def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None) -> Iterator[Case]:
+def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None,
+                    kinds: tuple | None = None) -> Iterator[Case]:
     """Every case of one enumeration level, smallest configurations first: every cached set (`cached`), the whole
     prompt cached beside each of `other_prompts` (`prompts`), or every cached set with every single fault of the kinds
     of that level (`model.faults.FAULT_KINDS`; the kinds of one
     level alternate fault by fault)."""
-    if level not in LEVELS:
-        raise ValueError(f"unknown enumeration level {level!r} (known: {', '.join(LEVELS)})")
-    kinds = [k for k in FAULT_KINDS if k.level == level]
+    if level not in LEVELS + (NEMESIS_LEVEL,):
+        raise ValueError(f"unknown enumeration level {level!r} (known: {', '.join(LEVELS)}, {NEMESIS_LEVEL})")
+    kinds = [k for k in FAULT_KINDS if k.level == level and (kinds is None or k in kinds)]
     for n, k in sizes or enumeration_sizes():
         for before in _evicted_sets(k):
             plan = FaultPlan(evict_before_lookup=before)

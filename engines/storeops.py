@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from engines.faulted import FAULT_OPS, FaultWindow
 from engines.minimise import ddmin
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
@@ -125,7 +126,8 @@ class _Register:
 def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: float = DEFAULT_OP_TIMEOUT,
             clock: Any = None, others: Sequence[Sequence[RankStore]] = (),
             evict: Callable[[int, str], None] | None = None,
-            done: Sequence[dict] = (), done_ago: float | None = None) -> tuple[list[dict], list[Violation]]:
+            done: Sequence[dict] = (), done_ago: float | None = None, control: Any = None,
+            recovery_seconds: float | None = None) -> tuple[list[dict], list[Violation]]:
     """Run `ops` against `stores` and an oracle; stop at the first violation.
 
     An op is `{"rank", "op", "key" | "keys", "value"?, "client"?}`; a value is bytes or a list of byte values; a
@@ -134,7 +136,9 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
     eviction (`evict(rank, key)`), an `age` op waits `seconds` (what was put grows old). `done`: puts and deletes
     that already ran on these stores (the oracle starts from them; `done_ago`: that many seconds ago, as after an
     `age` op). Returns one record per op run (`result`,
-    `oracle`, `outcome`, and `seconds` when `clock` is given) and the violations.
+    `oracle`, `outcome`, and `seconds` when `clock` is given) and the violations. Real-server faults are ops too
+    (`engines.faulted`: `{"op": "fault", "fault": FIELD, "rank", "seconds"}` strikes through `control`, `{"op":
+    "recover"}` waits for the servers and probes `recovery`); while one lasts, an error or a miss is fine.
     """
     clients = [stores, *others]
     oracle = _Register(len(stores), len(clients))
@@ -143,12 +147,20 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
                      op.get("client", 0))
     if done_ago is not None:
         oracle.age(done_ago)
+    window = FaultWindow(stores, oracle.values, control=control, op_timeout=wait_bound,
+                         recovery_seconds=recovery_seconds)
     records: list[dict] = []
     for i, raw in enumerate(ops):
         op = dict(raw)
         if isinstance(op.get("value"), list):
             op["value"] = bytes(op["value"])
         rec = {"index": i, **op}
+        if op["op"] in FAULT_OPS:
+            records.append(rec)
+            violation = window.fault_op(i, op, rec)
+            if violation is not None:
+                return records, [violation]
+            continue
         if op["op"] == "age":
             time.sleep(float(op["seconds"]))
             oracle.age(float(op["seconds"]))
@@ -176,12 +188,13 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
             got = store.get_async(op["key"]) if fire_only else _call(store, op, wait_bound)
         except StoreCallTimeout as exc:
             rec["outcome"] = "hang"
-            return records, [Violation("store-hang", f"ops[{i}] rank {r}: {exc}",
-                                       {"index": i, "op": exc.op, "key": exc.key, "seconds": exc.seconds})]
+            return records, [window.timed_out(i, r, exc, op)]
         except Exception as exc:  # the client raised instead of answering
             rec["outcome"] = f"{type(exc).__name__}: {exc}"
-            return records, [Violation("store-error", f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r})"
-                                       f" raised {type(exc).__name__}: {exc}", {"index": i})]
+            violation = window.raised(i, r, op, exc)
+            if violation is not None:
+                return records, [violation]
+            continue
         if clock:
             rec["seconds"] = round(clock() - start, 6)
         if fire_only:
@@ -190,12 +203,22 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
         rec["result"] = got
         if op["op"] in WRITES:
             oracle.write(r, op, c)
+            window.settled(r, op)
         elif got != expected:
-            rec["outcome"] = "mismatch"
-            return records, [oracle.judge(i, r, c, op, got, expected)]
+            violation = window.answered(i, r, op, got, expected) if window.faulted else \
+                oracle.judge(i, r, c, op, got, expected)
+            if violation is not None:
+                rec["outcome"] = "mismatch"
+                return records, [violation]
+            rec["outcome"] = "allowed under a fault"
+            continue
         else:
             oracle.read(r, c, op)
         rec["outcome"] = "ok"
+    violation = window.close(len(records))
+    if violation is not None:
+        records.append({"index": len(ops), "op": "recover", "outcome": violation.summary})
+        return records, [violation]
     return records, []
 
 
@@ -221,12 +244,13 @@ def needs_shared(trace: Trace) -> bool:
     return int(trace.config.get("clients", 1)) > 1 or any(op.get("op") == "evict" for op in trace.ops)
 
 
-def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[Violation]]:
+def run(trace: Trace, factory: Callable[..., list],
+        control_for: Callable[[list], Any] | None = None) -> tuple[list[dict], list[Violation]]:
     """Run the trace's ops with `engines.storeops.run_ops` on `factory(n_ranks, **options)` (the options the
     trace recorded), or, for a trace of several clients of the same servers (`needs_shared`), on
     `factory.shared(n_ranks, clients, **options)` (`bounded_factory`); returns (records, violations) — at most one
     violation, the first (a factory that raised is `store-error` at op index -1). `CannotRun` when the trace
-    cannot run on this factory."""
+    cannot run on this factory. Fault ops strike through `control_for(stores)` (closed after)."""
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))
@@ -250,12 +274,18 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[Vi
     except Exception as e:
         return [], [Violation("store-error", f"factory({n}, **{options}) raised {type(e).__name__}: {e}",
                               {"index": -1})]
+    control = None
     try:
         others = shared.clients[1:] if shared is not None else ()
         evict = shared.evict if shared is not None and shared.can_evict() else None
+        if control_for is not None and any(op.get("op") == "fault" for op in trace.ops):
+            control = control_for(stores)
         records, violations = run_ops(stores, decode(trace.ops, "ops"), wait_bound=timeout, clock=time.monotonic,
-                                      others=others, evict=evict)
+                                      others=others, evict=evict, control=control,
+                                      recovery_seconds=cfg.get("recovery_seconds"))
     finally:
+        if control is not None:
+            control.close()
         if shared is not None:
             shared.close()
         else:
@@ -267,25 +297,34 @@ def run(trace: Trace, factory: Callable[..., list]) -> tuple[list[dict], list[Vi
     return records, violations
 
 
-def violation_key(trace: Trace, violations: list[Violation]) -> tuple[str, str] | None:
+def violation_key(trace: Trace, violations: list[Violation]) -> tuple | None:
     """What makes two runs show the same violation: its property and the op that showed it (`factory`
-    when building the client failed); None without a violation."""
+    when building the client failed); None without a violation. Through real-server faults the op's key too, whether
+    the server held it, and whether a wrong answer was another key's bytes: a shorter sequence whose violation moved
+    to another key (one never written, say) or lost the other key's bytes shows another bug."""
     if not violations:
         return None
     index = violations[0].detail.get("index", -1)
-    return violations[0].property, trace.ops[index]["op"] if 0 <= index < len(trace.ops) else "factory"
+    if not 0 <= index < len(trace.ops):
+        return violations[0].property, "factory"
+    op = trace.ops[index]
+    if any(o.get("op") == "fault" for o in trace.ops):
+        detail = violations[0].detail  # (a read of another key's bytes is not one of bytes nobody wrote)
+        return (violations[0].property, op["op"], op.get("key", tuple(op.get("keys", ()))), detail.get("present"),
+                detail.get("owner") is not None)
+    return violations[0].property, op["op"]
 
 
-def kept_by_removal(trace: Trace, factory: Callable[..., list]) -> list[int]:
+def kept_by_removal(trace: Trace, factory: Callable[..., list], control_for: Any = None) -> list[int]:
     """The indexes `i` of ops whose removal keeps the trace's violation on `factory` (empty: 1-minimal)."""
-    _, violations = run(trace, factory)
+    _, violations = run(trace, factory, control_for)
     want = violation_key(trace, violations)
     if want is None or want[0] != trace.property:
         raise ValueError(f"the trace does not show its {trace.property} violation on this client")
     kept = []
     for i in range(len(trace.ops)):
         shorter = attrs.evolve(trace, ops=trace.ops[:i] + trace.ops[i + 1:])
-        if violation_key(shorter, run(shorter, factory)[1]) == want:
+        if violation_key(shorter, run(shorter, factory, control_for)[1]) == want:
             kept.append(i)
     return kept
 
@@ -317,12 +356,12 @@ def bounded_factory(trace: Any, client: Client, options: dict | None = None) -> 
 
 
 def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress: Any = None,
-                       options: dict | None = None) -> tuple[Any, bool]:
+                       options: dict | None = None, control_for: Any = None) -> tuple[Any, bool]:
     """The trace with as few ops as still show its violation (the same property at the same kind of op) on
     fresh stores of the client, and whether that is 1-minimal. A trace whose violation does not show again
-    (a flaky client) is returned as it is, not minimal."""
+    (a flaky client) is returned as it is, not minimal. Its fault ops strike through `control_for(stores)`."""
     bounded = bounded_factory(trace, client, options)
-    first = run(trace, bounded)[1]
+    first = run(trace, bounded, control_for)[1]
     want = violation_key(trace, first)
     if want is None or want[0] != trace.property:
         return trace, False
@@ -331,7 +370,7 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress
     def still_fails(ops: list[dict]) -> bool:
         runs[0] += 1
         shorter = attrs.evolve(trace, ops=ops)
-        violations = run(shorter, bounded)[1]
+        violations = run(shorter, bounded, control_for)[1]
         if violation_key(shorter, violations) != want:
             return False
         seen[0] = violations  # the violations of the shortest sequence so far

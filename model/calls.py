@@ -29,6 +29,8 @@ def wait_future(future: concurrent.futures.Future, seconds: float, op: str, key:
     try:
         return future.result(timeout=seconds)
     except concurrent.futures.TimeoutError:
+        if future.done():  # the read itself failed with a TimeoutError (a socket timeout): its error, not our bound
+            raise
         raise StoreCallTimeout(op, key, seconds) from None
 
 #: Entries into protocol code so far.

@@ -13,7 +13,7 @@ from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
            "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
-           "STORE_PROPERTIES", "ENGINE_LAYER", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
+           "STORE_PROPERTIES", "ENGINE_LAYER", "NEMESIS_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
 
 
 def soundness(o: Outcome) -> list[Violation]:
@@ -25,7 +25,10 @@ def soundness(o: Outcome) -> list[Violation]:
 
 
 def completeness(o: Outcome) -> list[Violation]:
-    """The plan reaches the longest cached prefix: `planned >= LCP`."""
+    """The plan reaches the longest cached prefix: `planned >= LCP` (a real-server fault before the lookup may
+    lower the plan: a miss is fine while it lasts)."""
+    if o.case.faults.striking("before-lookup"):
+        return []
     if o.planned is not None and o.planned < o.lcp:
         return [Violation("completeness", f"planned {o.planned} chunks though the leading {o.lcp} were cached "
                           f"(reports {o.reports})", {"planned": o.planned, "lcp": o.lcp, "reports": o.reports})]
@@ -87,8 +90,9 @@ def integrity(o: Outcome) -> list[Violation]:
 
 
 def maximality(o: Outcome) -> list[Violation]:
-    """Without a fault after the lookup, every rank loads the whole plan: `u == planned`."""
-    if o.case.faults.after_lookup() or o.planned is None or o.load is None or o.load.violations:
+    """Without a fault after the lookup (nor a real-server fault), every rank loads the whole plan: `u == planned`."""
+    if o.case.faults.after_lookup() or o.case.faults.server_faults() or o.planned is None or o.load is None \
+            or o.load.violations:
         return []
     return [Violation("maximality", f"rank {r} loaded {u} chunks of the planned {o.planned} with no fault "
                       "after the lookup", {"rank": r, "u": u, "planned": o.planned})
@@ -164,8 +168,10 @@ class Property:
     """One property: its name, its layer, the check that finds it, and the known-bad demos that violate it.
 
     `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time),
-    "concurrency" (a store client called from several callers at once) or "engine" (a real engine's own
-    lookup-and-load path, `--engine`; its demos are `--engine-patch` functions). `check`: the function over an `Outcome`
+    "concurrency" (a store client called from several callers at once), "nemesis" (a store client, or a protocol
+    over one, through real faults on its servers; a protocol case keeps its own properties there: a fault may lower
+    the plan, never raise it, and the ranks still agree) or "engine" (a real engine's own lookup-and-load path,
+    `--engine`; its demos are `--engine-patch` functions). `check`: the function over an `Outcome`
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
     hang and termination, reported through `run_faults`; the store layers' runners). `demos`: the name of each
     known-bad protocol or client built to violate it (every property has one, so every check can fail), in the demo
@@ -193,6 +199,12 @@ def _engine(name: str, about: str, *demos: str) -> Property:
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="concurrency", about=about, demos=demos)
+
+
+def _nemesis(name: str, about: str, *demos: str) -> Property:
+    """A property under real faults on the servers (`model.faults.SERVER_KINDS`); its demos are real clients (their
+    module is `runtime.registry.DEMO_MODULES["nemesis"]`), since only a real server can be paused, killed or filled."""
+    return Property(name=name, layer="nemesis", about=about, demos=demos)
 
 
 #: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),
@@ -245,6 +257,12 @@ CATALOG: tuple[Property, ...] = (
             "drop_lookup_unpin"),
     _engine("engine-returns", "every call of the engine, close included, returns an answer within its bound",
             "stuck_close"),
+    _nemesis("fault-hang", "while a real fault lasts every call returns within its bound (an error or a miss is fine)",
+             "no_timeout_factory"),
+    _nemesis("fault-integrity", "under real faults nothing wrong is returned: the last completed put's bytes or a miss, "
+             "never another key's bytes, never a value from before a delete", "stale_on_error_factory"),
+    _nemesis("recovery", "once the server is back, the client's calls succeed again within --recovery-seconds",
+             "never_reconnect_factory"),
 )
 BY_NAME: dict[str, Property] = {p.name: p for p in CATALOG}
 
@@ -258,6 +276,8 @@ PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
 #: The engine layer's properties (found by `engines.engine_run` with `model.engine_oracle`).
 ENGINE_LAYER = tuple(p.name for p in CATALOG if p.layer == "engine")
+#: The properties under real faults on the servers (every layer's runs judge them once a fault struck).
+NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
 
 
 def check_outcome(o: Outcome) -> list[Violation]:

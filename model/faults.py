@@ -1,20 +1,31 @@
-"""Fault plans, and every kind of fault as a record: which keys are evicted when, which completions are lost or late.
+"""Fault plans, and every kind of fault as a record: which keys are evicted when, which completions are lost or late,
+and the real faults on the servers (the nemesis).
 
 A `FaultKind` carries everything the engines need to know about one kind: its `FaultPlan` field (also its key in
 a trace), when it strikes, its JSON codec and validation, its text, how it shrinks, how enumeration and random
 search generate it, and how the exhaustive explorer covers it (or that it does not). The simulator's hook is
 `FaultPlan.simulator_options()`. Adding a kind: a field of `FaultPlan`, a record in `FAULT_KINDS`, and the
 simulator's support for it if it strikes during the load (ARCHITECTURE.md).
+
+Real-server kinds (`family="server"`, `model.nemesis_kinds`) are records too: a `ServerFault` item says whose server
+(`rank`), where it strikes (`at`: a protocol case's phase, an op of a store-ops run, an op of a concurrent run, an
+engine step) and how long it lasts; the record's `strike(control, fault)` hook makes it happen through a
+`ServerControl` the engines are handed (`adapters.nemesis.Nemesis`; the model never starts a process), and its
+`loses` says what the key-value register then allows (`model.history.LossyKVModel`).
 """
 from __future__ import annotations
 
 import random
+import typing
 from typing import Any, Callable, Iterator
 
 import attrs
 
+from model.calls import DEFAULT_OP_TIMEOUT
+
 __all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NO_FAULTS", "kind_of",
-           "DEFAULT_DELAY"]
+           "DEFAULT_DELAY", "ServerFault", "ServerControl", "STRIKE_POINTS", "SERVER_KINDS", "SERVER_KIND_NAMES",
+           "FAULT_OP_TIMEOUTS", "server_fault_kinds"]
 
 #: The delay enumeration gives a delayed completion: twice the reference protocols' wait timeout (1 s).
 DEFAULT_DELAY = 2.0
@@ -52,6 +63,13 @@ class FaultPlan:
     evict_during_load: tuple[Eviction, ...] = attrs.field(default=(), converter=tuple)
     lost: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_tuples)
     delayed: tuple[tuple[int, int, float], ...] = attrs.field(default=(), converter=_tuples)
+    server_pause: tuple = attrs.field(default=(), converter=tuple)
+    server_restart_empty: tuple = attrs.field(default=(), converter=tuple)
+    server_restart_data: tuple = attrs.field(default=(), converter=tuple)
+    server_kill_connections: tuple = attrs.field(default=(), converter=tuple)
+    server_debug_sleep: tuple = attrs.field(default=(), converter=tuple)
+    server_client_pause: tuple = attrs.field(default=(), converter=tuple)
+    server_evict: tuple = attrs.field(default=(), converter=tuple)
 
     def items(self) -> Iterator[tuple["FaultKind", Any]]:
         """Every fault of the plan with its kind, in `FAULT_KINDS` order."""
@@ -61,7 +79,15 @@ class FaultPlan:
 
     def after_lookup(self) -> bool:
         """Whether any fault happens after the lookup (maximality is only claimed without one)."""
-        return any(kind.when != "before-lookup" for kind, _ in self.items())
+        return any(kind.when_of(item) != "before-lookup" for kind, item in self.items())
+
+    def server_faults(self) -> list[tuple["FaultKind", Any]]:
+        """The real-server faults of the plan, with their kinds (they need a `ServerControl` to strike)."""
+        return [(kind, item) for kind, item in self.items() if kind.family == "server"]
+
+    def striking(self, at: str, step: int | None = None) -> list[tuple["FaultKind", Any]]:
+        """The real-server faults that strike at `at` (and before load `step`, for "during-load")."""
+        return [(k, f) for k, f in self.server_faults() if f.at == at and (step is None or f.step == step)]
 
     def size(self) -> int:
         """How many faults the plan injects (what minimisation shrinks)."""
@@ -93,15 +119,19 @@ class FaultPlan:
         return FaultPlan(**out)
 
     def simulator_options(self) -> dict:
-        """The load simulator's fault options (`model.sim.Simulator`): what strikes during the load."""
-        return {"evictions": self.evict_during_load, "lost": self.lost, "delayed": self.delayed}
+        """The load simulator's fault options (`model.sim.Simulator`): what strikes during the load (a real-server
+        fault "during-load" comes before its load step, as an eviction does)."""
+        during = tuple(f for _, f in self.striking("during-load"))
+        return {"evictions": self.evict_during_load + during, "lost": self.lost, "delayed": self.delayed}
 
     def text(self) -> str:
         """The plan in words."""
         return "; ".join(kind.text(item) for kind, item in self.items()) or "no fault"
 
     def to_json(self) -> dict:
-        return {kind.field: [kind.to_json(x) for x in getattr(self, kind.field)] for kind in FAULT_KINDS}
+        """Every harness kind's list, and the real-server kinds that the plan holds."""
+        return {kind.field: [kind.to_json(x) for x in getattr(self, kind.field)] for kind in FAULT_KINDS
+                if kind.family == "harness" or getattr(self, kind.field)}
 
     @classmethod
     def from_json(cls, data: Any) -> "FaultPlan":
@@ -138,9 +168,13 @@ class FaultKind:
     """One kind of fault, everything about it in one place (see the module doc).
 
     `when`: "before-lookup" (shapes the cached set), "after-lookup", "during-load", or "completion" (of a
-    `GetAsync` of the load). `level`: the enumeration level that tries every single fault of this kind (None: the
+    `GetAsync` of the load); "server" for a real-server kind, whose item says where it strikes (`when_of`).
+    `level`: the enumeration level that tries every single fault of this kind (None: the
     kind is enumerated as every subset, the cached sets). `explorer`: how `engines.explore` covers it, or "" where
-    it refuses plans that hold it.
+    it refuses plans that hold it. Real-server kinds (`family="server"`) add `strike(control, fault)` (the hook
+    that makes it happen through a `ServerControl`), `loses` (what the key-value register allows afterwards:
+    "nothing", "all" of the rank's keys, "snapshot": back to the state at the strike, "any" key) and
+    `needs_process` (it acts on the server's process: only servers shardcheck started).
     """
 
     field: str
@@ -155,6 +189,14 @@ class FaultKind:
     draw: Callable[[random.Random, int, int], tuple]
     smaller: Callable[[Any], Iterator[Any]] = lambda item: iter(())
     refit: Callable[[Any, int, int, str, int], Any] = lambda item, n, k, how, was: None
+    family: str = "harness"
+    strike: Callable[[Any, Any], None] | None = None
+    loses: str = "nothing"
+    needs_process: bool = False
+
+    def when_of(self, item: Any) -> str:
+        """Where this item strikes: the kind's `when`, or a real-server fault's own `at`."""
+        return item.at if self.family == "server" else self.when
 
 
 # -- evictions ---------------------------------------------------------------------------------------
@@ -287,10 +329,150 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
               singles=lambda n, k: ((r, i, DEFAULT_DELAY) for r in range(n) for i in range(_asyncs(n, k))),
               draw=_draw_delayed, refit=_completion_refit),
 )
+
+
+# -- real faults on the servers (the nemesis) ---------------------------------------------------------
+#: Where a real-server fault strikes: a protocol case's phase (before the lookup, between lookup and load, before
+#: load step `step`), before an op of a store-ops run ("op": the fault is an op of the sequence), when op `step` of a
+#: concurrent run is invoked ("run"), or before step `step` of an engine case ("engine").
+STRIKE_POINTS = ("before-lookup", "after-lookup", "during-load", "op", "run", "engine")
+#: How long a lasting fault lasts by default, as a multiple of the op timeout: longer than one call's bound, so a
+#: client that waits on a stuck server without a bound of its own is caught.
+FAULT_OP_TIMEOUTS = 1.5
+
+
+@attrs.frozen
+class ServerFault:
+    """One real fault on rank `rank`'s server, at `at` (`STRIKE_POINTS`; `step`: the load step, the op index of a
+    concurrent run, or the engine step), lasting `seconds` (a pause, a restart's down time, a sleep)."""
+
+    rank: int
+    at: str = "op"
+    step: int | None = None
+    seconds: float = 0.0
+
+
+class ServerControl(typing.Protocol):
+    """What a real-server fault strikes through, rank by rank (`adapters.nemesis.Nemesis`). Each call returns once
+    the fault is in place; a lasting one ends by itself after `seconds`. `healed(timeout)`: the time (monotonic)
+    the last fault struck so far was over, waiting at most `timeout`; None while one still lasts."""
+
+    def pause(self, rank: int, seconds: float) -> None: ...
+
+    def kill_restart(self, rank: int, *, keep_data: bool, seconds: float) -> None: ...
+
+    def kill_connections(self, rank: int) -> None: ...
+
+    def debug_sleep(self, rank: int, seconds: float) -> None: ...
+
+    def client_pause(self, rank: int, seconds: float) -> None: ...
+
+    def evict_by_policy(self, rank: int) -> None: ...
+
+    def healed(self, timeout: float) -> float | None: ...
+
+
+def _sf_json(f: ServerFault) -> dict:
+    return {k: v for k, v in attrs.asdict(f).items() if v is not None}
+
+
+def _sf_from(raw: Any) -> ServerFault:
+    if not isinstance(raw, dict) or set(raw) - {"rank", "at", "step", "seconds"}:
+        raise ValueError("expected an object with 'rank', 'at', 'step'?, 'seconds'?")
+    rank, at, step, secs = raw.get("rank"), raw.get("at", "op"), raw.get("step"), raw.get("seconds", 0.0)
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ValueError("expected an integer 'rank'")
+    if at not in STRIKE_POINTS:
+        raise ValueError(f"'at' must be one of {', '.join(STRIKE_POINTS)}, got {at!r}")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise ValueError("expected an integer 'step' or none")
+    if (at in ("during-load", "run", "engine")) != (step is not None):
+        raise ValueError(f"a fault at {at!r} {'needs' if step is None else 'takes no'} 'step'")
+    if not isinstance(secs, (int, float)) or isinstance(secs, bool) or not 0 <= secs <= 60:
+        raise ValueError("'seconds' must be a number in 0..60")
+    return ServerFault(rank, at, step, float(secs))
+
+
+def _sf_fits(f: ServerFault, n: int, k: int) -> bool:
+    return 0 <= f.rank < n and (f.step is None or f.step >= 0)
+
+
+def _sf_text(what: str) -> Callable[[ServerFault], str]:
+    def text(f: ServerFault) -> str:
+        where = {"before-lookup": "before the lookup", "after-lookup": "between lookup and load",
+                 "during-load": f"before load step {f.step}", "op": "at this op", "run": f"at op {f.step} of the run",
+                 "engine": f"before engine step {f.step}"}[f.at]
+        lasts = f" for {f.seconds:g} s" if f.seconds else ""
+        return f"rank {f.rank}'s server {what}{lasts} {where}"
+    return text
+
+
+def _sf_singles(seconds: float) -> Callable[[int, int], Iterator[ServerFault]]:
+    """Each rank's server struck before the lookup, between lookup and load, and before load step 0."""
+    def singles(n: int, k: int) -> Iterator[ServerFault]:
+        for at, step in (("before-lookup", None), ("after-lookup", None), ("during-load", 0)):
+            for r in range(n):
+                yield ServerFault(r, at, step, seconds)
+    return singles
+
+
+def _sf_shorter(f: ServerFault) -> Iterator[ServerFault]:
+    if f.step:
+        yield attrs.evolve(f, step=f.step - 1)
+
+
+def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], None], *, seconds: float,
+                 loses: str = "nothing", needs_process: bool = False) -> FaultKind:
+    return FaultKind(field=field, when="server", level="nemesis", explorer="", text=_sf_text(what), to_json=_sf_json,
+                     from_json=_sf_from, fits=_sf_fits, singles=_sf_singles(seconds), draw=lambda rng, n, k: (),
+                     smaller=_sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
+                     refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
+
+
+_LASTS = FAULT_OP_TIMEOUTS * DEFAULT_OP_TIMEOUT
+#: The real-server kinds, in the order `check --nemesis all` strikes them.
+SERVER_KINDS: tuple[FaultKind, ...] = (
+    _server_kind("server_pause", "paused (SIGSTOP, then SIGCONT)", lambda c, f: c.pause(f.rank, f.seconds),
+                 seconds=_LASTS, needs_process=True),
+    _server_kind("server_kill_connections", "dropped its client connections (CLIENT KILL)",
+                 lambda c, f: c.kill_connections(f.rank), seconds=0.0),
+    _server_kind("server_restart_empty", "killed and restarted empty on its port",
+                 lambda c, f: c.kill_restart(f.rank, keep_data=False, seconds=f.seconds), seconds=0.2, loses="all",
+                 needs_process=True),
+    _server_kind("server_restart_data", "saved, killed and restarted with its snapshot",
+                 lambda c, f: c.kill_restart(f.rank, keep_data=True, seconds=f.seconds), seconds=0.2,
+                 loses="snapshot", needs_process=True),
+    _server_kind("server_debug_sleep", "slowed (DEBUG SLEEP)", lambda c, f: c.debug_sleep(f.rank, f.seconds),
+                 seconds=_LASTS),
+    _server_kind("server_client_pause", "holding its clients (CLIENT PAUSE ALL)",
+                 lambda c, f: c.client_pause(f.rank, f.seconds), seconds=_LASTS),
+    _server_kind("server_evict", "evicting by its own policy (maxmemory, allkeys-lru, filled by another prompt)",
+                 lambda c, f: c.evict_by_policy(f.rank), seconds=0.0, loses="any"),
+)
+#: `--nemesis` names: a kind's field without its `server_` prefix, with dashes.
+SERVER_KIND_NAMES = {k.field.removeprefix("server_").replace("_", "-"): k for k in SERVER_KINDS}
+
+FAULT_KINDS = FAULT_KINDS + SERVER_KINDS
 FAULT_FIELDS = tuple(k.field for k in FAULT_KINDS)
 #: The ways `FaultPlan.refitted` re-places a fault in a smaller shape.
 REFITS = ("owner", "shift", "last")
 NO_FAULTS = FaultPlan()
+
+
+def server_fault_kinds(spec: str) -> tuple[FaultKind, ...]:
+    """The real-server kinds `--nemesis` names: `all`, `none`, or a comma-separated list of `SERVER_KIND_NAMES`;
+    `ValueError` naming an unknown one."""
+    spec = spec.strip()
+    if spec == "all":
+        return SERVER_KINDS
+    if spec in ("none", ""):
+        return ()
+    out = []
+    for name in (p.strip() for p in spec.split(",")):
+        if name not in SERVER_KIND_NAMES:
+            raise ValueError(f"unknown fault kind {name!r} (known: {', '.join(SERVER_KIND_NAMES)}, all, none)")
+        out.append(SERVER_KIND_NAMES[name])
+    return tuple(dict.fromkeys(out))
 
 
 def kind_of(field: str) -> FaultKind:

@@ -18,6 +18,7 @@ from model.outcome import Case, Event, OtherPrompt, Outcome, Violation, default_
 from model.sim import lowest_runnable, seeded_chooser, simulate
 from model.store import memory_factory
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
+from model.recovery import default_recovery_seconds, probe
 
 
 __all__ = ["chunk_hashes", "kv_bytes", "Shadow", "store_phase", "lookup_phase", "run_case", "Case", "Outcome",
@@ -198,34 +199,128 @@ def lookup_phase(protocol: Any, out: Outcome, stores: Sequence[RankStore], shado
         out.violations = [Violation("soundness", f"combine returned {out.planned!r}, not a chunk count")]
 
 
+class MissOnError:
+    """A rank's store as a protocol sees it through real-server faults: a read the client answers with an error is a
+    miss (`contains` False, `get` None, an async read that completes None), as an engine's remote backend answers it;
+    a call that does not return within its bound still raises (`StoreCallTimeout`: a hang)."""
+
+    def __init__(self, inner: RankStore, errors: list) -> None:
+        self.inner, self.errors = inner, errors
+
+    def _miss(self, op: str, key: str, exc: Exception) -> None:
+        self.errors.append((op, key, f"{type(exc).__name__}: {exc}"))
+
+    def contains(self, key: str) -> bool:
+        try:
+            return self.inner.contains(key)
+        except StoreCallTimeout:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an error while a fault lasts is a miss
+            self._miss("contains", key, exc)
+            return False
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.inner.get(key)
+        except StoreCallTimeout:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._miss("get", key, exc)
+            return None
+
+    def get_async(self, key: str) -> Any:
+        import concurrent.futures
+
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            inner = self.inner.get_async(key)
+        except StoreCallTimeout:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._miss("get_async", key, exc)
+            out.set_result(None)
+            return out
+
+        def done(f: Any) -> None:
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or exc is not None:
+                self._miss("get_async", key, exc or RuntimeError("cancelled"))
+                out.set_result(None)
+            else:
+                out.set_result(f.result())
+        inner.add_done_callback(done)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # put, delete, close...: as they are
+        return getattr(self.inner, name)
+
+
 def run_case(protocol: Any, case: Case, stores: Sequence[RankStore] | None = None, *,
-             wait_bound: float = DEFAULT_OP_TIMEOUT) -> Outcome:
+             wait_bound: float = DEFAULT_OP_TIMEOUT, control: Any = None,
+             recovery_seconds: float | None = None) -> Outcome:
     """Run `case` under `protocol` over `stores` (default: fresh in-memory stores) and check it; an async read's
-    completion is awaited at most `wait_bound` seconds (longer: a `hang`)."""
+    completion is awaited at most `wait_bound` seconds (longer: a `hang`). A case with real-server faults strikes
+    them through `control` (`model.faults.ServerControl`) at their phase, and once they are over every struck rank's
+    store must pass the `recovery` probe within `recovery_seconds`."""
     n = case.n_ranks
+    server = case.faults.server_faults()
+    if server and control is None:
+        raise ValueError(f"the case strikes real-server faults ({server[0][0].text(server[0][1])}): it needs a "
+                         "nemesis (a client over servers shardcheck started)")
     stores = memory_factory(n) if stores is None else stores
     out, shadow = store_phase(protocol, case, stores)
     if out.violations:
         return out
+    errors: list = []
+    raw, stores = stores, [MissOnError(s, errors) for s in stores] if server else stores
+
+    def strike(fault: Any) -> None:
+        kind = next(k for k, f in server if f is fault)
+        kind.strike(control, fault)
+
     try:
         for kind, e in case.faults.items():
-            if kind.when == "before-lookup":
-                shadow.evict(e)
+            if kind.when_of(e) == "before-lookup":
+                shadow.evict(e) if kind.family == "harness" else strike(e)
         lookup_phase(protocol, out, stores, shadow)
         if out.violations:
-            return out
+            return _recovered(out, raw, control, recovery_seconds, wait_bound, errors)
         for kind, e in case.faults.items():
-            if kind.when == "after-lookup":
-                shadow.evict(e)
+            if kind.when_of(e) == "after-lookup":
+                shadow.evict(e) if kind.family == "harness" else strike(e)
     except StoreCallTimeout as exc:
         out.violations = [Violation("hang", f"eviction: {exc}", {"op": exc.op, "key": exc.key, "seconds": exc.seconds})]
         return out
     chooser = seeded_chooser(case.seed) if case.seed is not None else lowest_runnable
     out.load = simulate([protocol.rank_load(r, n, out.hashes, out.planned) for r in range(n)], stores, phase="load",
                         schedule=case.schedule, chooser=chooser, step_bound=case.bound(),
-                        evict=shadow.evict, wait_bound=wait_bound, **case.faults.simulator_options())
+                        evict=lambda e: shadow.evict(e) if isinstance(e, Eviction) else strike(e),
+                        wait_bound=wait_bound, **case.faults.simulator_options())
     out.events.extend(out.load.events)
     out.violations = check_outcome(out)
+    return _recovered(out, raw, control, recovery_seconds, wait_bound, errors)
+
+
+def _recovered(out: Outcome, stores: Sequence[RankStore], control: Any, recovery_seconds: float | None,
+               op_timeout: float, errors: list) -> Outcome:
+    """After a case's real-server faults: wait until they are over and probe `recovery` on every struck rank."""
+    server = out.case.faults.server_faults()
+    if not server:
+        return out
+    for op, key, why in errors[:20]:
+        out.events.append(Event(0, None, 0.0, "fault", (op, key), None, note=f"error answered as a miss: {why}"))
+    healed = control.healed(max(f.seconds for _, f in server) + 10.0)
+    if healed is None:
+        raise RuntimeError("the nemesis could not end the case's real-server faults")
+    bound = default_recovery_seconds(op_timeout) if recovery_seconds is None else recovery_seconds
+    for r in sorted({f.rank for _, f in server}):
+        got = probe(stores[r], healed_at=healed, recovery_seconds=bound, op_timeout=op_timeout)
+        out.events.append(Event(0, r, 0.0, "recovery", "probe", got.ok,
+                                note=f"recovered in {got.seconds} s" if got.ok else got.why))
+        if not got.ok:
+            out.violations.append(Violation("recovery", f"rank {r}: {bound:g} s after its server was back the client "
+                                            f"still fails ({got.attempts} attempts): {got.why}",
+                                            {"rank": r, "attempts": got.attempts}))
     return out
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-__all__ = ["Op", "History", "KVModel", "Model", "KV_MODEL", "split_per_key", "WRITE_PATHS", "SINGLE_KEY_READS",
-           "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "VALUE_READS", "lanes", "read_args", "answer", "wrong_key",
-           "short_value"]
+__all__ = ["Op", "History", "KVModel", "Model", "KV_MODEL", "LOSSY_KV_MODEL", "split_per_key", "WRITE_PATHS",
+           "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "VALUE_READS", "FAULT_PATHS", "lanes",
+           "read_args", "answer", "wrong_key", "short_value"]
 
 #: Paths that change the register (the server's own eviction of a key is a delete no client made: `Op.server`).
 WRITE_PATHS = ("put", "delete")
@@ -26,6 +26,10 @@ SINGLE_KEY_READS = ("get", "get_async", "get_sync", "contains")
 #: run of hits; `contains_batch` / `contains_async` the length of that run.
 MULTI_KEY_READS = ("get_batch", "get_prefix", "contains_batch", "contains_async")
 READ_PATHS = SINGLE_KEY_READS + MULTI_KEY_READS
+#: What a real-server fault did to one key, as an op of the nemesis in a history (`LossyKVModel`): `fault-wipe` (a
+#: restart empty: the key is gone), `fault-save` / `fault-restore` (SAVE at the strike, the snapshot loaded at the
+#: restart), `fault-lose` (an eviction by the server's policy: the key may be gone).
+FAULT_PATHS = ("fault-wipe", "fault-save", "fault-restore", "fault-lose")
 #: Reads whose result holds values (bytes or None), not a count or a bool.
 VALUE_READS = ("get", "get_async", "get_sync", "get_batch", "get_prefix")
 
@@ -148,9 +152,11 @@ class Op:
 
 @attrs.define
 class History:
-    """The ops of one run, in id order."""
+    """The ops of one run, in id order; `faults`: the real-server faults struck during it (kind, rank, when it
+    struck, when it was over, what the recovery probe found), each key's loss as ops of `FAULT_PATHS`."""
 
     ops: list[Op] = attrs.field(factory=list)
+    faults: list[dict] = attrs.field(factory=list)
 
     def pending(self) -> list[Op]:
         return [op for op in self.ops if op.pending]
@@ -361,3 +367,61 @@ def _kv_describe_state(state: tuple) -> str:
 #: the part (in the part's key order).
 KV_MODEL = Model("kv-register", init=_kv_init, step=_kv_step, describe_state=_kv_describe_state,
                  register_view=KVModel.register_view, split=split_per_key)
+
+
+# -- the register through real-server faults (the nemesis) -------------------------------------------------------
+class _Maybe(tuple):
+    """A register that may have lost its value (`fault-lose`): (value, until), until = when the loss was over."""
+
+    __slots__ = ()
+
+
+def _lossy_init(keys: Sequence[str]) -> tuple:
+    return (None,) * len(keys), (None,) * len(keys)
+
+
+def _lossy_step(keys: tuple[str, ...], state: tuple, op: Op) -> tuple[bool, tuple]:
+    """`_kv_step` plus the nemesis's ops of `FAULT_PATHS` (see `LOSSY_KV_MODEL`); a state is (values, saved)."""
+    values, saved = state
+    path = op.path
+    if path in WRITE_PATHS + FAULT_PATHS:
+        i = keys.index(op.key)
+        new, keep = list(values), list(saved)
+        if path == "put":
+            new[i] = bytes(op.value)
+        elif path in ("delete", "fault-wipe"):
+            new[i] = None
+        elif path == "fault-save":
+            keep[i] = values[i]
+        elif path == "fault-restore":
+            new[i] = saved[i]
+        elif values[i] is not None:  # fault-lose
+            value = values[i][0] if isinstance(values[i], _Maybe) else values[i]
+            new[i] = _Maybe((value, op.completed if op.completed is not None else float("inf")))
+        return True, (tuple(new), tuple(keep))
+    if op.pending or op.error is not None:
+        return True, state
+    maybes = [i for i, k in enumerate(keys) if k in op.keys and isinstance(values[i], _Maybe)]
+    for gone in range(1 << len(maybes)):  # which maybes are gone, as this read sees them
+        seen = list(values)
+        for j, i in enumerate(maybes):
+            seen[i] = None if gone >> j & 1 else values[i][0]
+        if KVModel(keys).answer(tuple(seen), op.path, op.keys) == op.result:
+            settled = list(values)
+            for j, i in enumerate(maybes):
+                if gone >> j & 1:
+                    settled[i] = None
+                elif op.invoked > values[i][1]:
+                    settled[i] = values[i][0]
+            return True, (tuple(settled), saved)
+    return False, state
+
+
+#: The key-value register through real-server faults: `KV_MODEL` plus the nemesis's ops of `FAULT_PATHS` (what each
+#: fault did to a key). `saved` is what the last `fault-save` held and `fault-restore` puts it back (a restart with data
+#: allows exactly what the snapshot held); `fault-lose` makes a value a maybe: a read may answer it or a miss, a miss
+#: settles it as gone, and a read of the value invoked after the loss was over settles it as kept. No register view:
+#: every part goes to the search.
+LOSSY_KV_MODEL = Model("kv-register-through-faults", init=_lossy_init, step=_lossy_step,
+                       describe_state=lambda s: "(" + ", ".join(_describe_value(v) for v in s[0]) + ")",
+                       split=split_per_key)

@@ -211,7 +211,8 @@ class Simulator:
         for e in self.evictions.get(self.step, ()):
             if self.evict is not None:
                 self.evict(e)
-            self.events.append(Event(self.step, e.rank, 0.0, self.phase, e, note="evict"))
+            self.events.append(Event(self.step, e.rank, 0.0, self.phase, e,
+                                     note="evict" if isinstance(e, Eviction) else "fault"))
         self.made.append(r)
         self._move(r)
         self.step += 1

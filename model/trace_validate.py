@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from pathlib import Path
 from typing import Any
 
 from model.codec import TraceError
@@ -24,7 +23,9 @@ MAX_PAD, MAX_AGE = 1 << 20, 3600.0
 #: and `age` (wait, so that what was put grows old).
 STORE_OPS = ("put", "delete") + READ_PATHS + ("evict", "age")
 _STORE_OP_FIELDS = {"rank", "op", "key", "keys", "value", "wait", "client", "seconds", "result", "oracle", "outcome",
-                    "index"}
+                    "index", "fault", "recovered"}
+#: A store-ops trace's real-server fault (`{"op": "fault", "fault": FIELD, "rank", "seconds"}`) and its recovery.
+FAULT_OPS = ("fault", "recover")
 _CONCURRENT_OP_FIELDS = {"thread", "path", "keys", "pad", "client"}
 #: The paths of a concurrent trace's ops: every read and write path, and the server's own eviction (`evict`).
 CONCURRENT_PATHS = READ_PATHS + WRITE_PATHS + ("evict",)
@@ -138,8 +139,11 @@ def validate_store_ops(data: dict, path: Any) -> None:
         if unknown:
             raise TraceError(path, f"{f}.{sorted(unknown)[0]}", "unknown field")
         name = op.get("op")
+        if name in FAULT_OPS:
+            _fault_op(op, n, path, f)
+            continue
         if name not in STORE_OPS:
-            raise TraceError(path, f"{f}.op", f"expected one of {', '.join(STORE_OPS)}, got {name!r}")
+            raise TraceError(path, f"{f}.op", f"expected one of {', '.join(STORE_OPS + FAULT_OPS)}, got {name!r}")
         if name == "age":  # (no rank, no key)
             if not (_is_number(op.get("seconds")) and 0 < op["seconds"] <= MAX_AGE):
                 raise TraceError(path, f"{f}.seconds", f"expected seconds in (0, {MAX_AGE:g}], got {op.get('seconds')!r}")
@@ -156,6 +160,25 @@ def validate_store_ops(data: dict, path: Any) -> None:
             raise TraceError(path, f"{f}.wait", "expected true or false, on a get_async only")
         if "seconds" in op and not (_is_number(op["seconds"]) and op["seconds"] >= 0):
             raise TraceError(path, f"{f}.seconds", f"expected a number of seconds >= 0, got {op['seconds']!r}")
+
+
+def _fault_op(op: dict, n_ranks: int, path: Any, field: str) -> None:
+    """A real-server fault op, validated by its kind's codec (`model.faults`), or a `recover` op."""
+    from model.faults import kind_of
+    if op["op"] == "recover":
+        return
+    try:
+        kind = kind_of(str(op.get("fault")))
+    except KeyError:
+        raise TraceError(path, f"{field}.fault", f"unknown fault kind {op.get('fault')!r}") from None
+    if kind.family != "server":
+        raise TraceError(path, f"{field}.fault", f"{kind.field} is not a real-server fault")
+    try:
+        fault = kind.from_json({"rank": op.get("rank"), "at": "op", "seconds": op.get("seconds", 0.0)})
+    except ValueError as exc:
+        raise TraceError(path, field, str(exc)) from None
+    if not 0 <= fault.rank < n_ranks:
+        raise TraceError(path, f"{field}.rank", f"rank {fault.rank} is not one of the {n_ranks} ranks")
 
 
 def validate_concurrent(data: dict, path: Any) -> None:

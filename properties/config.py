@@ -41,6 +41,9 @@ class RunConfig:
     max_ranks: int | None = None
     #: The serving engine under test (`--engine`: an `engines.engine_search.EngineTarget`), or None.
     engine: Any = None
+    #: `--nemesis`: the spec (None: every kind on servers shardcheck started) and `--recovery-seconds`.
+    nemesis_spec: str | None = None
+    recovery_seconds: float | None = None
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     #: Whether the store layer runs two clients of the same servers when the client can share them.
@@ -74,6 +77,12 @@ class RunConfig:
     def in_memory(self) -> bool:
         """Whether the client is in memory (calls cannot block: no bounding, no thread hop)."""
         return self.resolved_client().in_memory
+
+    def nemesis(self) -> Any:
+        """The run's real faults (`engines.nemesis.NemesisPlan`), or None."""
+        from engines.nemesis import plan_for
+        return plan_for(self.resolved_client(), self.client_options, self.nemesis_spec,
+                        recovery_seconds=self.recovery_seconds)
 
     def factory_options(self) -> dict:
         """The options of a factory call: the user's, and the op timeout where the client takes it."""
@@ -138,7 +147,8 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     saved = CURRENT
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
-                                                              "max_ranks", "shared", "retention", "engine")},
+                                                              "max_ranks", "shared", "retention", "engine", "nemesis_spec",
+                                                              "recovery_seconds")},
                            **changes})
     try:
         yield CURRENT

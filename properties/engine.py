@@ -75,8 +75,10 @@ def hypothesis_search(protocol: Any, client: Any, *, should_stop: Callable[[], b
     found: list[Trace] = []
     paths0 = dict(PATH_CALLS)
     # minimise_seconds=0: `check` minimises the finding itself, within its own budget
+    # nemesis_spec="none": in `check` real faults are the nemesis engine's (a strike costs its fault's length, which
+    # these batches, polled between examples, cannot budget)
     with config.using(protocol=protocol, client=client, op_timeout=op_timeout, minimise_seconds=0, found=found,
-                      client_options=dict(client_options or {}), max_ranks=max_ranks):
+                      client_options=dict(client_options or {}), max_ranks=max_ranks, nemesis_spec="none"):
         try:
             while not should_stop():
                 for machine in machines:

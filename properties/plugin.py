@@ -67,6 +67,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--engine-patch", action="append", default=[], metavar="MOD:ATTR",
                     help="a function called before any engine is built, which may patch the engine's classes, "
                          "repeatable (default: none)")
+    group.addoption("--nemesis", default=None, metavar="KINDS|all|none",
+                    help="real faults on the servers in the store and concurrent layers: all, none, or kinds "
+                         "(pause, kill-connections, restart-empty, restart-data, debug-sleep, client-pause, evict) "
+                         "(default: all on servers shardcheck started; given explicitly, servers passed with urls "
+                         "too: DESTRUCTIVE)")
+    group.addoption("--recovery-seconds", default=None, type=float, metavar="SECONDS",
+                    help="once a faulted server is back, calls must succeed again within this bound "
+                         "(default: twice the op timeout)")
     group.addoption("--retention", default=DEFAULT_RETENTION, type=float, metavar="SECONDS",
                     help="the least age a value put and never deleted is read back at (a client's own `retention` "
                          f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
@@ -121,7 +129,13 @@ def pytest_configure(config: pytest.Config) -> None:
                                               op_timeout=config.getoption("op_timeout"),
                                               minimise_seconds=config.getoption("minimise_seconds"),
                                               retention=config.getoption("retention"),
-                                              client_options=options, max_ranks=max_ranks, engine=engine)
+                                              client_options=options, max_ranks=max_ranks, engine=engine,
+                                              nemesis_spec=config.getoption("nemesis"),
+                                              recovery_seconds=config.getoption("recovery_seconds"))
+    try:
+        run_config.CURRENT.nemesis()
+    except ValueError as exc:
+        raise pytest.UsageError(f"--nemesis: {exc}") from None
 
 
 def _engine_target(config: pytest.Config, max_ranks: int | None) -> object:

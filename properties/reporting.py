@@ -11,7 +11,7 @@ from hypothesis import event as _hyp_event, note as _hyp_note
 from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 
-from model.checks import ENGINE_LAYER, PROPERTIES, STORE_PROPERTIES
+from model.checks import ENGINE_LAYER, NEMESIS_PROPERTIES, PROPERTIES, STORE_PROPERTIES
 from model.outcome import Violation
 from model.trace import Trace
 
@@ -37,7 +37,7 @@ def _class_name(prop: str) -> str:
 
 #: One exception class per property, so that Hypothesis tells distinct failures apart.
 VIOLATED: dict[str, type[PropertyViolated]] = {}
-for _prop in (*PROPERTIES, *STORE_PROPERTIES, *ENGINE_LAYER, "replay"):
+for _prop in (*PROPERTIES, *STORE_PROPERTIES, *ENGINE_LAYER, *NEMESIS_PROPERTIES, "replay"):
     _cls = type(_class_name(_prop), (PropertyViolated,), {"property": _prop, "__module__": "properties.machines"})
     VIOLATED[_prop] = globals()[_cls.__name__] = _cls
 

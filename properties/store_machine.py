@@ -12,13 +12,15 @@ from typing import Any
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
 from model.contract import StoreCallTimeout, declared_paths
+from model.faults import ServerFault
 from model.history import VALUE_READS, answer, read_args, wrong_key
+from model.recovery import default_recovery_seconds, probe
 from model.trace import Trace, encode
 from properties import config, strategies as s
-from runtime.bounded import call_bounded
+from runtime.bounded import BoundedStore, call_bounded
 from properties.reporting import PATH_CALLS, RULE_STEPS, VIOLATED, event, final_run, note, write_found
 
-__all__ = ["StoreMachine", "Pending", "ANSWER_PROPERTIES"]
+__all__ = ["StoreMachine", "Pending", "ANSWER_PROPERTIES", "STRUCK", "DECIDED"]
 
 
 # == the store-client layer ==============================================================================
@@ -40,6 +42,12 @@ def _short(v: Any) -> str:
 
 
 _namespaces = itertools.count()
+#: The real-fault kinds the store machine has struck in this session: each strikes once per session (a strike costs
+#: its fault's length; the concurrent layer and `check`'s nemesis engine strike every kind again). `DECIDED` keeps
+#: each decision by the ops before it and the rule's draws, so Hypothesis's replay of a failing example strikes
+#: exactly where the failing run did.
+STRUCK: set[str] = set()
+DECIDED: dict[tuple, bool] = {}
 #: Violations that are a wrong answer: the client stays usable (the others may have wedged it).
 ANSWER_PROPERTIES = ("store-roundtrip", "wrong-key", "shared-tier")
 
@@ -71,6 +79,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.ns = f"sc{next(_namespaces)}:"  # keys of earlier examples on a reused store never collide
         self.ops: list[dict] = []
         self.failed = False
+        self.plan = self.cfg.nemesis()  # real faults on the servers (`--nemesis`), or None
+        #: Keys a real fault may have lost (the server restarted empty, or evicted by its policy), per rank.
+        self.maybe_lost: list[set[str]] = [set() for _ in self.stores]
 
     # -- calling the client -----------------------------------------------------------------------------
     def _fail(self, prop: str, message: str) -> None:
@@ -98,7 +109,8 @@ class StoreMachine(RuleBasedStateMachine):
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
-                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note)
+                                     should_stop=lambda: time.monotonic() >= stop_at, progress=note,
+                                     control_for=self.plan.control if self.plan is not None else None)
         return trace
 
     def _call(self, rank: int, op: str, key: Any, *args: Any, client: int = 0) -> Any:
@@ -129,6 +141,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _changed(self, rank: int, key: str, value: bytes | None, who: Any) -> None:
         """The oracle after a write (`value`; None: deleted or evicted) by `who`; pending reads may see it too."""
+        self.maybe_lost[rank].discard(key)
         if value is None:
             self.oracle[rank].pop(key, None)
         else:
@@ -147,6 +160,11 @@ class StoreMachine(RuleBasedStateMachine):
         if got is not None and not isinstance(got, (bytes, bytearray, memoryview)):
             self._fail("store-roundtrip", f"rank {rank}: {what} returned {type(got).__name__}, not bytes or None")
         value = None if got is None else bytes(got)
+        if key in self.maybe_lost[rank]:  # a real fault may have lost it: a miss says it did, the value that it did not
+            if value is None:
+                self._changed(rank, key, None, "server")
+                return
+            self.maybe_lost[rank].discard(key)
         if value in allowed:
             self.seen[client][rank][key] = value
             return
@@ -321,11 +339,59 @@ class StoreMachine(RuleBasedStateMachine):
                     self._expect(rank, f"{path}([{key!r}])", g, [value], key, client)
             else:
                 self._expect(rank, f"{path}({key!r})", got, [value], key, client)
+        elif got != want and key in self.maybe_lost[rank] and got == answer(path, [None]):
+            self._changed(rank, key, None, "server")  # a real fault lost it
         elif got != want:
             stale = self._unseen_change(rank, key, client, lambda seen: answer(path, [seen]) == got)
             self._fail("shared-tier" if stale else "store-roundtrip",
                        f"rank {rank}{f' client {client}' if client else ''}: {path}({[key] if multi else key!r}) "
                        f"returned {got!r:.80}, expected {want!r}{f': {stale}' if stale else ''}")
+
+    @precondition(lambda self: self.plan is not None)
+    @rule(which=s.fault_kind_index, rank=s.store_rank, key=s.keys)
+    def strike(self, which: int, rank: int, key: str) -> None:
+        """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
+        value, a miss or an error), and once the server is back the client passes the recovery probe."""
+        from engines.nemesis import fault_seconds
+        RULE_STEPS["store"] += 1
+        kind = self.plan.kinds[which % len(self.plan.kinds)]
+        decision = (repr(self.ops), which, rank, key)
+        if not DECIDED.setdefault(decision, kind.field not in STRUCK):
+            return  # (struck once this session already)
+        STRUCK.add(kind.field)
+        control = self.plan.control_for(self.stores, kind)
+        if control is None:  # these servers cannot take this kind (a process fault on a user's server)
+            return
+        fault = ServerFault(rank, "op", None, fault_seconds(kind, self.timeout))
+        event(f"strike {kind.field}")
+        self.ops.append({"op": "fault", "fault": kind.field, "rank": rank, "seconds": fault.seconds})
+        try:
+            kind.strike(control, fault)
+            if kind.loses in ("all", "any"):
+                self.maybe_lost[rank] |= set(self.oracle[rank])
+                for p in self.pending:
+                    if p.rank == rank:
+                        p.allowed.append(None)
+            self._record("get", rank, key=key)
+            try:
+                got = call_bounded(self.timeout, "get", key, self.stores[rank].get, self.ns + key)
+            except StoreCallTimeout as exc:
+                self._fail("fault-hang", f"{self._where(rank, 'get', key)} while {kind.text(fault)}: {exc}")
+            except Exception:  # noqa: BLE001 - an error while a fault lasts is fine
+                got = ...
+            if got is not ... and got is not None and bytes(got) != self.oracle[rank].get(key):
+                self._fail("fault-integrity", f"rank {rank}: get({key!r}) while {kind.text(fault)} returned "
+                                              f"{_short(bytes(got))}, expected {_short(self.oracle[rank].get(key))} or a miss")
+            healed = control.healed(fault.seconds + 10.0)
+            self.ops.append({"op": "recover", "rank": rank})
+            bound = self.plan.recovery_seconds or default_recovery_seconds(self.timeout)
+            got = probe(BoundedStore(self.stores[rank], self.timeout), healed_at=healed, recovery_seconds=bound,
+                        op_timeout=self.timeout)
+            if not got.ok:
+                self._fail("recovery", f"rank {rank}: {bound:g} s after its server was back from {kind.field} the "
+                                       f"client still fails ({got.attempts} attempts): {got.why}")
+        finally:
+            control.close()
 
     # -- the end ---------------------------------------------------------------------------------------
     def teardown(self) -> None:

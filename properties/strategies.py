@@ -13,7 +13,8 @@ from model.outcome import OtherPrompt
 from model.protocols import DEFAULT_WAIT_TIMEOUT
 
 __all__ = ["n_ranks", "n_chunks", "salts", "chunk_index", "evict_rank", "rank_index", "async_ahead", "delays",
-           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "store_client", "keys", "large_values", "values", "batch_keys", "needed_ops"]
+           "move_choice", "other_prompts", "STORE_RANKS", "store_rank", "store_client", "fault_kind_index", "keys",
+           "large_values", "values", "batch_keys", "needed_ops"]
 
 # -- protocol layer -----------------------------------------------------------------------------------
 n_ranks = st.integers(1, 4)
@@ -41,6 +42,8 @@ other_prompts = st.lists(st.builds(
 # -- store layer ---------------------------------------------------------------------------------------
 STORE_RANKS = 2
 store_rank = st.integers(0, STORE_RANKS - 1)
+#: Which real-server fault kind strikes (wrapped over the run's `--nemesis` kinds).
+fault_kind_index = st.integers(0, 6)
 #: Which client of the same servers makes a call (wrapped by the machine: one client when it cannot share them).
 store_client = st.integers(0, 1)
 #: A few keys so that puts, deletes and reads collide, plus arbitrary printable ones.

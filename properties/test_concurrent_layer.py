@@ -2,11 +2,14 @@
 read/lookup path, judged for lost and double completions, wrong-caller replies, errors and linearizability."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
-from engines.concurrency import Layout, ServerClients, measure, thread_safe
+from engines.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
+from engines.nemesis import nemesis_layout
 from engines.racy import to_trace
 from model.contract import declared_paths
+from model.faults import SERVER_KINDS
 from model.history import SINGLE_KEY_READS, lanes
 from properties import config
 from properties.reporting import final_run, note, write_found
@@ -125,3 +128,27 @@ def test_concurrent_batches_hold(data):
         return
     batches = concurrent_batches(declared_paths(target.clients[0]), len(target.clients), target.evict is not None)
     _assert_holds(target, Layout(data.draw(batches, label="threads")))
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS, ids=lambda k: k.field)
+def test_concurrent_runs_hold_through_real_faults(kind):
+    """A real fault on the store's server while callers run (`--nemesis`; none for a client without servers
+    shardcheck started): every call returns within its bound, nothing wrong is answered (against the register the
+    fault allows), and once the server is back the client recovers."""
+    cfg = config.current()
+    plan = cfg.nemesis()
+    store = _store()
+    control = plan.control_for([store], kind) if plan is not None and kind in plan.kinds else None
+    if control is None or not thread_safe(store):
+        return  # (nothing to fault: an in-memory client, a user's server without --nemesis, or not thread-safe)
+    layout, strikes, bound = nemesis_layout(kind, 0, paths=declared_paths(store), op_timeout=cfg.op_timeout)
+    try:
+        history = run_layout(store, layout, bound=bound, strikes=strikes, control=control, op_timeout=cfg.op_timeout,
+                             recovery_seconds=plan.recovery_seconds)
+    finally:
+        control.close()
+    violations, verdict = judge(history)
+    if violations:
+        cfg.discard()  # the fault may have left the client unusable
+    assert not violations, (f"{violations[0]['property']}: {violations[0]['summary']}\n"
+                            f"layout: {layout.to_ops()}\nfaults: {history.faults}")

@@ -25,7 +25,8 @@ class ClientPool:
     """Bounded stores of `client`, reused across cases with the same rank count."""
 
     def __init__(self, client: Client | Any, *, op_timeout: float = DEFAULT_OP_TIMEOUT,
-                 options: dict | None = None, run_tag: str = "run") -> None:
+                 options: dict | None = None, run_tag: str = "run", nemesis: Callable[[list], Any] | None = None,
+                 recovery_seconds: float | None = None) -> None:
         self.client = client if isinstance(client, Client) else resolve_client(client)
         self.op_timeout, self.options = op_timeout, dict(options or {})
         if self.client.self_bounded:
@@ -34,6 +35,8 @@ class ClientPool:
         self.restarts = 0
         self._runs = itertools.count()
         self.run_tag = run_tag
+        #: `nemesis(stores) -> ServerControl` for a case with real-server faults (a fresh one per case, closed after)
+        self.nemesis, self.recovery_seconds = nemesis, recovery_seconds
 
     def stores(self, n_ranks: int) -> list[BoundedStore]:
         if n_ranks not in self.sets:
@@ -46,8 +49,14 @@ class ClientPool:
         salted = case if case.salt.startswith(self.run_tag) else attrs.evolve(
             case, salt=f"{self.run_tag}{next(self._runs)}-{case.salt}")
         stores = self.stores(case.n_ranks)
-        out = run_case(protocol, salted, stores, wait_bound=self.op_timeout)
-        if any(s.broken for s in stores):
+        control = self.nemesis(stores) if self.nemesis is not None and case.faults.server_faults() else None
+        try:
+            out = run_case(protocol, salted, stores, wait_bound=self.op_timeout, control=control,
+                           recovery_seconds=self.recovery_seconds)
+        finally:
+            if control is not None:
+                control.close()
+        if any(s.broken for s in stores) or any(v.property == "recovery" for v in out.violations):
             self.restart(case.n_ranks)
         return out
 
@@ -70,14 +79,16 @@ class ClientPool:
 
 
 @contextlib.contextmanager
-def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT,
-                options: dict | None = None) -> Iterator[Callable[[Any, Case], Outcome]]:
+def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT, options: dict | None = None,
+                nemesis: Callable[[list], Any] | None = None,
+                recovery_seconds: float | None = None) -> Iterator[Callable[[Any, Case], Outcome]]:
     """`run(protocol, case)` over `client` (its factory given `options`): fresh in-memory stores per case, or a
-    `ClientPool` (closed at the end)."""
+    `ClientPool` (closed at the end) whose cases with real-server faults strike through `nemesis(stores)`."""
     if client.in_memory:
         def run(protocol: Any, case: Case) -> Outcome:
             return run_case(protocol, case, client.stores(case.n_ranks, **(options or {})), wait_bound=op_timeout)
         yield run
         return
-    with ClientPool(client, op_timeout=op_timeout, options=options) as pool:
+    with ClientPool(client, op_timeout=op_timeout, options=options, nemesis=nemesis,
+                    recovery_seconds=recovery_seconds) as pool:
         yield pool.run

@@ -36,9 +36,10 @@ import attrs
 from model.contract import DEPLOYMENT_METHODS, PROTOCOL_METHODS, STORE_METHODS, missing_members
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol", "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect", "DEMO_MODULES", "demo_refs",
-           "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine", "ServingEngineEntry",
-           "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
+           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect",
+           "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine",
+           "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = "model"
@@ -87,9 +88,20 @@ CLIENTS: dict[str, ClientEntry] = {
 }
 
 
+#: The nemesis (real faults on the servers shardcheck started): `control_maker(user_servers=...)`, resolved by name as
+#: the clients are (`resolve_nemesis`).
+NEMESIS_REF = "adapters.nemesis:control_maker"
+
+
+def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
+    """`control_for(stores, kind)` of the nemesis (`adapters.nemesis.control_maker`)."""
+    return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
+
+
 #: The search engines of `check` (`engines.api.Engine`), by name.
 CHECK_ENGINES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
+    "nemesis": "engines.nemesis:Nemesis",
     "retention": "engines.retention:Retention",
     "concurrency": "engines.racy:Concurrency",
     "enumerate": "engines.search:Enumeration",
@@ -103,14 +115,16 @@ CHECK_ENGINES: dict[str, str] = {
 #: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
-    "real": (("scenarios", None), ("retention", None), ("concurrency", 0.3), ("hypothesis", 0.2), ("enumerate", 0.35), ("random", "rest")),
+    "real": (("scenarios", None), ("retention", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15),
+             ("enumerate", 0.3), ("random", "rest")),
     "deployment": (("engine-cases", 0.75), ("engine-machine", "rest")),
 }
 
 
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
 DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
-                                "concurrency": "properties.bad_stores", "engine": "adapters.engine_demos"}
+                                "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
+                                "engine": "adapters.engine_demos"}
 
 
 class ResolveError(ValueError):

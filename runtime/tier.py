@@ -11,7 +11,7 @@ checks did not run.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import attrs
 

@@ -8,8 +8,8 @@ from typing import Any
 from engines.api import DEFAULT_RETENTION
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
-from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
-    case_runner_of, fresh_runner_of
+from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,
+                                build_target, case_runner_of, fresh_runner_of, nemesis_plan_of)
 
 __all__ = ["add_arguments", "run_check", "cmd_check"]
 
@@ -36,15 +36,16 @@ def add_arguments(c: Any) -> None:
     c.add_argument("--json", action="store_true", help="print the result as JSON (default: a summary)")
     c.add_argument("--explore-workers", type=int, default=1, metavar="W",
                    help="local processes the explorer's configurations are shared out to (default: 1)")
+    add_nemesis_arguments(c)
 
 
 def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int = 0,
               out_dir: str = "counterexamples/found", progress: bool = False, op_timeout: float | None = None,
               until_exhausted: tuple[int, int] | None = None, runner: str = "sim", explore_workers: int = 1,
               options: list[str] | dict | None = None, ranks: int | None = None,
-              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, engine: Any = None,
-              lookup: str = "both", engine_options: list[str] | dict | None = None,
-              engine_patches: Any = ()) -> dict:
+              max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, nemesis: str | None = None,
+              recovery_seconds: float | None = None, engine: Any = None, lookup: str = "both",
+              engine_options: list[str] | dict | None = None, engine_patches: Any = ()) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
     own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines")."""
     from engines.check import run_check as check
@@ -63,6 +64,9 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         if protocol_spec is not None or client_spec is not None or options:
             raise UsageError("--engine checks a serving engine's own path: it takes no --protocol, --client or "
                              "--client-option")
+        if nemesis is not None or recovery_seconds is not None:
+            raise UsageError("--nemesis and --recovery-seconds strike store clients' servers; an engine's cases "
+                             "strike their own (fault steps: pause, resume, kill, restart of a rank's server)")
         target = build_engine_target(engine, lookup=lookup, options=engine_options, patches=engine_patches,
                                      max_ranks=ranks or max_ranks, runner=runner)
         return _check_engine(target, budget=budget, seed=seed, out_dir=out_dir, progress=progress)
@@ -70,13 +74,14 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
         raise UsageError("--engine-option and --engine-patch need --engine")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
+    plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
     bar = Progress(budget, enabled=progress)
-    with case_runner_of(target, op_timeout) as run, bar:
+    with case_runner_of(target, op_timeout, plan) as run, bar:
         try:
-            result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout), budget=budget,
+            result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None), retention=retention)
+                           note=_err if progress else (lambda text: None), retention=retention, nemesis=plan)
         except OSError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
@@ -109,8 +114,9 @@ def cmd_check(args: Any) -> int:
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
-                       max_ranks=args.max_ranks, retention=args.retention, engine=args.engine,
-                       lookup=args.lookup, engine_options=args.engine_option, engine_patches=args.engine_patch)
+                       max_ranks=args.max_ranks, retention=args.retention, nemesis=args.nemesis,
+                       recovery_seconds=args.recovery_seconds, engine=args.engine, lookup=args.lookup,
+                       engine_options=args.engine_option, engine_patches=args.engine_patch)
     if args.json:
         print_json(result)
     else:

@@ -5,7 +5,8 @@ Targets (default: `manifest corpus z3`, which need nothing but the venv):
 - `corpus`: the shrunk counterexample of every demo variant (`counterexamples/demo-*.json`); with `--real` each is
   also replayed on the real clients (real Valkey servers) and the outcomes recorded as their expectations;
 - `z3`: the flawed variants' Z3 counterexamples as traces (`counterexamples/z3-*.json`);
-- `findings`: the store-client findings of stock lmcache, deterministic and racy, measured on every client
+- `findings`: the store-client findings of stock lmcache, deterministic and racy, and the nemesis's (through real
+  faults on the servers: `counterexamples/nemesis/`), measured on every client
   (`counterexamples/lmcache-*.json`; real Valkey servers, a few minutes);
 - `engine`: the engine-path findings of stock lmcache (`--engine`), found by the engine search, minimised, measured
   and replayed on lmcache-patched (`counterexamples/engine/*.json`; real engines, a quarter of an hour).
@@ -85,12 +86,13 @@ def _z3(check: bool, real: bool) -> list[str]:
 
 
 def _findings(check: bool, real: bool) -> list[str]:
-    from adapters import racy_findings, replay
+    from adapters import nemesis_findings, racy_findings, replay
     if check:
         raise UsageError("regen findings --check is not supported: the findings are measured on real servers "
                          "(replay them with `shardcheck replay counterexamples/lmcache-*.json --expect`)")
     replay.build(progress=_say)
     racy_findings.build(progress=_say)
+    nemesis_findings.build(progress=_say)
     return []
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
-from shardcheck.targets import add_engine_arguments, add_target_arguments, build_engine_target, build_target, \
-    fresh_runner_of
+from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,
+                                build_target, fresh_runner_of, nemesis_plan_of)
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths"]
 
@@ -38,11 +38,12 @@ def trace_paths(paths: list[str]) -> list[Path]:
 
 def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: str | None = None, *,
                op_timeout: float | None = None, runner: str = "sim", options: list[str] | dict | None = None,
-               engine: str | None = None, engine_options: list[str] | None = None,
+               nemesis: str | None = None, engine: str | None = None, engine_options: list[str] | None = None,
                engine_patches: Any = ()) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
-    rows), each judged by its recorded rate (`engines.replay.judge`). An `engine` trace runs on the serving engine it
-    records (its options and patches) unless `engine` names another (with `engine_options`, `engine_patches`)."""
+    rows), each judged by its recorded rate (`engines.replay.judge`). A trace's real-server faults strike at the same
+    step through the nemesis (`--nemesis`: as for `check`). An `engine` trace runs on the serving engine it records
+    (its options and patches) unless `engine` names another (with `engine_options`, `engine_patches`)."""
     from engines.replay import ReplayError, ReplayOn, judge
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError
@@ -80,8 +81,10 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             target = targets[key]
             if spec is not None:
                 row["protocol"] = protocol_spec or target.protocol.ref
-            on = ReplayOn(client=target.client, protocol=target.protocol, runner=fresh_runner_of(target, op_timeout),
-                          runner_name=runner, options=dict(target.client_options), op_timeout=op_timeout)
+            plan = nemesis_plan_of(target, nemesis)
+            on = ReplayOn(client=target.client, protocol=target.protocol,
+                          runner=fresh_runner_of(target, op_timeout, plan), runner_name=runner,
+                          options=dict(target.client_options), op_timeout=op_timeout, nemesis=plan)
             verdict = judge(trace, on)
             row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
         except (UsageError, ReplayError) as exc:
@@ -126,12 +129,13 @@ def add_arguments(r: Any) -> None:
                    help="exit 0 iff every outcome equals the trace's expectation for the client that ran it "
                         "(default: off: exit 1 when any reproduces)")
     r.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
+    add_nemesis_arguments(r)
 
 
 def cmd_replay(args: Any) -> int:
     rows = run_replay(args.paths, args.client, args.protocol, op_timeout=args.op_timeout, runner=args.runner,
-                      options=args.client_option, engine=args.engine, engine_options=args.engine_option,
-                      engine_patches=args.engine_patch)
+                      options=args.client_option, nemesis=args.nemesis, engine=args.engine,
+                      engine_options=args.engine_option, engine_patches=args.engine_patch)
     if args.json:
         print_json({"results": rows})
     else:

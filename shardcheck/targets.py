@@ -9,7 +9,7 @@ from typing import Any, Callable, ContextManager, Iterator
 from shardcheck.errors import UsageError
 
 __all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
-           "add_engine_arguments", "build_engine_target", "NotUnderTest"]
+           "add_engine_arguments", "build_engine_target", "NotUnderTest", "add_nemesis_arguments", "nemesis_plan_of"]
 
 
 def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
@@ -25,6 +25,30 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
     p.add_argument("--runner", choices=("sim", "processes"), default="sim",
                    help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
                         "(torch.distributed, gloo) (default: sim)")
+
+
+def add_nemesis_arguments(p: Any) -> None:
+    """`--nemesis` and `--recovery-seconds` (check, replay)."""
+    from model.faults import SERVER_KIND_NAMES
+    p.add_argument("--nemesis", default=None, metavar="KINDS|all|none",
+                   help="real faults on the servers: all, none, or a comma-separated list of "
+                        f"{', '.join(SERVER_KIND_NAMES)} (default: all on servers shardcheck started, none on servers "
+                        "passed with urls; given explicitly it faults those too: DESTRUCTIVE, they are paused, their "
+                        "connections killed, their memory filled and their keys evicted -- process faults need "
+                        "servers shardcheck started)")
+    p.add_argument("--recovery-seconds", type=float, default=None, metavar="SECONDS",
+                   help="once a faulted server is back, the client's calls must succeed again within this bound "
+                        "(default: twice the op timeout)")
+
+
+def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
+    """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis.plan_for`), or None; bad input
+    is exit 2."""
+    from engines.nemesis import plan_for
+    try:
+        return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds)
+    except ValueError as exc:
+        raise UsageError(f"--nemesis {spec or ''}: {exc}".replace("--nemesis : --", "--")) from None
 
 
 def parse_options(items: list[str], flag: str = "--client-option") -> dict:
@@ -135,9 +159,10 @@ def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | d
 
 
 @contextlib.contextmanager
-def case_runner_of(target: Any, op_timeout: float) -> Iterator[Callable]:
+def case_runner_of(target: Any, op_timeout: float, nemesis: Any = None) -> Iterator[Callable]:
     """`run(protocol, case)` over the target's client (`runtime.pool.case_runner`); with the processes runner, one OS
-    process per rank with real collectives (`adapters.processes`). A client that cannot be used is exit 2."""
+    process per rank with real collectives (`adapters.processes`). A client that cannot be used is exit 2. A case's
+    real-server faults strike through the `NemesisPlan` `nemesis` (the simulator's runner only)."""
     from runtime.pool import case_runner
     from runtime.registry import ResolveError
     if target.runner == "processes":
@@ -150,7 +175,9 @@ def case_runner_of(target: Any, op_timeout: float) -> Iterator[Callable]:
                     raise UsageError(f"--runner processes: {exc}") from None
             yield on_processes
         return
-    with case_runner(target.client, op_timeout=op_timeout, options=dict(target.client_options)) as run:
+    with case_runner(target.client, op_timeout=op_timeout, options=dict(target.client_options),
+                     nemesis=nemesis.control if nemesis is not None else None,
+                     recovery_seconds=nemesis.recovery_seconds if nemesis is not None else None) as run:
         def guarded(protocol: Any, case: Any) -> Any:
             try:
                 return run(protocol, case)
@@ -161,6 +188,6 @@ def case_runner_of(target: Any, op_timeout: float) -> Iterator[Callable]:
         yield guarded
 
 
-def fresh_runner_of(target: Any, op_timeout: float) -> Callable[[], ContextManager[Callable]]:
+def fresh_runner_of(target: Any, op_timeout: float, nemesis: Any = None) -> Callable[[], ContextManager[Callable]]:
     """A maker of case runners over fresh stores of the target's client (one per measured run)."""
-    return lambda: case_runner_of(target, op_timeout)
+    return lambda: case_runner_of(target, op_timeout, nemesis)

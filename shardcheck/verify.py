@@ -3,6 +3,7 @@ demo variant, the explorer's manifest, the real LMCache clients against real Val
 here, and the corpus replayed against each client, with a summary table."""
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import time
@@ -176,8 +177,13 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
                                                        if bad else f"{n} entries match")
 
     _step(rows, "explorer manifest", "no drift", manifest)
-    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated", check("paper", "lmcache"))
-    _step(rows, "check paper on lmcache-patched (real Valkey)", "held", check("paper", "lmcache-patched"))
+    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated",
+          lambda: _child_check("lmcache", budget, out_dir))
+    _step(rows, "check paper on lmcache-patched (real Valkey)", "held",
+          lambda: _child_check("lmcache-patched", budget, out_dir))
+
+    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
+    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
 
     for client in corpus_clients():
         def replay(client: str = client) -> tuple[str, str]:
@@ -202,6 +208,16 @@ def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:
         print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
               f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
     return EXIT_HELD if ok else EXIT_VIOLATED
+
+
+def _child_check(client: str, budget: float, out_dir: str) -> tuple[str, str]:
+    """`check --protocol paper --client CLIENT` in a child process (real faults are on by default for it: a crash of
+    LMCache's native code after them must not lose the table)."""
+    from shardcheck.verify_nemesis import in_child
+    r = in_child("check", "--protocol", "paper", "--client", client, "--budget", str(budget), "--out", out_dir)
+    props = sorted({v["property"] for v in r["violations"]})
+    return r["verdict"], (f"{r['stats']['cases']} cases; {', '.join(props)}" if props
+                          else _coverage(r["stats"]["coverage"], r["stats"]["cases"]))
 
 
 def _coverage(c: dict, cases: int) -> str:

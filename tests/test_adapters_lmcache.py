@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import subprocess
 import sys
 import time

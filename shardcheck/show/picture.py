@@ -222,6 +222,13 @@ def _faults_text(faults: Any) -> str:
     for x in faults.get("delayed", []) or []:
         if isinstance(x, list) and len(x) == 3:
             parts.append(f"delayed: rank {x[0]}'s GetAsync #{x[1]} by {x[2]}s")
+    from model.faults import SERVER_KINDS
+    for kind in SERVER_KINDS:  # real faults on the servers (the nemesis)
+        for raw in faults.get(kind.field, []) or []:
+            try:
+                parts.append(kind.text(kind.from_json(raw)))
+            except (TypeError, ValueError, KeyError):
+                parts.append(f"{kind.field} {raw!r}")
     return "; ".join(parts) if parts else "none"
 
 

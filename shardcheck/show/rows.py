@@ -174,6 +174,18 @@ def _results_text(results: dict[int, str], n: int) -> str:
     return " ".join(f"r{r}: {v}" for r, v in sorted(results.items()))
 
 
+def _fault_row(op: dict, i: int, rank: int | None) -> Row:
+    """A store-ops trace's fault op (`{"op": "fault", "fault", "rank", "seconds"}`) or its recovery."""
+    index = as_int(op.get("index")) if as_int(op.get("index")) is not None else i
+    if op.get("op") == "fault":
+        secs = as_num(op.get("seconds"))
+        text = f"STRIKE {str(op.get('fault', '?')).removeprefix('server_')}" + (f" for {secs:g}s" if secs else "")
+        return Row("op", "ops", index, None, rank, text, "struck" if op.get("outcome") == "struck" else "")
+    back = op.get("recovered") if isinstance(op.get("recovered"), dict) else {}
+    res = ", ".join(f"rank {r} recovered in {brief(v, 8)}s" for r, v in back.items()) or brief(op.get("outcome"), 40)
+    return Row("op", "ops", index, None, rank, "RECOVER (servers back, probe)", res)
+
+
 def ops_rows(trace: Trace, keys: Keys) -> list[Row]:
     """One row per recorded op: `engines.storeops.run_ops` records (result, oracle, outcome, seconds) or the
     bare ops of a property-test counterexample (op, rank, key/keys/value/handle)."""
@@ -185,6 +197,9 @@ def ops_rows(trace: Trace, keys: Keys) -> list[Row]:
             continue
         rank = as_int(op.get("rank"))
         name = str(op.get("op"))
+        if name in ("fault", "recover"):  # a real fault on the servers, and the recovery after it (the nemesis)
+            rows.append(_fault_row(op, i, rank))
+            continue
         text = name + (f" h{op['handle']}" if as_int(op.get("handle")) is not None else "")
         text += f" {keys(op['key'], rank)}" if "key" in op else ""
         if isinstance(op.get("keys"), list):

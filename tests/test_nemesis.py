@@ -1,0 +1,256 @@
+"""The nemesis on real Valkey servers: every fault does what it says, is always ended, and leaves nothing paused or
+running after a failure, a timeout or Ctrl-C; the known-bad clients are caught, the reference client holds."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters import nemesis
+from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
+from adapters.valkey_servers import ping, valkey_servers
+from engines.nemesis import run_nemesis_scenarios
+from model.faults import SERVER_KIND_NAMES, SERVER_KINDS
+from runtime.registry import resolve_client
+
+pytestmark = pytest.mark.real
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter of `pid` (R, S, T for stopped, Z...), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _cmd(port: int, *args: str, timeout: float = 2.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(b"".join([b"*%d\r\n" % len(args)] + [b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args]))
+        return s.recv(4096)
+
+
+def test_every_fault_strikes_and_ends():
+    """Pause, restart empty or with data, CLIENT KILL, DEBUG SLEEP, CLIENT PAUSE and the maxmemory eviction each do
+    what they say on a real server, and each is over by itself (a restart keeps the port)."""
+    with valkey_servers(1) as ss:
+        server, port = ss.servers[0], ss.ports[0]
+        _cmd(port, "SET", "k", "v")
+        s = nemesis.pause(server, 0.6)
+        assert _state(server.pid) == "T" and not ping(port, timeout=0.2)
+        assert s.wait(5) and ping(port) and _state(server.pid) != "T"
+        for fault in (nemesis.debug_sleep, nemesis.client_pause):
+            strike = fault(server, 0.6)
+            with pytest.raises(socket.timeout):  # (PING is exempt from CLIENT PAUSE: a GET is held)
+                _cmd(port, "GET", "k", timeout=0.2)
+            assert strike.wait(5) and _cmd(port, "GET", "k") == b"$1\r\nv\r\n", strike.kind
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as held:
+            nemesis.kill_connections(server)
+            held.settimeout(2)
+            assert held.recv(16) == b""  # the server closed it
+        pid = server.pid
+        s = nemesis.kill_restart(server, keep_data=True, seconds=0.2)
+        assert _state(pid) is None and not ping(port, timeout=0.2)
+        assert s.wait(15) and not s.error and server.pid != pid and _cmd(port, "GET", "k") == b"$1\r\nv\r\n"
+        assert nemesis.kill_restart(server, keep_data=False, seconds=0.1).wait(15)
+        assert _cmd(port, "EXISTS", "k") == b":0\r\n"
+        for i in range(64):
+            _cmd(port, "SET", f"mine{i}", "x" * 4000)
+        s = nemesis.evict_by_policy(server)
+        assert int(_cmd(port, "DBSIZE")[1:-2]) < 64  # the server evicted some of them by its own LRU
+        assert _cmd(port, "CONFIG", "GET", "maxmemory").endswith(b"$1\r\n0\r\n")  # lifted once it struck
+        assert b"other-prompt" not in _cmd(port, "KEYS", "*")
+
+
+def test_stop_resumes_a_paused_server_and_a_killed_one_stays_down():
+    """Stopping a paused server resumes it first (it terminates, never left stopped); a server stopped while down
+    after a kill is not started again by its restart timer."""
+    with valkey_servers(2) as ss:
+        paused, down = ss.servers
+        pid = paused.pid
+        nemesis.pause(paused, 60)
+        restart = nemesis.kill_restart(down, seconds=0.3)
+        port = down.port
+    assert _state(pid) is None
+    restart.wait(5)
+    time.sleep(0.5)
+    assert not ping(port, timeout=0.2) and down.proc is None
+
+
+CHILD = textwrap.dedent("""
+    import json, socket, sys, time
+    sys.path.insert(0, {root!r})
+    from adapters import nemesis
+    from adapters.valkey_servers import start_servers
+    from runtime.bounded import call_bounded
+    ss = start_servers(2)
+    paused, down = ss.servers
+    nemesis.pause(paused, 60)
+    nemesis.kill_restart(down, seconds=60)
+    with open(f"/proc/{{paused.pid}}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    import os
+    helpers = []  # (the pause's resumer: a process of this one that is no server)
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != paused.pid:
+            try:
+                with open(f"/proc/{{d}}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        helpers.append(int(d))
+            except OSError:
+                pass
+    print(json.dumps({{"pids": [paused.pid], "ports": ss.ports, "state": state, "helpers": helpers}}), flush=True)
+    if {mode!r} == "exception":
+        raise RuntimeError("boom in a nemesis step")
+    if {mode!r} == "timeout":  # a store call on the paused server, bounded: the timeout ends the run
+        def read():
+            with socket.create_connection(("127.0.0.1", paused.port), timeout=60) as s:
+                s.sendall(b"PING\\r\\n")
+                return s.recv(16)
+        call_bounded(0.5, "get", "k", read)
+    with socket.create_connection(("127.0.0.1", paused.port), timeout=60) as s:  # Ctrl-C arrives in here
+        s.sendall(b"PING\\r\\n")
+        s.recv(16)
+""")
+
+
+@pytest.mark.parametrize("mode", ["exception", "timeout", "SIGINT"])
+def test_nothing_is_left_paused_or_running(mode: str):
+    """A process in the middle of a nemesis step (one server paused, one down for a restart) that fails, times out
+    or gets Ctrl-C leaves no server behind: the paused one was resumed and stopped, the other never comes back."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), mode=mode)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line, child.stderr.read()
+        info = json.loads(line)
+        assert info["state"] == "T"  # the server was paused when the step failed
+        if mode == "SIGINT":
+            time.sleep(0.3)
+            child.send_signal(signal.SIGINT)
+        child.wait(timeout=20)
+        err = child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    assert child.returncode != 0
+    assert {"exception": "boom", "timeout": "StoreCallTimeout", "SIGINT": "KeyboardInterrupt"}[mode] in err
+    deadline = time.monotonic() + 5
+    while _state(info["pids"][0]) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(info["pids"][0]) in (None, "Z"), f"valkey-server left behind after {mode}"
+    assert not any(ping(p, timeout=0.2) for p in info["ports"])
+    assert info["helpers"], "the pause's resumer process was not found"
+    deadline = time.monotonic() + 5
+    while any(_state(p) not in (None, "Z") for p in info["helpers"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_state(p) in (None, "Z") for p in info["helpers"]), f"helper process left behind after {mode}"
+
+
+def _control(stores, kind):
+    n = nemesis.Nemesis.for_stores(stores)
+    return n if n.supports(kind.needs_process) else None
+
+
+def test_the_reference_client_holds_under_every_fault_kind():
+    """The pooled, bounded, reconnecting valkey-py client passes the nemesis scenario of every kind."""
+    found = run_nemesis_scenarios(resolve_client(reference_factory), op_timeout=0.5, kinds=SERVER_KINDS,
+                                  control_for=_control)
+    assert not found, [t.summary for t in found]
+
+
+@pytest.mark.parametrize("demo", sorted(NEMESIS_DEMOS))
+def test_each_demo_violates_its_property(demo: str):
+    """Each known-bad client (correct on a healthy server) is caught by its property under a pause."""
+    factory, prop = NEMESIS_DEMOS[demo]
+    found = run_nemesis_scenarios(resolve_client(factory), op_timeout=0.5, kinds=(SERVER_KIND_NAMES["pause"],),
+                                  control_for=_control)
+    assert [t.property for t in found] == [prop], [t.summary for t in found]
+    assert found[0].ops[5]["op"] == "fault" and found[0].ops[5]["fault"] == "server_pause"
+
+
+def test_a_server_shardcheck_did_not_start_is_never_faulted():
+    """The nemesis refuses a store whose server shardcheck did not start, unless asked (then admin faults only)."""
+    class Store:
+        host, port = "127.0.0.1", 1  # nobody's server
+
+    with pytest.raises(nemesis.NemesisUnavailable, match="not started by shardcheck"):
+        nemesis.Nemesis.for_stores([Store()])
+    n = nemesis.Nemesis.for_stores([Store()], user_servers=True)
+    assert n.supports(needs_process=False) and not n.supports(needs_process=True)
+    with pytest.raises(nemesis.NemesisUnavailable, match="needs the server's process"):
+        n.pause(0, 1.0)
+
+
+def _store_machine_properties(factory, kinds: str) -> set[str]:
+    from hypothesis import HealthCheck, Phase, settings
+    from properties.engine import caught
+    from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
+    how = settings(max_examples=4, stateful_step_count=10, deadline=None, database=None, derandomize=True,
+                   phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    return caught(StoreMachine, how, client=factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                  nemesis_spec=kinds)
+
+
+def test_store_machine_strikes_real_faults():
+    """The store machine's fault rule catches the client that never reconnects (`recovery`) and holds on the
+    reference client."""
+    from adapters.valkey_clients import never_reconnect_factory
+    assert _store_machine_properties(never_reconnect_factory, "pause") == {"recovery"}
+    assert _store_machine_properties(reference_factory, "pause,restart-empty,evict") == set()
+
+
+def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_trace_replays(tmp_path):
+    """`check --nemesis pause` reports `recovery` on the never-reconnecting client with a trace whose replay strikes
+    the fault again (reproduces) and that the reference client fixes; `--nemesis` on the in-memory client is exit 2."""
+    from tests.conftest import run_cli
+    bad = "adapters.valkey_clients:never_reconnect_factory"
+    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "20", "--op-timeout", "0.5",
+                "--out", str(tmp_path), "--json", timeout=180)
+    assert r.returncode == 1, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["violations"][0]["property"] == "recovery"
+    assert result["stats"]["coverage"]["nemesis"]["scenarios"] == {"server_pause": True}
+    path = result["violations"][0]["counterexample"]
+    again = run_cli("replay", path, "--json", timeout=180)
+    assert again.returncode == 1 and json.loads(again.stdout)["results"][0]["outcome"] == "reproduces", again.stderr
+    fixed = run_cli("replay", path, "--client", "adapters.valkey_clients:reference_factory", "--json", timeout=180)
+    assert json.loads(fixed.stdout)["results"][0]["outcome"] == "fixed", fixed.stdout
+    refused = run_cli("check", "--nemesis", "all", "--budget", "1")
+    assert refused.returncode == 2 and "no servers to fault" in refused.stderr
+
+
+def test_the_patched_lmcache_client_holds_under_every_fault_kind():
+    """lmcache-patched (fixes 9 and 10) passes the nemesis scenario of every kind; stock lmcache fails one."""
+    patched = run_nemesis_scenarios(resolve_client("lmcache-patched"), op_timeout=1.0, kinds=SERVER_KINDS,
+                                    control_for=_control)
+    assert not patched, [t.summary for t in patched]
+    stock = run_nemesis_scenarios(resolve_client("lmcache"), op_timeout=1.0, kinds=(SERVER_KIND_NAMES["kill-connections"],),
+                                  control_for=_control)
+    assert [t.property for t in stock] == ["fault-integrity"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "counterexamples" / "nemesis").glob("*.json")), ids=lambda p: p.stem)
+def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
+    """Every trace of counterexamples/nemesis shows its property again on the client it records, its faults struck
+    at the same op."""
+    from engines.storeops import bounded_factory, run
+    from model.trace import Trace
+    trace = Trace.load(path)
+    _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client)), nemesis.control_maker())
+    assert trace.property in {v.property for v in violations}, [v.summary for v in violations]
