@@ -218,7 +218,7 @@ def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
     search = Search(PaperProtocolAsync(), 2, 2, properties=frozenset())
     search.run(None, None)
     phases, plans = set(), set()
-    for packed in search.seen:
+    for packed in search.reached_states():
         st = search.space.unpack(packed)
         if any(search.space.can_move[x] for x in st[:2]):
             continue
@@ -316,3 +316,21 @@ def test_a_wait_the_interpreter_refuses_is_a_termination_violation_in_both():
     res = explore(_NegativeWaitTimeout(), 2, 2, max_faults=0)
     assert res.verdict == "violated" and res.violation.property == "termination"
     assert "a timeout is >= 0 seconds or None" in res.violation.summary
+
+
+@pytest.mark.parametrize("reduction", (True, False))
+def test_every_state_has_one_depth(reduction):
+    """The search looks a successor up in the next level only: sound because a state's depth is a function of the
+    state (its moves, plus unreduced its eager evictions: the faults used less the lost and delayed completions)."""
+    from engines.explore.bfs import Search
+    from engines.explore.state import OK
+    search = Search(PaperProtocolAsync(), 3, 3, max_faults=2, reduction=reduction, properties=frozenset())
+    search.run(None, None)
+    space = search.space
+    assert len(search.levels) > 5
+    for depth, level in enumerate(search.levels):
+        for packed in level:
+            st = space.unpack(packed)
+            faults = st[space.n] % (space.max_faults + 1)
+            lost_or_delayed = sum(status != OK for x in st[:space.n] for _, status in space.asyncs_of[x])
+            assert depth == space.steps(st) + (0 if reduction else faults - lost_or_delayed)

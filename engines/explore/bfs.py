@@ -32,20 +32,25 @@ which must report the same property (`ExploreError` otherwise: the explorer and 
 
 # Speed
 Every rank-local successor is memoised per local state as (fault cost, packed delta): expanding a global
-state is integer shifts, one add per successor, and one dict look-up in `seen` (which also holds the BFS
-parent, for the shortest counterexample). cProfile showed, in turn: tuple slicing/hashing of global states,
+state is integer shifts, one add per successor, and one dict look-up in the next level's dict (which also holds
+the BFS parent, for the shortest counterexample). A state has one depth: every transition is one move (the sum of
+the ranks' `moves_of` grows by one), except an eager eviction (unreduced only), which is one fault and no move. So
+the depth is the moves plus, unreduced, the faults used less the lost and delayed completions the local states
+record: a function of the state, and a successor of depth d+1 can only have been reached before at depth d+1. The level's own dict is then
+the whole duplicate check (smaller than one dict of every state, and its keys in order are the next frontier: no
+list to append to). cProfile showed, in turn: tuple slicing/hashing of global states,
 then unpacking/packing on every collective arrival, then module-global look-ups in the loop. Then (instruction
 counts under callgrind, 5 ranks x 10 chunks unreduced: 21.8k -> 14.5k per state): each state's local states are
 extracted once (the evictions reuse them); a local state whose every branch is a plain move keeps, per fault
 budget, the tuple of the deltas it can afford (no unpacking nor cost test per transition); an arrival that does
 not complete its collective, does not desync and leaves some rank able to move (judged from one summary of the
-state's ranks, made at its first arrival) needs no new-state check away from the step bound. What is left is the
-loop itself (int add, dict membership/insert, list append).
+state's ranks, made at its first arrival) needs no new-state check away from the step bound (10.7k per state over
+the first 300k states). What is left is the loop itself (int add, dict membership/insert): 10.4k.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from model.checks import completeness, soundness
 from model.harness import run_case
@@ -77,13 +82,15 @@ class Search:
         self.shard: tuple[int, int] | None = options.get("shard")
         self.terminal_signatures: set | None = set() if record_terminals else None
         self.outcome_summaries: set | None = set() if record_outcomes else None
-        self.seen: dict[int, int | None] = {}  # packed state -> its BFS parent (None: an initial state)
+        # per depth d, the states first reached at d -> their BFS parent (None: an initial state). A state has one
+        # depth (see Speed), so a level's own dict is its whole "seen" check, and its keys, in order, its frontier.
+        self.levels: list[dict[int, int | None]] = []
         self.dead: set[int] = set()  # states at the step bound: never expanded
         self.transitions = self.depth = self.phase = 0  # phase: 0 set-up, 1 search
         self.init_added: list[int] = []  # the configuration of each initial state, in order
         self.level_start: list[int] = []  # (a shard's) distinct states before each level
         self.level_hist: list[list[tuple[int, int]]] = []  # (a shard's) each level's new states per configuration
-        self.nxt: list[int] = []  # the level being built
+        self.nxt: dict[int, int | None] = {}  # the level being built
         self.reached: Reached | None = None  # the violation the search reached (its own words; run_case replays it)
         self.found_key: tuple[int, int, int] | None = None
 
@@ -96,18 +103,18 @@ class Search:
             self.reached, self.found_key = reached, self._key(reached)
             if self.shard is not None and self.phase:  # the new states of the level cut short, per configuration
                 self.level_hist.append(self._histogram(self.nxt))
-            case, self.depth = case_of(space, self.seen, reached)
+            case, self.depth = case_of(space, self.levels, reached)
             outcome = run_case(space.protocol, case)
             match = [v for v in outcome.violations if v.property == reached.prop]
             if not match:
                 raise ExploreError(
                     f"explorer found {reached.prop!r} for {space.name}, but run_case on its counterexample reports "
                     f"{outcome.violated() or 'no violation'}: the explorer and the simulator disagree ({case!r})")
-            return ExploreResult(verdict="violated", states=len(self.seen), transitions=self.transitions,
+            return ExploreResult(verdict="violated", states=self.n_states(), transitions=self.transitions,
                                  depth=self.depth, seconds=time.perf_counter() - t0, counterexample=case,
                                  violation=match[0], outcome=outcome, configs=len(space.configs),
                                  trie_nodes=space.tries.count)
-        return ExploreResult(verdict=verdict, states=len(self.seen), transitions=self.transitions, depth=self.depth,
+        return ExploreResult(verdict=verdict, states=self.n_states(), transitions=self.transitions, depth=self.depth,
                              seconds=time.perf_counter() - t0, configs=len(space.configs), trie_nodes=space.tries.count)
 
     def _key(self, reached: Reached) -> tuple[int, int, int]:
@@ -127,18 +134,21 @@ class Search:
 
     def _stats(self, t0: float) -> dict:
         dt = time.perf_counter() - t0
-        return {"states": len(self.seen), "transitions": self.transitions, "depth": self.depth,
-                "seconds": dt, "states_per_s": len(self.seen) / dt if dt > 0 else 0.0,
+        states = self.n_states()
+        return {"states": states, "transitions": self.transitions, "depth": self.depth,
+                "seconds": dt, "states_per_s": states / dt if dt > 0 else 0.0,
                 "trie_nodes": self.space.tries.count, "local_states": len(self.space.node_of)}
 
-    def _initial(self) -> list[int]:
+    def _initial(self) -> None:
+        """The initial states (level 0), with the set-up's violations and the lookup properties checked."""
         space, setup = self.space, self.setup
         n, max_faults1 = space.n, space.max_faults + 1
+        level0: dict[int, int | None] = {}
+        self.levels.append(level0)
         for v in setup.store_violations:
             self._found(None, None, v, 0)
         if setup.store_violations:
-            return []
-        frontier = []
+            return
         for ci, cfg in enumerate(space.configs):
             if cfg is None:  # another shard's
                 continue
@@ -159,10 +169,9 @@ class Search:
             if ci * max_faults1 > CF_MASK:
                 raise ExploreError(f"more than {CF_MASK // max_faults1} initial configurations: configuration too big")
             st = space.pack(lids, ci * max_faults1)
-            if st in self.seen:
+            if st in level0:
                 continue
-            self.seen[st] = None
-            frontier.append(st)
+            level0[st] = None
             self.init_added.append(ci)
             if planned > cfg.lcp_min:  # some completion of the undecided units breaks soundness: every one absent
                 absent = space.concrete_evicted(lids, undecided_present=False) if space.lazy else cfg.evicted
@@ -172,7 +181,6 @@ class Search:
                 for v in completeness(setup.lookup_outcome(cfg.evicted)):
                     self._found(None, None, v, ci)
             self._check_new(st, 0)
-        return frontier
 
     def _check_new(self, packed: int, depth: int) -> None:
         """The checks of a newly reached state (off the hot path: quiescent, or near the step bound)."""
@@ -195,16 +203,27 @@ class Search:
         if self.properties is None or violation.property in self.properties:
             raise Reached(parent, label, violation, cfg, evicted)
 
+    def n_states(self) -> int:
+        """The distinct states reached so far."""
+        return sum(map(len, self.levels))
+
+    def reached_states(self) -> Iterator[int]:
+        """Every packed state reached so far, level by level."""
+        for level in self.levels:
+            yield from level
+
     def _bfs(self, should_stop, progress, t0) -> str:
         """Expand level after level (in slices of `_CHECK_EVERY` states, polling `should_stop` between them)."""
-        frontier = self._initial()
+        self._initial()
+        frontier = list(self.levels[0]) if self.levels else []
         self.phase = 1
         record = self.shard is not None
         while frontier:
-            nxt: list[int] = []
             if record:
-                self.level_start.append(len(self.seen))
-                self.nxt = nxt
+                self.level_start.append(self.n_states())
+            nxt: dict[int, int | None] = {}
+            self.levels.append(nxt)
+            self.nxt = nxt
             d1 = self.depth + 1
             for start in range(0, len(frontier), _CHECK_EVERY):
                 if should_stop is not None and should_stop():
@@ -214,18 +233,19 @@ class Search:
                 self.transitions += self._expand(frontier[start:start + _CHECK_EVERY], nxt, d1)
             if record:
                 self.level_hist.append(self._histogram(nxt))
-            frontier = nxt
+            frontier = list(nxt)
             if frontier:
                 self.depth = d1
         if progress is not None:
             progress(self._stats(t0))
         return "held"
 
-    def _expand(self, states: list[int], nxt: list[int], d1: int) -> int:
-        """Expand `states` (of depth d1 - 1) into `nxt`; the transitions generated. The hot loop (see Speed)."""
+    def _expand(self, states: list[int], seen: dict[int, int | None], d1: int) -> int:
+        """Expand `states` (of depth d1 - 1) into `seen` (the states of depth d1: their parents); the transitions
+        generated. The hot loop (see Speed)."""
         space = self.space
         n, reduction, near = space.n, space.reduction, d1 >= space.bound  # only then can a state reach the bound
-        seen, dead, check_new, append, trans, mask = self.seen, self.dead, self._check_new, nxt.append, 0, LID_MASK
+        dead, check_new, trans, mask = self.dead, self._check_new, 0, LID_MASK
         can_move, plain_deltas, packed_branches, packed = space.can_move, space.plain_deltas, space.packed_branches, \
             space.packed
         status_code, arrived_sig, shifts, eviction_deltas = space.status_code, space.arrived_sig, space.shifts, \
@@ -256,7 +276,6 @@ class Search:
                         ns = st + delta
                         if ns not in seen:
                             seen[ns] = st
-                            append(ns)
                             if near:
                                 check_new(ns, d1)
                     if reduction:
@@ -284,18 +303,15 @@ class Search:
                             # move (not terminal); not near the step bound: nothing to check
                             if ns not in seen:
                                 seen[ns] = st
-                                append(ns)
                             continue
                         ns = self._arrival(st, ns, here.index(lid), sig)
                         if ns is None or ns in seen:
                             continue
                         seen[ns] = st
-                        append(ns)
                         check_new(ns, d1)
                     elif kind != FAIL:  # PLAIN, or LAST_MOVE: the rank cannot move after it (maybe terminal)
                         if ns not in seen:
                             seen[ns] = st
-                            append(ns)
                             if near or kind == LAST_MOVE:
                                 check_new(ns, d1)
                     else:
@@ -313,7 +329,6 @@ class Search:
                         ns = st + delta
                         if ns not in seen:
                             seen[ns] = st
-                            append(ns)
                             if near:
                                 check_new(ns, d1)
         return trans

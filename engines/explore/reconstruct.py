@@ -63,16 +63,18 @@ def successors(space: StateSpace, packed: int) -> Iterator[tuple[tuple, Any]]:
                 yield (q, ("eager-evict", chunk)), space.pack(st[:q] + (nl,) + st[q + 1:n], cf + 1)
 
 
-def case_of(space: StateSpace, seen: dict[int, int | None], reached: Reached) -> tuple[Case, int]:
-    """The `Case` that reaches `reached`'s violation along the BFS parents `seen`, and its number of moves."""
+def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Reached) -> tuple[Case, int]:
+    """The `Case` that reaches `reached`'s violation along the BFS parents (`levels[d]`: each state of depth d ->
+    its parent), and its number of moves."""
     if reached.parent is None:
         if not space.configs:  # the store phase failed: no configuration was built
             return space.case0, 0
         evicted = space.configs[reached.cfg or 0].evicted if reached.evicted is None else reached.evicted
         return attrs.evolve(space.case0, faults=FaultPlan(evict_before_lookup=evicted)), 0
+    depth = next(d for d in reversed(range(len(levels))) if reached.parent in levels[d])
     path = [reached.parent]
-    while seen[path[-1]] is not None:
-        path.append(seen[path[-1]])
+    for d in range(depth, 0, -1):
+        path.append(levels[d][path[-1]])
     path.reverse()
     steps: list[tuple[int, tuple]] = []
     for a, b in zip(path, path[1:]):
