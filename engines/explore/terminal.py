@@ -25,6 +25,9 @@ from engines.explore.tries import DONE, freeze
 
 __all__ = ["Terminals"]
 
+#: The load events kept for terminal checks (per ranks' nodes and flags); the table is emptied when full.
+_LOADS_KEPT = 1 << 16
+
 
 class Terminals:
     """The terminal-state checks of one `engines.explore.state.StateSpace`, memoised per what they read."""
@@ -34,6 +37,7 @@ class Terminals:
         self.memo: dict[tuple, list[Violation]] = {}  # (cfg, a fault happened, each rank's `part`) -> violations
         self.parts: dict[int, tuple] = {}  # local id -> `part(lid)`
         self.fault_ids: dict[tuple, int] = {}  # a rank's faults (see `part`) -> a small id
+        self.load_memo: dict[tuple, tuple] = {}  # (nodes, flags) -> `_load_events` (many states share them)
 
     def violations(self, st: tuple) -> list[Violation]:
         """Every violation of a state (unpacked) where no rank can move."""
@@ -73,12 +77,23 @@ class Terminals:
         violations = stuck(n, {r: nodes[r].effect.handle.key for r in range(n) if flags[r] == HUNG}, waiting, arrived,
                            [r for r in range(n) if nodes[r].kind == DONE])
         results = {r: nodes[r].ret for r in range(n) if nodes[r].kind == DONE}
-        events, schedule, reads, sigs = _load_events(nodes, flags)
+        events, schedule, reads, sigs = self._load(nodes, flags)
         load = SimResult(results, events, schedule, violations, space.steps(st), reads, sigs)
         plan = self._plan(cfg, lids)
         look = space.setup.lookup_outcome(plan.evict_before_lookup)
         return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
+
+    def _load(self, nodes: list, flags: list[int]) -> tuple[list[Event], list[int], list, list]:
+        """`_load_events(nodes, flags)`, memoised (fresh lists each time; at most `_LOADS_KEPT` kept)."""
+        key = (tuple(nodes), tuple(flags))
+        got = self.load_memo.get(key)
+        if got is None:
+            if len(self.load_memo) >= _LOADS_KEPT:
+                self.load_memo.clear()
+            got = self.load_memo[key] = _load_events(nodes, flags)
+        events, schedule, reads, sigs = got
+        return list(events), list(schedule), list(reads), [list(s) for s in sigs]
 
     def _plan(self, cfg: Config, lids: Sequence[int]) -> FaultPlan:
         """The faults of a state: what its rank-local states record of evictions and completions."""
