@@ -25,7 +25,7 @@ from engines.explore.tries import DONE, freeze
 
 __all__ = ["Terminals"]
 
-#: The load events kept for terminal checks (per ranks' nodes and flags); the table is emptied when full.
+#: The load events (per ranks' nodes and flags) and ranks' faults kept for terminal checks; a full table is emptied.
 _LOADS_KEPT = 1 << 16
 
 
@@ -38,6 +38,7 @@ class Terminals:
         self.parts: dict[int, tuple] = {}  # local id -> `part(lid)`
         self.fault_ids: dict[tuple, int] = {}  # a rank's faults (see `part`) -> a small id
         self.load_memo: dict[tuple, tuple] = {}  # (nodes, flags) -> `_load_events` (many states share them)
+        self.rank_faults: dict[tuple[int, int], tuple] = {}  # (lid, cfg or -1 if lazy) -> `_rank_faults`
 
     def violations(self, st: tuple) -> list[Violation]:
         """Every violation of a state (unpacked) where no rank can move."""
@@ -67,7 +68,6 @@ class Terminals:
         space = self.space
         n = space.n
         lids = st[:n]
-        cfg = space.configs[st[n] // (space.max_faults + 1)]
         nodes = [space.node_of[x] for x in lids]
         flags = [space.flag_of[x] for x in lids]
         waiting = {r: nodes[r].n_collectives for r in range(n) if flags[r] == ARRIVED}
@@ -79,7 +79,7 @@ class Terminals:
         results = {r: nodes[r].ret for r in range(n) if nodes[r].kind == DONE}
         events, schedule, reads, sigs = self._load(nodes, flags)
         load = SimResult(results, events, schedule, violations, space.steps(st), reads, sigs)
-        plan = self._plan(cfg, lids)
+        plan = self._plan(st[n] // (space.max_faults + 1), lids)
         look = space.setup.lookup_outcome(plan.evict_before_lookup)
         return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
@@ -95,22 +95,35 @@ class Terminals:
         events, schedule, reads, sigs = got
         return list(events), list(schedule), list(reads), [list(s) for s in sigs]
 
-    def _plan(self, cfg: Config, lids: Sequence[int]) -> FaultPlan:
-        """The faults of a state: what its rank-local states record of evictions and completions."""
+    def _plan(self, ci: int, lids: Sequence[int]) -> FaultPlan:
+        """The faults of a state from configuration `ci`: what its rank-local states record of evictions and
+        completions."""
         space = self.space
+        cfg = space.configs[ci]
         evicted, lost, delayed = [], [], []
         for r, x in enumerate(lids):
-            store = space.store_of[x]
-            init = store.init if space.lazy else cfg.stores[r].chunks.keys()
-            evicted.extend(Eviction(c, r) for c in sorted(set(init).difference(store.chunks)))
-            for i, (_, status) in enumerate(space.asyncs_of[x]):
-                if status == LOST:
-                    lost.append((r, i))
-                elif status == DELAYED:
-                    delayed.append((r, i, DELAY_SECONDS))
+            key = (x, -1 if space.lazy else ci)
+            got = self.rank_faults.get(key)
+            if got is None:
+                if len(self.rank_faults) >= _LOADS_KEPT:
+                    self.rank_faults.clear()
+                got = self.rank_faults[key] = self._rank_faults(r, x, cfg)
+            evicted += got[0]
+            lost += got[1]
+            delayed += got[2]
         before = space.concrete_evicted(lids) if space.lazy else cfg.evicted
         return FaultPlan(evict_before_lookup=before, evict_during_load=evicted, lost=lost,
                          delayed=delayed)
+
+    def _rank_faults(self, r: int, x: int, cfg: Config) -> tuple[list, list, list]:
+        """Rank r's part of `_plan` in local state x: its evictions during the load, its lost and delayed completions
+        (a function of x, and of the configuration unless the initial state is lazy)."""
+        store = self.space.store_of[x]
+        init = store.init if self.space.lazy else cfg.stores[r].chunks.keys()
+        evicted = [Eviction(c, r) for c in sorted(set(init).difference(store.chunks))]
+        statuses = [status for _, status in self.space.asyncs_of[x]]
+        return (evicted, [(r, i) for i, status in enumerate(statuses) if status == LOST],
+                [(r, i, DELAY_SECONDS) for i, status in enumerate(statuses) if status == DELAYED])
 
     def signature(self, st: tuple) -> tuple:
         """A terminal state as (cfg, per rank (history, flag), whether a fault happened): everything the
