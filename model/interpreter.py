@@ -16,12 +16,19 @@ from model.calls import ProtocolRaised, Stalled
 from model.effects import AllGather, AllReduceMin, Broadcast, Handle, TIMED_OUT, collective_signature
 from model.outcome import Violation
 
-__all__ = ["LATE", "WAITS_FOREVER", "wait_outcome", "handle_problem", "timeout_problem", "collective_results",
+__all__ = ["LATE", "WAITS_FOREVER", "ARRIVE_NOTE", "WAITS_FOREVER_NOTE", "completed_note", "wait_outcome", "handle_problem", "timeout_problem", "collective_results",
            "sig_text", "desync", "bad_root", "deadlock", "stuck", "hang", "client_hang", "step_bound", "not_an_effect",
            "rank_failed", "program_failed", "store_call_failed"]
 
 #: `wait_outcome` results other than "the completion's value".
 LATE, WAITS_FOREVER = "late", "waits-forever"
+#: The notes of a run's events: a rank arrives at a collective, a rank waits forever (see `completed_note`).
+ARRIVE_NOTE, WAITS_FOREVER_NOTE = "arrive", "waits forever"
+
+
+def completed_note(k: int) -> str:
+    """The note of a rank's event when collective #`k` completes (its result is the event's)."""
+    return f"collective #{k}"
 
 
 def wait_outcome(clock: float, issued: float, delay: float, lost: bool, timeout: float | None) -> tuple[Any, float]:

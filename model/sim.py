@@ -13,9 +13,9 @@ import attrs
 
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait, collective_signature
-from model.interpreter import (WAITS_FOREVER, client_hang, collective_results, desync, handle_problem, not_an_effect,
-                               program_failed, rank_failed, step_bound, store_call_failed, stuck, timeout_problem,
-                               wait_outcome)
+from model.interpreter import (ARRIVE_NOTE, WAITS_FOREVER, WAITS_FOREVER_NOTE, client_hang, collective_results,
+                               completed_note, desync, handle_problem, not_an_effect, program_failed, rank_failed,
+                               step_bound, store_call_failed, stuck, timeout_problem, wait_outcome)
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation
@@ -174,7 +174,7 @@ class Simulator:
         for r in range(self.n):
             self.ranks[r].clock = now
             self.ranks[r].arrived = None
-            self.events.append(Event(self.step, r, now, self.phase, arrived[r], out[r], note=f"collective #{k}"))
+            self.events.append(Event(self.step, r, now, self.phase, arrived[r], out[r], note=completed_note(k)))
         for r in range(self.n):
             self._send(r, out[r])
 
@@ -235,7 +235,7 @@ class Simulator:
         rank = self.ranks[r]
         effect = rank.pending
         if isinstance(effect, COLLECTIVES):
-            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="arrive"))
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=ARRIVE_NOTE))
             self._arrive(r, effect)
             return
         try:
@@ -254,7 +254,7 @@ class Simulator:
             self.violations.append(store_call_failed(r, effect, exc))
             return
         if result is _HUNG:
-            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="waits forever"))
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=WAITS_FOREVER_NOTE))
             return
         self.events.append(Event(self.step, r, rank.clock, self.phase, effect, result))
         self._send(r, result)

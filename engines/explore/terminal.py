@@ -17,7 +17,7 @@ import attrs
 from model.checks import check_outcome
 from model.effects import COLLECTIVES, Get, GetAsync, collective_signature
 from model.faults import Eviction, FaultPlan
-from model.interpreter import stuck
+from model.interpreter import ARRIVE_NOTE, WAITS_FOREVER_NOTE, completed_note, stuck
 from model.outcome import Event, Outcome, SimResult, Violation
 
 from engines.explore.state import ARRIVED, DELAYED, DELAY_SECONDS, HUNG, LOST, Config, StateSpace
@@ -167,19 +167,19 @@ def _load_events(nodes: list, flags: list[int]) -> tuple[list[Event], list[int],
         for r in range(n):
             eff = paths[r][pos[r]][0]
             sigs[r].append(collective_signature(eff))
-            events.append(Event(len(schedule), r, 0.0, "load", eff, note="arrive"))
+            events.append(Event(len(schedule), r, 0.0, "load", eff, note=ARRIVE_NOTE))
             schedule.append(r)
         for r in range(n):
             eff, res = paths[r][pos[r]]
-            events.append(Event(len(schedule), r, 0.0, "load", eff, res, note=f"collective #{k}"))
+            events.append(Event(len(schedule), r, 0.0, "load", eff, res, note=completed_note(k)))
             pos[r] += 1
         k += 1
     for r in range(n):
         if flags[r] == ARRIVED:
             sigs[r].append(collective_signature(nodes[r].effect))
-            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note="arrive"))
+            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note=ARRIVE_NOTE))
             schedule.append(r)
         elif flags[r] == HUNG:
-            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note="waits forever"))
+            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note=WAITS_FOREVER_NOTE))
             schedule.append(r)
     return events, schedule, reads, sigs
