@@ -215,6 +215,29 @@ def test_store_machine_strikes_real_faults():
     assert _store_machine_properties(reference_factory, "pause,restart-empty,evict") == set()
 
 
+@pytest.mark.parametrize("kind", ["restart-empty", "evict"])
+def test_every_read_path_agrees_with_the_first_read_of_a_key_a_real_fault_lost(kind: str):
+    """A real fault that loses the key (restart-empty; evict, which the filler makes lose it), then
+    `read_every_path`: the first read's miss settles the loss and every later path is held to it (it was held to
+    the value from before the fault: `get_async returned None, expected ... bytes` on a client that was right)."""
+    from properties import config
+    from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
+    with config.using(client=reference_factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                      nemesis_spec=kind):
+        machine = StoreMachine()
+        machine.put(rank=1, key="-", value=b"v" * 4088)
+        machine.strike(which=0, rank=1, key="other")
+        assert any(op["op"] == "fault" for op in machine.ops), machine.ops  # it struck
+        lost = machine.stores[1].get(machine.ns + "-") is None
+        assert lost or kind == "evict", "restart-empty kept the key"
+        machine.read_every_path(rank=1, key="-")
+        assert machine.oracle[1].get("-") == (None if lost else b"v" * 4088)
+        machine.teardown()
+
+
 def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_trace_replays(tmp_path):
     """`check --nemesis pause` reports `recovery` on the never-reconnecting client with a trace whose replay strikes
     the fault again (reproduces) and that the reference client fixes; `--nemesis` on the in-memory client is exit 2."""
