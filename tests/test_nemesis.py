@@ -277,3 +277,25 @@ def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
     trace = Trace.load(path)
     _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client)), nemesis.control_maker())
     assert trace.property in {v.property for v in violations}, [v.summary for v in violations]
+
+
+def test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_twice_in_a_row():
+    """Fix 13: a proxy that drops every connection, the patched client renews its native client on the next call,
+    and the proxy drops them again at once: the next put and get_async still land (`_again` retried on the very
+    client that had just lost its connection, as the renewal was held back for half a GET bound: the put raised
+    "did not land (lost: ...)", store-error in the store machine, and the read answered a miss)."""
+    from adapters.patched import patched_factory
+    from adapters.valkey_servers import start_servers
+    with start_servers(1) as servers:
+        (store,) = patched_factory(1, urls=list(servers.urls), op_timeout=2.0)
+        try:
+            store.put("k", b"v" * 100)
+            for attempt in range(3):
+                nemesis.kill_connections(servers.servers[0])
+                assert store.get("k") == b"v" * 100, attempt  # lost, renewed, answered
+                nemesis.kill_connections(servers.servers[0])  # the renewed client's connections too
+                store.put("k", b"v" * 100)
+                nemesis.kill_connections(servers.servers[0])
+                assert store.get_async("k").result(5) == b"v" * 100, attempt
+        finally:
+            store.close()
