@@ -353,7 +353,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(which=s.fault_kind_index, rank=s.store_rank, key=s.keys)
     def strike(self, which: int, rank: int, key: str) -> None:
         """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
-        value, a miss or an error), and once the server is back the client passes the recovery probe."""
+        value, a miss or an error; an async read still in flight when it strikes may miss too), and once the server
+        is back the client passes the recovery probe."""
         from engines.nemesis import fault_seconds
         RULE_STEPS["store"] += 1
         kind = self.plan.kinds[which % len(self.plan.kinds)]
@@ -367,13 +368,14 @@ class StoreMachine(RuleBasedStateMachine):
         fault = ServerFault(rank, "op", None, fault_seconds(kind, self.timeout))
         event(f"strike {kind.field}")
         self.ops.append({"op": "fault", "fault": kind.field, "rank": rank, "seconds": fault.seconds})
+        in_flight = [p for p in self.pending if p.rank == rank and not p.future.done()]
         try:
             kind.strike(control, fault)
             if kind.loses in ("all", "any"):
                 self.maybe_lost[rank] |= set(self.oracle[rank])
-                for p in self.pending:
-                    if p.rank == rank:
-                        p.allowed.append(None)
+            for p in (self.pending if kind.loses in ("all", "any") else in_flight):
+                if p.rank == rank:
+                    p.allowed.append(None)
             self._record("get", rank, key=key)
             try:
                 got = call_bounded(self.timeout, "get", key, self.stores[rank].get, self.ns + key)

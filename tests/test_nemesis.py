@@ -299,3 +299,28 @@ def test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_t
                 assert store.get_async("k").result(5) == b"v" * 100, attempt
         finally:
             store.close()
+
+
+def test_an_async_read_in_flight_when_a_fault_strikes_may_miss_and_one_done_before_may_not():
+    """A `get_async` still in flight when a fault strikes is a read while it lasts: it may answer a miss (the
+    patched client's read in flight at CLIENT KILL does: the native GET fails on the dead socket), as the strike's
+    own read may; one that completed before the strike is held to the register."""
+    import concurrent.futures
+    from properties import config
+    from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK, Pending
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
+    with config.using(client=reference_factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                      nemesis_spec="kill-connections"):
+        machine = StoreMachine()
+        machine.put(rank=0, key="k", value=b"v")
+        in_flight, done_before = concurrent.futures.Future(), concurrent.futures.Future()
+        done_before.set_result(None)
+        machine.pending += [Pending(0, "k", in_flight, [b"v"]), Pending(0, "k", done_before, [b"v"])]
+        machine.strike(which=0, rank=0, key="k")
+        assert any(op["op"] == "fault" for op in machine.ops), machine.ops  # it struck
+        in_flight.set_result(None)
+        machine.wait(machine.pending[0])
+        with pytest.raises(AssertionError, match="store-roundtrip: rank 0: get_async\\('k'\\) returned None"):
+            machine.wait(machine.pending[1])
