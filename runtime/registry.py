@@ -103,7 +103,7 @@ CHECK_ENGINES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
     "nemesis": "engines.nemesis:Nemesis",
     "retention": "engines.retention:Retention",
-    "concurrency": "engines.racy:Concurrency",
+    "concurrency": "engines.concurrency_engine:Concurrency",
     "enumerate": "engines.search:Enumeration",
     "explore": "engines.explore.engine:Explorer",
     "hypothesis": "properties.engine:HypothesisMachines",
