@@ -3,9 +3,11 @@ and the real faults on the servers (the nemesis).
 
 A `FaultKind` carries everything the engines need to know about one kind: its `FaultPlan` field (also its key in
 a trace), when it strikes, its JSON codec and validation, its text, how it shrinks, how enumeration and random
-search generate it, and how the exhaustive explorer covers it (or that it does not). The simulator's hook is
-`FaultPlan.simulator_options()`. Adding a kind: a field of `FaultPlan`, a record in `FAULT_KINDS`, and the
-simulator's support for it if it strikes during the load (ARCHITECTURE.md).
+search generate it, and its hooks: a completion kind's `late` (how late a read completes: the simulator's, the rank
+processes' and the explorer's one input, `FaultPlan.late`), a real-server kind's `strike`. The engines build and read
+plans by phase (`FaultPlan.of`, `FaultPlan.at`), never by a kind's field. Adding a kind: a field of `FaultPlan`, a
+record in `FAULT_KINDS`, and the simulator's support for it if it strikes during the load in a new way
+(ARCHITECTURE.md; `tests/test_architecture.py` counts it).
 
 Real-server kinds (`family="server"`, `model.nemesis_kinds`) are records too: a `ServerFault` item says whose server
 (`rank`), where it strikes (`at`: a protocol case's phase, an op of a store-ops run, an op of a concurrent run, an
@@ -15,20 +17,23 @@ engine step) and how long it lasts; the record's `strike(control, fault)` hook m
 """
 from __future__ import annotations
 
+import math
 import random
 import typing
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT
 
-__all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NO_FAULTS", "kind_of",
+__all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NEVER", "kind_of",
            "DEFAULT_DELAY", "ServerFault", "ServerControl", "STRIKE_POINTS", "SERVER_KINDS", "SERVER_KIND_NAMES",
            "FAULT_OP_TIMEOUTS", "server_fault_kinds"]
 
 #: The delay enumeration gives a delayed completion: twice the reference protocols' wait timeout (1 s).
 DEFAULT_DELAY = 2.0
+#: How late a completion that never arrives is (`FaultPlan.late`).
+NEVER = math.inf
 
 
 def _tuples(items) -> tuple:
@@ -77,6 +82,41 @@ class FaultPlan:
             for item in getattr(self, kind.field):
                 yield kind, item
 
+    @classmethod
+    def of(cls, *, before_lookup: Iterable[Eviction] = (), after_lookup: Iterable[Eviction] = (),
+           during_load: Iterable[Eviction] = (), late: Mapping[tuple[int, int], float] | None = None) -> "FaultPlan":
+        """The plan of these evictions at each phase (`during_load`: each at its `step`) and these late completions
+        (rank r's i-th `GetAsync` of the load -> how many seconds late, `NEVER`: lost), each fault of the kind that
+        strikes so (the kind's `when`, its `of_late` hook)."""
+        fields: dict[str, list] = {}
+        for when, items in (("before-lookup", before_lookup), ("after-lookup", after_lookup),
+                            ("during-load", during_load)):
+            fields.setdefault(_eviction_kind(when).field, []).extend(items)
+        for (rank, i), seconds in (late or {}).items():
+            kind, item = next((k, x) for k in FAULT_KINDS if k.of_late is not None
+                              for x in [k.of_late(rank, i, seconds)] if x is not None)
+            fields.setdefault(kind.field, []).append(item)
+        return cls(**fields)
+
+    def plus(self, when: str, *evictions: Eviction) -> "FaultPlan":
+        """This plan with `evictions` added at `when` ("before-lookup", "after-lookup", "during-load")."""
+        field = _eviction_kind(when).field
+        return attrs.evolve(self, **{field: getattr(self, field) + evictions})
+
+    def at(self, when: str) -> tuple:
+        """The harness faults (evictions) that strike at `when`: "before-lookup", "after-lookup", "during-load"."""
+        return tuple(item for kind, item in self.items() if kind.family == "harness" and kind.when == when)
+
+    def late(self) -> dict[tuple[int, int], float]:
+        """(rank, i) -> how many seconds late the completion of rank's i-th `GetAsync` of the load arrives (`NEVER`:
+        it never does), from every completion kind's `late` hook; the latest wins where two fall on one read."""
+        out: dict[tuple[int, int], float] = {}
+        for kind, item in self.items():
+            if kind.late is not None:
+                read, seconds = kind.late(item)
+                out[read] = max(seconds, out.get(read, 0.0))
+        return out
+
     def after_lookup(self) -> bool:
         """Whether any fault happens after the lookup (maximality is only claimed without one)."""
         return any(kind.when_of(item) != "before-lookup" for kind, item in self.items())
@@ -122,7 +162,7 @@ class FaultPlan:
         """The load simulator's fault options (`model.sim.Simulator`): what strikes during the load (a real-server
         fault "during-load" comes before its load step, as an eviction does)."""
         during = tuple(f for _, f in self.striking("during-load"))
-        return {"evictions": self.evict_during_load + during, "lost": self.lost, "delayed": self.delayed}
+        return {"evictions": self.at("during-load") + during, "late": self.late()}
 
     def text(self) -> str:
         """The plan in words."""
@@ -156,6 +196,11 @@ class FaultPlan:
                 if not kind.fits(x, n_ranks, n_chunks)]
 
 
+def _eviction_kind(when: str) -> "FaultKind":
+    """The kind of eviction that strikes at `when`."""
+    return next(k for k in FAULT_KINDS if k.family == "harness" and k.when == when)
+
+
 def _decoded(kind: "FaultKind", i: int, raw: Any) -> Any:
     try:
         return kind.from_json(raw)
@@ -170,8 +215,9 @@ class FaultKind:
     `when`: "before-lookup" (shapes the cached set), "after-lookup", "during-load", or "completion" (of a
     `GetAsync` of the load); "server" for a real-server kind, whose item says where it strikes (`when_of`).
     `level`: the enumeration level that tries every single fault of this kind (None: the
-    kind is enumerated as every subset, the cached sets). `explorer`: how `engines.explore` covers it, or "" where
-    it refuses plans that hold it. Real-server kinds (`family="server"`) add `strike(control, fault)` (the hook
+    kind is enumerated as every subset, the cached sets). A completion kind has `late(item)`: ((rank, i), how many
+    seconds late rank's i-th `GetAsync` of the load completes, `NEVER`: never), the simulator's hook, and its inverse
+    `of_late(rank, i, seconds)`: the item, or None when that lateness is not of this kind. Real-server kinds (`family="server"`) add `strike(control, fault)` (the hook
     that makes it happen through a `ServerControl`), `loses` (what the key-value register allows afterwards:
     "nothing", "all" of the rank's keys, "snapshot": back to the state at the strike, "any" key) and
     `needs_process` (it acts on the server's process: only servers shardcheck started).
@@ -180,7 +226,6 @@ class FaultKind:
     field: str
     when: str
     level: str | None
-    explorer: str
     text: Callable[[Any], str]
     to_json: Callable[[Any], Any]
     from_json: Callable[[Any], Any]
@@ -189,6 +234,8 @@ class FaultKind:
     draw: Callable[[random.Random, int, int], tuple]
     smaller: Callable[[Any], Iterator[Any]] = lambda item: iter(())
     refit: Callable[[Any, int, int, str, int], Any] = lambda item, n, k, how, was: None
+    late: Callable[[Any], tuple[tuple[int, int], float]] | None = None
+    of_late: Callable[[int, int, float], Any] | None = None
     family: str = "harness"
     strike: Callable[[Any, Any], None] | None = None
     loses: str = "nothing"
@@ -305,29 +352,31 @@ def _draw_delayed(rng: random.Random, n: int, k: int) -> tuple:
 
 
 FAULT_KINDS: tuple[FaultKind, ...] = (
-    FaultKind(field="evict_before_lookup", when="before-lookup", level=None, explorer="initial configurations",
+    FaultKind(field="evict_before_lookup", when="before-lookup", level=None,
               text=_ev_text("before lookup"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
               singles=lambda n, k: (Eviction(c) for c in range(k)),
               draw=lambda rng, n, k: tuple(Eviction(c) for c in range(k) if rng.random() < 0.1), refit=_ev_refit,
               smaller=_every_copy),
-    FaultKind(field="evict_after_lookup", when="after-lookup", level="after-lookup", explorer="lazy eviction",
+    FaultKind(field="evict_after_lookup", when="after-lookup", level="after-lookup",
               text=_ev_text("between lookup and load"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
               singles=lambda n, k: (Eviction(c) for c in range(k)), draw=_draw_after, refit=_ev_refit,
               smaller=_every_copy),
-    FaultKind(field="evict_during_load", when="during-load", level="during-load", explorer="lazy eviction",
+    FaultKind(field="evict_during_load", when="during-load", level="during-load",
               text=_ev_text("before load step"), to_json=_ev_json, from_json=_ev_from(True), fits=_ev_fits,
               singles=lambda n, k: (Eviction(c, step=s) for s in range(_load_steps(n, k)) for c in range(k)),
               draw=_draw_during, smaller=_earlier, refit=_ev_refit),
-    FaultKind(field="lost", when="completion", level="completions", explorer="branch at each GetAsync",
+    FaultKind(field="lost", when="completion", level="completions",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion lost", to_json=list,
               from_json=_numbers(2, integers=2), fits=_completion_fits,
               singles=lambda n, k: ((r, i) for r in range(n) for i in range(_asyncs(n, k))), draw=_draw_lost,
-              refit=_completion_refit),
-    FaultKind(field="delayed", when="completion", level="completions", explorer="branch at each GetAsync",
+              refit=_completion_refit, late=lambda x: ((x[0], x[1]), NEVER),
+              of_late=lambda r, i, s: (r, i) if s == NEVER else None),
+    FaultKind(field="delayed", when="completion", level="completions",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion delayed {x[2]:g} s", to_json=list,
               from_json=_numbers(3, integers=2), fits=_completion_fits,
               singles=lambda n, k: ((r, i, DEFAULT_DELAY) for r in range(n) for i in range(_asyncs(n, k))),
-              draw=_draw_delayed, refit=_completion_refit),
+              draw=_draw_delayed, refit=_completion_refit, late=lambda x: ((x[0], x[1]), x[2]),
+              of_late=lambda r, i, s: (r, i, s) if s != NEVER else None),
 )
 
 
@@ -423,7 +472,7 @@ def _sf_shorter(f: ServerFault) -> Iterator[ServerFault]:
 
 def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], None], *, seconds: float,
                  loses: str = "nothing", needs_process: bool = False) -> FaultKind:
-    return FaultKind(field=field, when="server", level="nemesis", explorer="", text=_sf_text(what), to_json=_sf_json,
+    return FaultKind(field=field, when="server", level="nemesis", text=_sf_text(what), to_json=_sf_json,
                      from_json=_sf_from, fits=_sf_fits, singles=_sf_singles(seconds), draw=lambda rng, n, k: (),
                      smaller=_sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
                      refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
@@ -456,7 +505,6 @@ FAULT_KINDS = FAULT_KINDS + SERVER_KINDS
 FAULT_FIELDS = tuple(k.field for k in FAULT_KINDS)
 #: The ways `FaultPlan.refitted` re-places a fault in a smaller shape.
 REFITS = ("owner", "shift", "last")
-NO_FAULTS = FaultPlan()
 
 
 def server_fault_kinds(spec: str) -> tuple[FaultKind, ...]:

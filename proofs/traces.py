@@ -37,7 +37,7 @@ def case_of(witness: dict[str, Any]) -> Case:
     """The harness case realising Z3's configuration: evict every chunk outside the cached set."""
     k, cached = witness["n_chunks"], set(witness["cached"])
     evict = tuple(Eviction(c) for c in range(k) if c not in cached)
-    return Case(n_ranks=witness["n_ranks"], n_chunks=k, faults=FaultPlan(evict_before_lookup=evict))
+    return Case(n_ranks=witness["n_ranks"], n_chunks=k, faults=FaultPlan.of(before_lookup=evict))
 
 
 def replay(witness: dict[str, Any]) -> Outcome:

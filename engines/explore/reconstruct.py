@@ -13,11 +13,11 @@ from typing import Any, Iterable
 
 import attrs
 
-from model.faults import Eviction, FaultPlan
+from model.faults import NEVER, Eviction, FaultPlan
 from model.outcome import Case
 
 from engines.explore.result import ExploreError
-from engines.explore.state import DELAY_SECONDS, Bad
+from engines.explore.state import DELAY_SECONDS, DELAYED_LABEL, LOST_LABEL, Bad
 
 __all__ = ["Found", "Reconstruct"]
 
@@ -70,7 +70,7 @@ class Reconstruct:
             if not self.configs:  # the store phase failed: no configuration was built
                 return self.case0
             evicted = self.configs[found.cfg or 0].evicted if found.evicted is None else found.evicted
-            return attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=evicted))
+            return attrs.evolve(self.case0, faults=FaultPlan.of(before_lookup=evicted))
         path = [found.parent]
         while self.seen[path[-1]] is not None:
             path.append(self.seen[path[-1]])
@@ -92,7 +92,7 @@ class Reconstruct:
         before = (self.concrete_evicted(last[:self.n], decided_absent) if self.lazy
                   else self.configs[last[self.n] // (self.maxf + 1)].evicted)
         schedule: list[int] = []
-        evictions, lost, delayed = [], [], []
+        evictions, late = [], {}
         for st, (r, label) in steps:
             s = len(schedule)
             if label[0] == "eager-evict":
@@ -101,11 +101,11 @@ class Reconstruct:
             if label[0] == "evict":
                 evictions.append(Eviction(label[1], r, step=s))
             i = len(self.L_async[self.unpack(st)[r]])
-            if "lost" in label:
-                lost.append((r, i))
-            if "delayed" in label:
-                delayed.append((r, i, DELAY_SECONDS))
+            if LOST_LABEL in label:
+                late[(r, i)] = NEVER
+            if DELAYED_LABEL in label:
+                late[(r, i)] = DELAY_SECONDS
             schedule.append(r)
-        plan = FaultPlan(evict_before_lookup=before, evict_during_load=evictions, lost=lost, delayed=delayed)
+        plan = FaultPlan.of(before_lookup=before, during_load=evictions, late=late)
         return attrs.evolve(self.case0, faults=plan, schedule=tuple(schedule))
 

@@ -68,6 +68,8 @@ DELAY_SECONDS = 1.0e6
 RUN, ARRIVED, HUNG = 0, 1, 2
 # async completion status
 OK, LOST, DELAYED = 0, 1, 2
+#: The labels of a lost and a delayed completion in a move (`engines.explore.reconstruct` reads them back).
+LOST_LABEL, DELAYED_LABEL = "completion-lost", "completion-delayed"
 # a global state packed into one int: fc in the low FB bits, then LB bits per rank's local state id
 FB = LB = 24
 FMASK = LMASK = (1 << LB) - 1
@@ -243,7 +245,7 @@ class Explorer:
         shadow.others = self.store_shadow.others  # (other prompts' writes: what their evictions delete)
         for e in evicted:
             shadow.evict(e)
-        out = attrs.evolve(self.store_outcome, case=attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=evicted)),
+        out = attrs.evolve(self.store_outcome, case=attrs.evolve(self.case0, faults=FaultPlan.of(before_lookup=evicted)),
                            events=list(self.store_outcome.events), violations=[])
         lookup_phase(self.protocol, out, stores, shadow)
         return out, stores
@@ -365,9 +367,9 @@ class Explorer:
         handle = Handle(node.rank, len(asyncs), eff.key)
         out = [(cost, self._to(node, handle, store, asyncs + ((store.data.get(eff.key), OK),)), label)]
         if cost < self.maxf:
-            out.append((cost + 1, self._to(node, handle, store, asyncs + ((None, LOST),)), label + ("lost",)))
+            out.append((cost + 1, self._to(node, handle, store, asyncs + ((None, LOST),)), label + (LOST_LABEL,)))
             out.append((cost + 1, self._to(node, handle, store, asyncs + ((store.data.get(eff.key), DELAYED),)),
-                        label + ("delayed",)))
+                        label + (DELAYED_LABEL,)))
         return out
 
     def _wait(self, lid: int, node: Node, store: Store, asyncs: tuple, eff: Wait) -> tuple:

@@ -16,7 +16,7 @@ import attrs
 
 from model.checks import check_outcome
 from model.effects import COLLECTIVES, Get, GetAsync, Handle, collective_signature
-from model.faults import Eviction, FaultPlan
+from model.faults import NEVER, Eviction, FaultPlan
 from model.outcome import Event, Outcome, SimResult, Violation
 
 from engines.explore.state import ARRIVED, DELAYED, DELAY_SECONDS, HUNG, LOST, Config
@@ -76,25 +76,24 @@ class Terminal:
         events, schedule, reads, sigs = _load_events(nodes, flags)
         load = SimResult(results, events, schedule, violations, sum(self.L_moves[x] for x in lids), reads, sigs)
         plan = self._plan(cfg, lids)
-        look = self.lookup_outcome(plan.evict_before_lookup)
+        look = self.lookup_outcome(plan.at("before-lookup"))
         return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
 
     def _plan(self, cfg: Config, lids: Sequence[int]) -> FaultPlan:
         """The faults of a state: what its rank-local states record of evictions and completions."""
-        evicted, lost, delayed = [], [], []
+        evicted, late = [], {}
         for r, x in enumerate(lids):
             store = self.L_store[x]
             init = store.init if self.lazy else cfg.stores[r].chunks.keys()
             evicted.extend(Eviction(c, r) for c in sorted(set(init).difference(store.chunks)))
             for i, (_, status) in enumerate(self.L_async[x]):
                 if status == LOST:
-                    lost.append((r, i))
+                    late[(r, i)] = NEVER
                 elif status == DELAYED:
-                    delayed.append((r, i, DELAY_SECONDS))
+                    late[(r, i)] = DELAY_SECONDS
         before = self.concrete_evicted(lids) if self.lazy else cfg.evicted
-        return FaultPlan(evict_before_lookup=before, evict_during_load=evicted, lost=lost,
-                         delayed=delayed)
+        return FaultPlan.of(before_lookup=before, during_load=evicted, late=late)
 
     def concrete_evicted(self, lids: Sequence[int], also: Sequence[tuple[int, int]] = (),
                          undecided_present: bool = True) -> tuple[Eviction, ...]:

@@ -207,23 +207,12 @@ def _header(trace: Trace, n: int, keys: Keys) -> tuple[str, list[str]]:
 
 
 def _faults_text(faults: Any) -> str:
+    """Every fault of a trace's `faults` object in its kind's words (`FaultKind.text`), a malformed one as it is."""
     if not isinstance(faults, dict):
         return "-"
+    from model.faults import FAULT_KINDS
     parts = []
-    for name in ("evict_before_lookup", "evict_after_lookup", "evict_during_load"):
-        for e in faults.get(name, []) or []:
-            if isinstance(e, dict):
-                where = f"r{e['rank']}" if e.get("rank") is not None else "all"
-                at = f" @step {e['step']}" if e.get("step") is not None else ""
-                parts.append(f"{name} c{e.get('chunk')} ({where}){at}")
-    for x in faults.get("lost", []) or []:
-        if isinstance(x, list) and len(x) == 2:
-            parts.append(f"lost: rank {x[0]}'s GetAsync #{x[1]} never completes")
-    for x in faults.get("delayed", []) or []:
-        if isinstance(x, list) and len(x) == 3:
-            parts.append(f"delayed: rank {x[0]}'s GetAsync #{x[1]} by {x[2]}s")
-    from model.faults import SERVER_KINDS
-    for kind in SERVER_KINDS:  # real faults on the servers (the nemesis)
+    for kind in FAULT_KINDS:
         for raw in faults.get(kind.field, []) or []:
             try:
                 parts.append(kind.text(kind.from_json(raw)))
