@@ -37,12 +37,8 @@ from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS
 from model.recovery import default_recovery_seconds, probe
 
 __all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
-           "CONCURRENT_PROPERTIES", "FAULTED_PROPERTIES", "thread_safe"]
+           "thread_safe"]
 
-CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
-                         "store-error", "linearizability")
-#: What a concurrent run through real-server faults can violate instead (see `judge`).
-FAULTED_PROPERTIES = ("fault-hang", "fault-integrity", "recovery", "double-completion")
 _nonce = itertools.count()
 
 

@@ -29,7 +29,6 @@ __all__ = ["FAULT_OPS", "FaultWindow", "fault_op"]
 
 #: The ops of a store-ops sequence that are no client call.
 FAULT_OPS = ("fault", "recover")
-_MISSING = object()
 
 
 def fault_op(field: str, rank: int, seconds: float = 0.0) -> dict:

@@ -23,12 +23,8 @@ import attrs
 from model.codec import preview
 from model.outcome import Violation
 
-__all__ = ["ENGINE_PROPERTIES", "kv_bytes", "Ledger", "RankView", "check_lookup", "check_retrieve", "check_pins",
+__all__ = ["kv_bytes", "Ledger", "RankView", "check_lookup", "check_retrieve", "check_pins",
            "returns_violation"]
-
-ENGINE_PROPERTIES = ("engine-soundness", "engine-completeness", "engine-integrity", "engine-isolation", "pins",
-                     "engine-returns")
-
 
 def kv_bytes(identity: tuple, rank: int, chunk: int, n_ranks: int, size: int) -> bytes:
     """Deterministic KV bytes of one chunk on one rank (each rank holds its own shard of the heads)."""
