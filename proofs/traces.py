@@ -12,6 +12,7 @@ from typing import Any
 
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
+from model.store import MEMORY_CLIENT
 from model.trace import Trace
 from runtime.registry import protocol_bug_expect
 
@@ -62,7 +63,7 @@ def build_trace(report: TheoremReport) -> Trace:
     if w is None:
         raise ValueError(f"{report.theorem}: no counterexample to turn into a trace")
     outcome = replay(w)
-    trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client="model",
+    trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client=MEMORY_CLIENT,
                                origin=f"z3:proofs.flawed:{report.theorem}", summary=summary_of(w),
                                expect=protocol_bug_expect())
     trace.notes = (f"Z3 model: n_ranks={w['n_ranks']} n_chunks={w['n_chunks']} cached={w['cached']} "
