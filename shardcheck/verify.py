@@ -147,6 +147,27 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
     _step(rows, "check demo EarlyExitOnMiss --runner processes -> desync", "violated",
           processes("model.variants:EarlyExitOnMiss"))
 
+    _scale_tier_manifest_steps(rows, out_dir)
+    for client in (*by_verdict(CLIENTS, "violated"), *by_verdict(CLIENTS, "held")):
+        expect = CLIENTS[client].expect
+        _step(rows, f"check paper on {client} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
+              lambda client=client: _child_check(client, budget, out_dir))
+
+    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
+    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
+
+    for client in corpus_clients():
+        def replay(client: str = client) -> tuple[str, str]:
+            res = run_replay([str(CORPUS)], client)
+            off = [r["path"] for r in res if not r["matches"]]
+            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
+        _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
+    _engine_steps(rows, budget, out_dir, None)
+    return _report(rows, as_json, out_dir)
+
+
+def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
+    """The explorer on worker processes, the tier measured with the cost model, the explorer's manifest."""
     def explore_workers() -> tuple[str, str]:
         from engines.explore.shards import ShardSpec
         from engines.explore.workers import explore_workers as run
@@ -179,22 +200,6 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
                                                        if bad else f"{n} entries match")
 
     _step(rows, "explorer manifest", "no drift", manifest)
-    for client in (*by_verdict(CLIENTS, "violated"), *by_verdict(CLIENTS, "held")):
-        expect = CLIENTS[client].expect
-        _step(rows, f"check paper on {client} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
-              lambda client=client: _child_check(client, budget, out_dir))
-
-    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
-    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
-
-    for client in corpus_clients():
-        def replay(client: str = client) -> tuple[str, str]:
-            res = run_replay([str(CORPUS)], client)
-            off = [r["path"] for r in res if not r["matches"]]
-            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
-        _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
-    _engine_steps(rows, budget, out_dir, None)
-    return _report(rows, as_json, out_dir)
 
 
 def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:

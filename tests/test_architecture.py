@@ -234,10 +234,7 @@ OVERSIZED = {
     "engines/explore/bfs.py:_bfs",
     "engines/linearizability_search.py:search_part",
     "engines/linearizability_sweep.py",
-    "proofs/theorems.py",
     "shardcheck/show/diagram.py:svg",
-    "shardcheck/show/picture.py:_locate",
-    "shardcheck/verify.py:run_verify",
 }
 
 
