@@ -234,7 +234,6 @@ OVERSIZED = {
     "engines/explore/bfs.py:_bfs",
     "engines/linearizability_search.py:search_part",
     "engines/linearizability_sweep.py",
-    "shardcheck/show/diagram.py:svg",
 }
 
 
