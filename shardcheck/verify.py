@@ -58,8 +58,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
             else:
                 r = run_check(None, None, budget=secs, out_dir=out_dir, engine=engine)
             props = sorted({v["property"] for v in r["violations"]})
-            cases = r["stats"]["coverage"].get("engine-cases", {}).get("cases", 0)
-            return r["verdict"], f"{cases} engine cases" + (f"; {', '.join(props)}" if props else "")
+            return r["verdict"], f"{r['stats']['cases']} cases" + (f"; {', '.join(props)}" if props else "")
         return go
 
     for engine in engines:

@@ -226,6 +226,43 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
+#: Where an engine's name (a `CHECK_ENGINES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
+#: shrinks).
+ENGINE_NAME_USES = {
+    "nemesis": {"engines/check.py": "real faults asked for explicitly go first in the schedule",
+                "engines/concurrency.py": "the nemesis as a caller of a concurrent history",
+                "engines/search.py": "the enumeration level of the real-server kinds",
+                "shardcheck/verify_nemesis.py": "the nemesis coverage in verify's table"},
+    "retention": {"engines/storeops.py": "the retention property", "shardcheck/verify.py": "the retention property"},
+    "concurrency": {"shardcheck/bench.py": "the concurrent layer's bench figures"},
+    "enumerate": {"engines/check.py": "a finding's shape exhausted by the enumeration",
+                  "shardcheck/verify.py": "the enumeration's box in verify's table"},
+    "explore": {"shardcheck/cli.py": "the explore command", "shardcheck/explore_cmd.py": "the explore command",
+                "shardcheck/verify.py": "the explorer's last size in verify's table"},
+    "hypothesis": {"shardcheck/bench.py": "the Hypothesis bench figures",
+                   "shardcheck/verify.py": "the Hypothesis steps in verify's table"},
+}
+
+
+def engines_named_in() -> dict[str, list[str]]:
+    """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
+    registry and its own module."""
+    return {name: sorted(path for path, names in STRINGS.items() if name in names and
+                         path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
+            for name, ref in CHECK_ENGINES.items()}
+
+
+def test_an_engine_is_named_in_the_registry_and_its_module():
+    """ARCHITECTURE.md "an engine": its name is in the registry and its module, and where `ENGINE_NAME_USES` says
+    why only (what `test_an_engine_is_its_module_and_one_registry_entry` shows working)."""
+    for name, files in engines_named_in().items():
+        allowed = ENGINE_NAME_USES.get(name, {})
+        assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
+        assert set(allowed) <= set(files), (name, "no longer named there: take it off ENGINE_NAME_USES",
+                                            sorted(set(allowed) - set(files)))
+
+
 # -- size limits --------------------------------------------------------------------------------------------------
 MODULE_LINES, FUNCTION_LINES = 500, 100
 #: The modules and functions still over the limits (the list only shrinks; `path` or `path:function`).
