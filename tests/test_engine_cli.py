@@ -16,6 +16,7 @@ from tests.conftest import run_cli
     (["check", "--engine", "lmcache", "--client", "lmcache"], "takes no --protocol, --client"),
     (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
     (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
+    (["check", "--engine", "lmcache", "--nemesis", "all"], "strike their own"),
 ])
 def test_bad_engine_input_is_exit_2(args, says):
     got = run_cli(*args, "--budget", "5", timeout=60)
