@@ -18,6 +18,7 @@ engine step) and how long it lasts; the record's `strike(control, fault)` hook m
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 import typing
@@ -86,8 +87,8 @@ class FaultPlan:
                             ("during-load", during_load)):
             fields.setdefault(_eviction_kind(when).field, []).extend(items)
         for (rank, i), seconds in (late or {}).items():
-            kind, item = next((k, x) for k in FAULT_KINDS if k.of_late is not None
-                              for x in [k.of_late(rank, i, seconds)] if x is not None)
+            kind, item = next((k, x) for k in _completion_kinds() for x in [k.of_late(rank, i, seconds)]
+                              if x is not None)
             fields.setdefault(kind.field, []).append(item)
         return cls(**fields)
 
@@ -189,9 +190,16 @@ class FaultPlan:
                 if not kind.fits(x, n_ranks, n_chunks)]
 
 
+@functools.cache
 def _eviction_kind(when: str) -> "FaultKind":
     """The kind of eviction that strikes at `when`."""
     return next(k for k in FAULT_KINDS if k.family == "harness" and k.when == when)
+
+
+@functools.cache
+def _completion_kinds() -> tuple["FaultKind", ...]:
+    """The kinds that make a completion late (`FaultKind.of_late`)."""
+    return tuple(k for k in FAULT_KINDS if k.of_late is not None)
 
 
 def _decoded(kind: "FaultKind", i: int, raw: Any) -> Any:
