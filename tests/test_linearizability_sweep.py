@@ -3,10 +3,12 @@ on one-key histories where every put writes its own value: deletes (several), mi
 both ways, puts and deletes that never completed; and the violation it names."""
 from __future__ import annotations
 
+import attrs
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engines import linearizability_register, linearizability_sweep
 from engines.linearizability import check
+from engines.linearizability_greedy import greedy_order
 from engines.linearizability_register import REJECTED, decide_register, linearization_holds
 from model.history import KV_MODEL, Op
 from tests.test_linearizability import _brute_force, op
@@ -79,7 +81,7 @@ def _sweep(ops: list[Op]):
 
 def test_sweep_agrees_with_a_brute_force():
     """Small unique-value histories: the sweep (never the search) gives the brute force's verdict, and so does
-    `check` (which first tries to replay the ops in the order of their midpoints)."""
+    `check` (which first tries the greedy pass); an order the greedy pass builds is a linearization."""
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(st.data())
     def run(data):
@@ -87,9 +89,16 @@ def test_sweep_agrees_with_a_brute_force():
         want = _brute_force(ops)
         assert _sweep(ops).linearizable is want
         v = check(ops)
-        assert v.linearizable is want and set(v.methods) <= {"register", "replay"}
+        assert v.linearizable is want and set(v.methods) <= {"register", "greedy"}
+        _assert_greedy_sound(ops, want)
 
     run()
+
+
+def _assert_greedy_sound(ops: list[Op], want: bool) -> None:
+    order = greedy_order(("k",), ops, KV_MODEL)
+    if order is not None:
+        assert want is True and linearization_holds(("k",), ops, order, KV_MODEL)
 
 
 def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
@@ -103,6 +112,7 @@ def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
         want = check(ops, fast=False, max_states=1_000_000).linearizable
         v = _sweep(ops)
         assert v.linearizable is want and check(ops).linearizable is want
+        _assert_greedy_sound(ops, want)
         if want is False:
             _assert_explained(ops, v)
 
@@ -139,23 +149,46 @@ def test_pending_writes_explain_reads_only_when_they_can():
 def test_a_rejected_path_goes_to_the_search_and_says_so(monkeypatch):
     """If the sweep's path ever failed its check against the model, the search decides and the verdict's
     methods say the path was rejected (never a silent "linearizable")."""
-    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]  # (no midpoint replay)
+    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]
     monkeypatch.setattr(linearizability_sweep, "witness", lambda inst, chosen: [1, 0])
     monkeypatch.setattr(linearizability_register, "witness", linearizability_sweep.witness)
+    v, method = decide_register(("k",), h, KV_MODEL, max_states=1_000, deadline=None)
+    assert v.linearizable is True and method == REJECTED
+
+
+def test_the_greedy_pass_decides_only_what_it_linearizes():
+    """The greedy pass places reads early and writes late; where that guess is wrong it gives up and the register
+    path decides (here: the miss needs the pending delete after x, but the greedy pass puts x last); it never
+    calls a history linearizable that is not, and a violation is always the register path's to name."""
+    h = [op(0, "a", "put", "k", 0, 0.1, value=b"y"), op(1, "b", "put", "k", 0, 0.9, value=b"x"),
+         op(2, "c", "get", "k", 0.5, 1, None), op(3, "d", "delete", "k", 0, 1), op(4, "a", "get", "k", 2, 3, b"x")]
+    assert greedy_order(("k",), h, KV_MODEL) is None
     v = check(h)
-    assert v.linearizable is True and v.methods == {REJECTED: 1}
+    assert v.linearizable is True and v.methods == {"register": 1}
+    h[4].result = b"y"  # y was overwritten by x before the read was called
+    assert greedy_order(("k",), h, KV_MODEL) is None
+    v = check(h)
+    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 4
+    g = [o for o in h if o.id != 2]  # without the miss, x may simply go last
+    g[-1].result = b"x"
+    order = greedy_order(("k",), g, KV_MODEL)
+    assert order is not None and linearization_holds(("k",), g, order, KV_MODEL)
+    assert check(g).methods == {"greedy": 1}
 
 
 def test_a_replay_in_midpoint_order_that_the_model_accepts_decides():
-    """Ops replayed in the order of their midpoints keep real time; when the model accepts them so, that is a
-    linearization (even with ops overlapping); when it does not, the register path decides and names the op."""
+    """Without a register view (a model other than the register), ops replayed in the order of their midpoints
+    keep real time; when the model accepts them so, that is a linearization (even with ops overlapping); when it
+    does not, the search decides and names the op."""
+    model = attrs.evolve(KV_MODEL, register_view=None)
     h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x"),
          op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 4.5, 7, False)]
-    v = check(h)
+    v = check(h, model)
     assert v.linearizable is True and v.methods == {"replay": 1}
     h[3].result = True  # possible (it may go before the delete), but not in midpoint order
-    v = check(h)
-    assert v.linearizable is True and v.methods == {"register": 1}
+    v = check(h, model)
+    assert v.linearizable is True and v.methods == {"search": 1}
     h[3].invoked = 6  # after the delete returned: a violation
-    v = check(h)
-    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
+    v = check(h, model)
+    assert v.linearizable is False and v.methods == {"search": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
+    assert check(h).unplaceable == 3 and check(h).methods == {"register": 1}
