@@ -48,8 +48,11 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
     if g is None:
         return None
     step, placed, views, overdue, order = model.step, g.placed, g.views, g.overdue, g.order
-    waiting, pending, hideable, unneeded = g.waiting, g.pending, g.hideable, g.unneeded
-    for now, is_return, i in g.events:
+    waiting, pending, hideable, unneeded, times = g.waiting, g.pending, g.hideable, g.unneeded, g.times
+    n = len(ops)
+    for e in g.events:
+        is_return = e >= n
+        i = e - n if is_return else e
         kind, value = views[i]
         if is_return:
             if placed[i]:
@@ -59,7 +62,7 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
                     hideable.pop(i, None)
                 overdue.append(i)
                 continue
-            g.now = now
+            g.now = times[e]
             if not g.settle(i):
                 return None
             continue
@@ -67,13 +70,13 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
             if unneeded[i]:
                 hideable[i] = None
             if value in pending:  # another put of this value: the first placed now if it returned, else give up
-                g.now = now
+                g.now = times[e]
                 if not g.flush(-1) or value in pending:
                     return None
             pending[value if value is not None else (None, i)] = i
             continue
         if overdue:
-            g.now = now
+            g.now = times[e]
             if not g.flush(i):
                 return None
         ok, _ = step(keys, g.state, ops[i])
@@ -83,7 +86,7 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
         else:
             waiting.setdefault(value if kind != READ_ANY else READ_ANY, []).append(i)
     g.now = INF
-    return order if g.flush(-1) and all(placed[i] for i in g.required) else None
+    return order if g.flush(-1) and placed.count(1) - g.optional_placed == g.required else None
 
 
 class _Greedy:
@@ -93,39 +96,50 @@ class _Greedy:
 
     @classmethod
     def of(cls, keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> "_Greedy | None":
+        """The pass's state before the first event; None when an op is outside the register view. The events are
+        numbers: i is op i's call, n + i its return, sorted stably by time from that order, so at equal times a call
+        comes before a return (and then the op index decides); those that never happen (the return of an op that
+        never completed, the call of a read that never answered) are left out."""
         view = model.register_view
-        events: list[tuple[float, int, int]] = []
-        views: list[Any] = [None] * len(ops)
+        n = len(ops)
+        times = [INF] * (2 * n)
+        views: list[Any] = [None] * n
         last_read: dict[Any, float] = {}  # per value read: the latest call of a get of it
         misses: list[tuple[float, float]] = []
-        required: list[int] = []  # the ops that completed without error: each must be placed
+        writes: list[int] = []
+        required = 0  # the ops that completed without error: each must be placed
         for i, op in enumerate(ops):
             v = view(op)
             if v is None:
                 return None
             views[i] = v
-            ret = op.completed
+            call, ret = op.invoked, op.completed
             if ret is None or op.error is not None:
                 if v[0] == "write":
-                    events.append((op.invoked, 0, i))
+                    times[i] = call
+                    writes.append(i)
                 continue  # a read that never answered constrains nothing
-            events.append((op.invoked, 0, i))
-            events.append((ret, 1, i))
-            required.append(i)
-            if v[0] == "read":
+            times[i] = call
+            times[n + i] = ret
+            required += 1
+            if v[0] == "write":
+                writes.append(i)
+            elif v[0] == "read":
                 if v[1] is None:
-                    misses.append((op.invoked, ret))
-                elif last_read.get(v[1], -INF) < op.invoked:
-                    last_read[v[1]] = op.invoked
-        events.sort()
+                    misses.append((call, ret))
+                elif last_read.get(v[1], -INF) < call:
+                    last_read[v[1]] = call
+        events = sorted(range(2 * n), key=times.__getitem__)
+        never = times.count(INF)
+        if never:
+            del events[2 * n - never:]
         g = cls()
-        g.keys, g.ops, g.views, g.events, g.step, g.last_read = keys, ops, views, events, model.step, last_read
-        g.state = model.init(keys)
-        g.placed = bytearray(len(ops))
+        g.keys, g.ops, g.views, g.events, g.times, g.step = keys, ops, views, events, times, model.step
+        g.last_read, g.state, g.placed = last_read, model.init(keys), bytearray(n)
         g.waiting, g.pending, g.hideable, g.overdue = {}, {}, {}, []
-        g.unneeded = _unneeded_writes(ops, views, last_read, misses)
+        g.unneeded = _unneeded_writes(ops, views, writes, last_read, misses)
         g.now = -INF
-        g.required, g.order = required, []
+        g.required, g.optional_placed, g.order = required, 0, []
         return g
 
     def place(self, w: int, limit: float = INF) -> bool:
@@ -171,6 +185,9 @@ class _Greedy:
             return False
         self.placed[w] = 1
         self.order.append(w)
+        op = self.ops[w]
+        if op.completed is None or op.error is not None:
+            self.optional_placed += 1
         if self.hideable:
             self.hideable.pop(w, None)
         value = self.views[w][1]
@@ -245,35 +262,39 @@ class _Greedy:
         return best
 
 
-def _unneeded_writes(ops: Sequence[Op], views: list[Any], last_read: dict[Any, float],
+def _unneeded_writes(ops: Sequence[Op], views: list[Any], writes: list[int], last_read: dict[Any, float],
                      misses: list[tuple[float, float]]) -> bytearray:
     """1 for each completed write no read is likely to need: a put whose value no get returned; a delete no
     completed miss could follow (one that returned after the delete was called and was called before a write that
     must follow the delete -- one called after it returned -- returned). Placing such a write unseen changes only
     which linearization the greedy pass tries."""
     out = bytearray(len(ops))
-    writes = []
-    for op, (kind, value) in zip(ops, views):
-        if kind == "write":
-            writes.append((op.invoked, INF if op.completed is None or op.error is not None else op.completed))
+    deletes = []
+    for w in writes:
+        value = views[w][1]
+        if ops[w].completed is None or ops[w].error is not None:
+            continue
+        if value is None:
+            deletes.append(w)
+        elif value not in last_read:
+            out[w] = 1
+    if not deletes:
+        return out
     misses.sort()
     miss_calls = [c for c, _ in misses]
     latest_ret, m = [], -INF  # per prefix of the misses by call: the latest return
     for _, r in misses:
         m = max(m, r)
         latest_ret.append(m)
-    writes.sort()
-    write_calls = [c for c, _ in writes]
-    first_ret = [INF] * (len(writes) + 1)  # per suffix of the writes by call: the earliest return
-    for j in range(len(writes) - 1, -1, -1):
-        first_ret[j] = min(first_ret[j + 1], writes[j][1])
-    for i, (op, (kind, value)) in enumerate(zip(ops, views)):
-        if kind != "write" or op.completed is None or op.error is not None:
-            continue
-        if value is not None:
-            out[i] = value not in last_read
-            continue
+    by_call = sorted((ops[w].invoked, INF if ops[w].completed is None or ops[w].error is not None else ops[w].completed)
+                     for w in writes)
+    write_calls = [c for c, _ in by_call]
+    first_ret = [INF] * (len(by_call) + 1)  # per suffix of the writes by call: the earliest return
+    for j in range(len(by_call) - 1, -1, -1):
+        first_ret[j] = min(first_ret[j + 1], by_call[j][1])
+    for w in deletes:
+        op = ops[w]
         until = first_ret[bisect.bisect_right(write_calls, op.completed)]
         k = bisect.bisect_right(miss_calls, until)
-        out[i] = not (k and latest_ret[k - 1] >= op.invoked)
+        out[w] = not (k and latest_ret[k - 1] >= op.invoked)
     return out
