@@ -76,9 +76,22 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
             pending[value if value is not None else (None, i)] = i
             continue
         if overdue:
-            g.now = times[e]
-            if not g.flush(i):
-                return None
+            if len(overdue) == 1 and not waiting:  # `flush`, for the common case
+                w = overdue.pop()
+                if not placed[w]:
+                    if hideable and not g.hide_before(w, ops[w].completed):
+                        return None
+                    ok, g.state = step(keys, g.state, ops[w])
+                    if not ok:
+                        return None
+                    placed[w] = 1
+                    order.append(w)
+                    v = views[w][1]
+                    del pending[v if v is not None else (None, w)]
+            else:
+                g.now = times[e]
+                if not g.flush(i):
+                    return None
         ok, _ = step(keys, g.state, ops[i])
         if ok:
             placed[i] = 1
@@ -86,7 +99,9 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
         else:
             waiting.setdefault(value if kind != READ_ANY else READ_ANY, []).append(i)
     g.now = INF
-    return order if g.flush(-1) and placed.count(1) - g.optional_placed == g.required else None
+    if not g.flush(-1):
+        return None
+    return order if placed.count(1) - sum(placed[w] for w in g.optional) == g.required else None
 
 
 class _Greedy:
@@ -139,7 +154,8 @@ class _Greedy:
         g.waiting, g.pending, g.hideable, g.overdue = {}, {}, {}, []
         g.unneeded = _unneeded_writes(ops, views, writes, last_read, misses)
         g.now = -INF
-        g.required, g.optional_placed, g.order = required, 0, []
+        g.required, g.order = required, []
+        g.optional = [w for w in writes if ops[w].completed is None or ops[w].error is not None]
         return g
 
     def place(self, w: int, limit: float = INF) -> bool:
@@ -147,11 +163,16 @@ class _Greedy:
         state satisfies."""
         if self.waiting and not self.unneeded[w] and not self._serve_before(w, limit):
             return False
-        if self.hideable:
-            for x in [x for x in self.hideable if x != w and self.ops[x].invoked <= limit]:
-                if not self._put_down(x):
-                    return False
+        if self.hideable and not self.hide_before(w, limit):
+            return False
         return self._put_down(w) and self._serve(self.views[w][1])
+
+    def hide_before(self, w: int, limit: float) -> bool:
+        """The hideable writes called by `limit` placed (unseen: write w comes right after them)."""
+        for x in [x for x in self.hideable if x != w and self.ops[x].invoked <= limit]:
+            if not self._put_down(x):
+                return False
+        return True
 
     def _serve(self, value: Any) -> bool:
         """The waiting reads a write of `value` (None: a delete) just placed satisfies, placed."""
@@ -185,9 +206,6 @@ class _Greedy:
             return False
         self.placed[w] = 1
         self.order.append(w)
-        op = self.ops[w]
-        if op.completed is None or op.error is not None:
-            self.optional_placed += 1
         if self.hideable:
             self.hideable.pop(w, None)
         value = self.views[w][1]

@@ -1,0 +1,136 @@
+"""The first try of `engines.linearizability` on every part: a replay of the ops in the order of their midpoints,
+repaired locally where the model refuses an op. It either ends with a linearization (then the part is
+linearizable) or gives up, and the other paths decide; giving up says nothing about the part.
+
+The ops go in the order of one instant inside each op's interval (its midpoint; an op that never completed: its
+call), which keeps real time: an op that returned before another was called has the earlier instant. The model's
+`step` replays them; where it refuses op r, a few rearrangements of the ops around r are tried (each one the
+first that works), each a new order of a segment that ends at r or just after it:
+- r moved back, before one of the last ops that changed the state, when it is legal in the state before that op
+  and changes nothing there;
+- the last op that changed the state moved back, before the one that changed it before (two concurrent writes in
+  the other order); or one of the last ops that changed the state moved to just before r;
+- an op after r, called before r returned, moved to just before r;
+- an op that may or may not have taken effect (never completed, or a write that raised) left out, when it is one of
+  the last ops that changed the state.
+A new segment is taken only if it keeps real time (no op in it before one that returned before it was called: the
+ops of the segment are all the ops whose relative order changes) and the model accepts it, replayed from the state
+before it. So every order this pass ends with is a linearization: a permutation of the part's ops (less some that
+may never have taken effect), in real-time order, accepted by the model step by step; every op that completed
+without error is in it."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+from engines.linearizability_search import unknown
+from model.history import Model, Op
+
+__all__ = ["replay_order"]
+
+INF = math.inf
+#: How many of the last state-changing ops a repair looks back over, and how far ahead it looks for an op to pull.
+_BACK = 8
+_AHEAD = 64
+
+
+def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list[Op] | None:
+    """The linearization the repaired replay of the module doc ends with (the ops, in order), or None."""
+    order = sorted(ops, key=_instant)
+    step, view = model.step, model.register_view
+    state = model.init(keys)
+    recent: list[tuple[int, Any]] = []  # (position, state before) of the last writes
+    p = 0
+    while p < len(order):
+        op = order[p]
+        ok, new = step(keys, state, op)
+        if ok:
+            if new != state or (view is not None and _writes(view, op)):
+                recent.append((p, state))
+                if len(recent) > _BACK:
+                    del recent[0]
+                state = new
+            p += 1
+            continue
+        got = _repair(keys, order, p, recent, state, model)
+        if got is None:
+            return None
+        p, state = got
+    return order
+
+
+def _writes(view: Any, op: Op) -> bool:
+    v = view(op)
+    return v is not None and v[0] == "write"
+
+
+def _instant(op: Op) -> float:
+    return op.invoked if op.completed is None else (op.invoked + op.completed) / 2
+
+
+def _repair(keys: tuple[str, ...], order: list[Op], p: int, recent: list[tuple[int, Any]], state: Any,
+            model: Model) -> tuple[int, Any] | None:
+    """The first new order of a segment around the refused op at p that works (see the module doc), put in place
+    of the segment; (the position to go on from, the state there), or None. `recent` is brought up to date."""
+    states = dict(recent)
+    r = order[p]
+    for a, b, seg in _candidates(order, p, recent):
+        end = next(k for k, op in enumerate(seg) if op is r) + 1
+        got = _replayed(keys, seg, end, states.get(a, state) if a < p else state, model)
+        if got is None:
+            continue
+        after, changes = got
+        order[a:b] = seg
+        del recent[next((k for k, (pos, _) in enumerate(recent) if pos >= a), len(recent)):]
+        recent.extend((a + k, before) for k, before in changes)
+        del recent[:-_BACK]
+        return a + end, after
+    return None
+
+
+def _replayed(keys: tuple[str, ...], seg: list[Op], end: int, state: Any, model: Model) -> tuple[Any, list] | None:
+    """Whether `seg` keeps real time and the model accepts its first `end` ops (to r) from `state` (the main loop
+    replays the rest): (the state after them, (index, state before) of each write among them), or None."""
+    first_return = INF
+    for op in reversed(seg):
+        if op.invoked > first_return:
+            return None  # an op after it returned before it was called
+        if op.completed is not None and op.completed < first_return:
+            first_return = op.completed
+    changes = []
+    step, view = model.step, model.register_view
+    for k, op in enumerate(seg[:end]):
+        ok, new = step(keys, state, op)
+        if not ok:
+            return None
+        if new != state or (view is not None and _writes(view, op)):
+            changes.append((k, state))
+            state = new
+    return state, changes
+
+
+def _candidates(order: list[Op], p: int, recent: list[tuple[int, Any]]) -> Iterator[tuple[int, int, list[Op]]]:
+    """(a, b, new order of order[a:b]) for the repairs of the module doc, in the order they are tried; a new order
+    holds the same ops, less one that may never have taken effect for a "left out" repair."""
+    r = order[p]
+    positions = [pos for pos, _ in recent]
+    for pos in reversed(positions):  # r moved back before a recent state change
+        yield pos, p + 1, [r] + order[pos:p]
+    if positions:  # the last write moved before an earlier one
+        u = positions[-1]
+        for w in reversed(positions[:-1]):
+            yield w, p + 1, [order[u]] + order[w:u] + order[u + 1:p + 1]
+    for k in range(len(positions) - 1, -1, -1):  # a recent write moved to just before r, or before a later write
+        w = positions[k]
+        yield w, p + 1, order[w + 1:p] + [order[w], r]
+        for x in positions[k + 1:]:
+            yield w, p + 1, order[w + 1:x] + [order[w], r] + order[x:p]
+    latest = r.completed if r.completed is not None else INF
+    for q in range(p + 1, min(p + _AHEAD, len(order))):  # a later op, called before r returned, pulled before r,
+        if order[q].invoked > latest:  # or r after it
+            continue
+        yield p, q + 1, [order[q]] + order[p:q]
+        yield p, q + 1, order[p + 1:q + 1] + [r]
+    for pos in reversed(positions):  # a recent state change that may never have happened left out
+        if unknown(order[pos]):
+            yield pos, p + 1, order[pos + 1:p + 1]
