@@ -36,16 +36,16 @@ _AHEAD = 64
 
 def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list[Op] | None:
     """The linearization the repaired replay of the module doc ends with (the ops, in order), or None."""
-    order = sorted(ops, key=_instant)
-    step, view = model.step, model.register_view
+    mids = [op.invoked if op.completed is None else (op.invoked + op.completed) / 2 for op in ops]
+    order = [ops[j] for j in sorted(range(len(ops)), key=mids.__getitem__)]
+    step = model.step
     state = model.init(keys)
-    recent: list[tuple[int, Any]] = []  # (position, state before) of the last writes
+    recent: list[tuple[int, Any]] = []  # (position, state before) of the last ops that changed the state
     p = 0
     while p < len(order):
-        op = order[p]
-        ok, new = step(keys, state, op)
+        ok, new = step(keys, state, order[p])
         if ok:
-            if new != state or (view is not None and _writes(view, op)):
+            if new != state:
                 recent.append((p, state))
                 if len(recent) > _BACK:
                     del recent[0]
@@ -64,14 +64,15 @@ def _writes(view: Any, op: Op) -> bool:
     return v is not None and v[0] == "write"
 
 
-def _instant(op: Op) -> float:
-    return op.invoked if op.completed is None else (op.invoked + op.completed) / 2
-
-
 def _repair(keys: tuple[str, ...], order: list[Op], p: int, recent: list[tuple[int, Any]], state: Any,
             model: Model) -> tuple[int, Any] | None:
     """The first new order of a segment around the refused op at p that works (see the module doc), put in place
-    of the segment; (the position to go on from, the state there), or None. `recent` is brought up to date."""
+    of the segment; (the position to go on from, the state there), or None. `recent` (the last ops that changed the
+    state; for a register model, the writes among the ops since then that did not are added here) is brought up to
+    date."""
+    kept = recent
+    if model.register_view is not None:
+        recent = _with_unchanging_writes(order, p, recent, state, model.register_view)
     states = dict(recent)
     r = order[p]
     for a, b, seg in _candidates(order, p, recent):
@@ -84,8 +85,26 @@ def _repair(keys: tuple[str, ...], order: list[Op], p: int, recent: list[tuple[i
         del recent[next((k for k, (pos, _) in enumerate(recent) if pos >= a), len(recent)):]
         recent.extend((a + k, before) for k, before in changes)
         del recent[:-_BACK]
+        kept[:] = recent
         return a + end, after
     return None
+
+
+def _with_unchanging_writes(order: list[Op], p: int, recent: list[tuple[int, Any]], state: Any,
+                            view: Any) -> list[tuple[int, Any]]:
+    """`recent` with the writes among the ops since its first one that changed nothing (a delete of a missing key,
+    say), each with the state in effect before it: the state before the next change, or `state`."""
+    start = recent[0][0] if recent else max(0, p - _BACK)
+    out: list[tuple[int, Any]] = []
+    k = 0
+    for pos in range(start, p):
+        while k < len(recent) and recent[k][0] < pos:
+            k += 1
+        if k < len(recent) and recent[k][0] == pos:
+            out.append(recent[k])
+        elif _writes(view, order[pos]):
+            out.append((pos, recent[k][1] if k < len(recent) else state))
+    return out[-_BACK:]
 
 
 def _replayed(keys: tuple[str, ...], seg: list[Op], end: int, state: Any, model: Model) -> tuple[Any, list] | None:
