@@ -4,20 +4,19 @@ linearizable) or gives up, and the other paths decide; giving up says nothing ab
 
 The ops go in the order of one instant inside each op's interval (its midpoint; an op that never completed: its
 call), which keeps real time: an op that returned before another was called has the earlier instant. The model's
-`step` replays them; where it refuses op r, a few rearrangements of the ops around r are tried (each one the
-first that works), each a new order of a segment that ends at r or just after it:
-- r moved back, before one of the last ops that changed the state, when it is legal in the state before that op
-  and changes nothing there;
-- the last op that changed the state moved back, before the one that changed it before (two concurrent writes in
-  the other order); or one of the last ops that changed the state moved to just before r;
-- an op after r, called before r returned, moved to just before r;
-- an op that may or may not have taken effect (never completed, or a write that raised) left out, when it is one of
-  the last ops that changed the state.
-A new segment is taken only if it keeps real time (no op in it before one that returned before it was called: the
-ops of the segment are all the ops whose relative order changes) and the model accepts it, replayed from the state
-before it. So every order this pass ends with is a linearization: a permutation of the part's ops (less some that
-may never have taken effect), in real-time order, accepted by the model step by step; every op that completed
-without error is in it."""
+`step` replays them; where it refuses op r, a few rearrangements of the ops around r are tried, in this order,
+the first that works taken (the "recent writes": the last ops that changed the state, and for a register model
+the writes among them that changed nothing):
+- r moved back, before one of the recent writes;
+- the last recent write moved back, before an earlier one (two concurrent writes in the other order);
+- a recent write moved to just before r, or to just before a later recent write with r right after it;
+- an op after r (among the next 64) called before r returned pulled to just before r, or r moved to just after it;
+- a recent write that may never have taken effect (it never completed, or it raised) left out.
+Each is a new order of a segment of the ops, which must keep real time (no op of it before one that returned before
+it was called; the segment holds every op whose relative order changes) and be accepted by the model from the state
+before it up to r (the ops after r in it are replayed, and repaired, as the rest). So an order this pass ends with
+is a linearization: the part's ops (less some that may never have taken effect: every op that completed without
+error is in it), in an order that keeps real time, accepted by the model step by step."""
 from __future__ import annotations
 
 import math
