@@ -461,6 +461,11 @@ class NativeStore(_StoreBase):
         return n
 
     def _shutdown_client(self) -> None:
+        # LMCache's native close (`connector_client_base.py:165`, into its C++ client) was seen to hold the GIL for
+        # over 5 minutes on servers that stay up (the user's `urls`): no other thread of the process could start.
+        # On servers shardcheck owns it returns; on the user's, the native client is left to the process's exit.
+        if self.servers is None:
+            return
         try:
             self.bounded.on_loop(self.client.close, timeout=1.0)
         except Exception:

@@ -2,9 +2,9 @@
 
 `valkey_tier(n_ranks, urls=None, password=None)` starts `n_ranks` embedded servers (stopped by `close()`) unless
 `urls` names running ones (left running; only the keys the checks wrote are ever touched). `evict(rank, key,
-store)` is the server's own eviction: a `DEL` on an admin connection (`adapters.valkey_servers.resp_command`) of the
+store)` is the server's own eviction: a `DEL` on an admin connection (valkey-py, every call bounded) of the
 server key the client stores `key` under: its `server_key(key)` when it has one, else the server keys that contain
-`key` (found by `SCAN MATCH`). `check_naming(store)` tells, before any check, whether that works for a client: a
+`key` (found by `SCAN MATCH`; keys with CR/LF or glob characters included). `check_naming(store)` tells, before any check, whether that works for a client: a
 client whose server keys do not contain its keys and that has no `server_key` gets `evict_note` set, and the
 server's own evictions are not run (the output says so) rather than run wrongly.
 """
@@ -15,22 +15,14 @@ import secrets
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from adapters.valkey_servers import ServerSet, resp_command, start_servers
+from adapters.valkey_servers import ServerSet, start_servers
 
-__all__ = ["ValkeyTier", "valkey_tier", "parse_scan"]
+__all__ = ["ValkeyTier", "valkey_tier", "ADMIN_TIMEOUT"]
 
+#: Seconds one admin call (SCAN, DEL) may take.
+ADMIN_TIMEOUT = 2.0
 #: Characters a `SCAN MATCH` pattern treats specially.
 _GLOB = re.compile(r"([*?\[\]\\])")
-
-
-def parse_scan(reply: bytes) -> tuple[int, list[str]]:
-    """The cursor and keys of a `SCAN` reply (`*2 $cursor *N $len key ...`)."""
-    lines = reply.split(b"\r\n")
-    if not lines or not lines[0].startswith(b"*2"):
-        raise ValueError(f"not a SCAN reply: {reply[:60]!r}")
-    cursor = int(lines[2])
-    keys = [lines[i + 1].decode("utf-8", "replace") for i in range(3, len(lines) - 1) if lines[i].startswith(b"$")]
-    return cursor, keys
 
 
 class ValkeyTier:
@@ -39,6 +31,7 @@ class ValkeyTier:
     def __init__(self, n_ranks: int, urls: Sequence[str] | None = None, password: str | None = None) -> None:
         self.owned: ServerSet | None = None
         self.evict_note = ""
+        self._admins: dict[int, Any] = {}  # rank -> its valkey-py admin connection, made on first use
         if urls is None:
             self.owned = start_servers(n_ranks, password=password)
             self.urls = list(self.owned.urls)
@@ -54,9 +47,14 @@ class ValkeyTier:
                 raise ValueError(f"url {u!r} has no host:port")
             self.endpoints.append((p.hostname, p.port, p.password or password))
 
-    def _command(self, rank: int, *args: str) -> bytes:
-        host, port, password = self.endpoints[rank]
-        return resp_command(host, port, password, *args)
+    def _admin(self, rank: int) -> Any:
+        """A valkey-py connection to rank's server (made on first use, every call bounded by `ADMIN_TIMEOUT`)."""
+        import valkey
+        if rank not in self._admins:
+            host, port, password = self.endpoints[rank]
+            self._admins[rank] = valkey.Valkey(host=host, port=port, password=password, socket_timeout=ADMIN_TIMEOUT,
+                                               socket_connect_timeout=ADMIN_TIMEOUT)
+        return self._admins[rank]
 
     def server_keys_of(self, rank: int, key: str, store: Any) -> list[str]:
         """The server keys `store` keeps `key` under on rank `rank`'s server."""
@@ -64,18 +62,19 @@ class ValkeyTier:
         if callable(named):
             return [named(key)]
         escaped = _GLOB.sub(lambda m: "\\" + m.group(1), key)
-        pattern, cursor, found = f"*{escaped}*", 0, []
-        for _ in range(10_000):  # every SCAN step is bounded; a server holding millions of keys stops here
-            cursor, keys = parse_scan(self._command(rank, "SCAN", str(cursor), "MATCH", pattern, "COUNT", "1000"))
-            found += keys
-            if cursor == 0:
+        found = set()
+        # (bounded: a server holding more than 10 million matching keys stops there)
+        for i, name in enumerate(self._admin(rank).scan_iter(match=f"*{escaped}*", count=1000)):
+            found.add(name.decode("utf-8", "surrogateescape"))
+            if i >= 10_000_000:
                 break
-        return sorted(set(found))
+        return sorted(found)
 
     def evict(self, rank: int, key: str, store: Any) -> None:
         """The server of `rank` evicts `key` as `store`'s client names it."""
-        for name in self.server_keys_of(rank, key, store):
-            self._command(rank, "DEL", name)
+        names = self.server_keys_of(rank, key, store)
+        if names:
+            self._admin(rank).delete(*[n.encode("utf-8", "surrogateescape") for n in names])
 
     def check_naming(self, store: Any) -> str:
         """Whether the server's evictions can name the keys of `store` (rank 0's; a wrapper's `inner` is the
@@ -94,6 +93,9 @@ class ValkeyTier:
         return self.evict_note
 
     def close(self) -> None:
+        admins, self._admins = self._admins, {}
+        for admin in admins.values():
+            admin.close()
         if self.owned is not None:
             self.owned.stop()
 

@@ -17,7 +17,7 @@ from model.outcome import Violation
 from model.history import READ_PATHS, answer, read_args, wrong_key
 from model.trace import Trace, decode, encode
 from model.trace_validate import STORE_OPS
-from runtime.bounded import BoundedStore
+from runtime.bounded import BoundedStore, call_bounded
 from runtime.registry import Client
 from runtime.tier import NotShared, SharedStores, open_shared
 
@@ -286,6 +286,7 @@ def run(trace: Trace, factory: Callable[..., list],
     finally:
         if control is not None:
             control.close()
+        _remove_written(stores, trace.ops, timeout)
         if shared is not None:
             shared.close()
         else:
@@ -295,6 +296,18 @@ def run(trace: Trace, factory: Callable[..., list],
     records = [encode(r) for r in records]
     records.append({"total_seconds": round(time.monotonic() - t0, 3)})
     return records, violations
+
+
+def _remove_written(stores: Sequence[RankStore], ops: Sequence[dict], timeout: float) -> None:
+    """Delete every key the run put (bounded, errors ignored): on servers that outlive the run (the user's, a
+    minimiser's or a replay's next run) a later run must not read this one's values."""
+    written = {(int(op.get("rank", 0)), op["key"]) for op in ops if op.get("op") == "put" and "key" in op}
+    for rank, key in sorted(written):
+        if 0 <= rank < len(stores):
+            try:
+                call_bounded(timeout, "delete", key, stores[rank].delete, key)
+            except Exception:  # noqa: BLE001 - a client that cannot delete now was already judged by the run
+                pass
 
 
 def violation_key(trace: Trace, violations: list[Violation]) -> tuple | None:

@@ -8,16 +8,27 @@ OS process) and ask this module what an effect means and how to say what went wr
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
+import networkx as nx
+
+from model.calls import ProtocolRaised, Stalled
 from model.effects import AllGather, AllReduceMin, Broadcast, Handle, TIMED_OUT, collective_signature
 from model.outcome import Violation
 
-__all__ = ["LATE", "WAITS_FOREVER", "wait_outcome", "handle_problem", "timeout_problem", "collective_results",
-           "sig_text", "desync", "bad_root", "deadlock", "hang", "client_hang", "step_bound", "not_an_effect"]
+__all__ = ["LATE", "WAITS_FOREVER", "ARRIVE_NOTE", "WAITS_FOREVER_NOTE", "completed_note", "wait_outcome", "handle_problem", "timeout_problem", "collective_results",
+           "sig_text", "desync", "bad_root", "deadlock", "stuck", "hang", "client_hang", "step_bound", "not_an_effect",
+           "rank_failed", "program_failed", "store_call_failed"]
 
 #: `wait_outcome` results other than "the completion's value".
 LATE, WAITS_FOREVER = "late", "waits-forever"
+#: The notes of a run's events: a rank arrives at a collective, a rank waits forever (see `completed_note`).
+ARRIVE_NOTE, WAITS_FOREVER_NOTE = "arrive", "waits forever"
+
+
+def completed_note(k: int) -> str:
+    """The note of a rank's event when collective #`k` completes (its result is the event's)."""
+    return f"collective #{k}"
 
 
 def wait_outcome(clock: float, issued: float, delay: float, lost: bool, timeout: float | None) -> tuple[Any, float]:
@@ -96,6 +107,27 @@ def deadlock(waiting: dict[int, int], waits_for: dict[int, list[int]], finished:
                       "collective": where[0] if len(where) == 1 else where})
 
 
+def stuck(n: int, hung: Mapping[int, str], waiting: Mapping[int, int], arrived: Mapping[int, Collection[int]],
+          finished: Sequence[int]) -> list[Violation]:
+    """Why a run of `n` ranks where no rank can move is stuck: the hang of every `hung` rank (rank -> the key of the
+    completion it waits for); else, when some rank is `waiting` (rank -> the collective it waits in; `arrived`:
+    collective -> the ranks in it), the deadlock: who waits for whom, and the cycle if there is one."""
+    if hung:
+        return [hang(r, key) for r, key in sorted(hung.items())]
+    if not waiting:
+        return []
+    graph = nx.DiGraph()
+    for r, k in waiting.items():
+        for q in range(n):
+            if q not in arrived.get(k, ()):
+                graph.add_edge(r, q)
+    try:
+        cycle = [u for u, _ in nx.find_cycle(graph)]
+    except nx.NetworkXNoCycle:
+        cycle = []
+    return [deadlock(waiting, {r: list(graph.successors(r)) for r in waiting}, finished, cycle)]
+
+
 def hang(rank: int, key: str) -> Violation:
     """A rank waits with no timeout on a completion that never comes."""
     return Violation("hang", f"rank {rank} waits forever on the completion of GetAsync({key!r}), which never comes",
@@ -114,3 +146,20 @@ def step_bound(ranks: Sequence[int], bound: int) -> Violation:
 
 def not_an_effect(rank: int, effect: Any) -> str:
     return f"rank {rank} yielded {effect!r}, which is not an effect of model.effects"
+
+
+def rank_failed(rank: int, text: str, **detail: Any) -> Violation:
+    """A rank program that cannot go on (`text` says why: it yielded a non-effect or waited on a handle not its own)."""
+    return Violation("termination", text, {"rank": rank, **detail})
+
+
+def program_failed(rank: int, exc: ProtocolRaised | Stalled) -> Violation:
+    """A step of rank `rank`'s program that raised, or did not return (`runtime.watchdog`)."""
+    if isinstance(exc, Stalled):
+        return rank_failed(rank, str(exc), stalled=exc.method, seconds=exc.seconds, provisional=exc.again)
+    return rank_failed(rank, str(exc), exception=type(exc.error).__name__, where=exc.where)
+
+
+def store_call_failed(rank: int, effect: Any, exc: Exception) -> Violation:
+    """A store effect the store refused (an unhashable key, a value that is not bytes)."""
+    return rank_failed(rank, f"rank {rank}: {effect!r} failed: {exc}")

@@ -10,12 +10,12 @@ import random
 from typing import Any, Callable, Generator, Sequence
 
 import attrs
-import networkx as nx
 
 from model.contract import RankStore, StoreCallTimeout
 from model.effects import COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait, collective_signature
-from model.interpreter import (WAITS_FOREVER, client_hang, collective_results, deadlock, desync, handle_problem, hang,
-                               not_an_effect, step_bound, timeout_problem, wait_outcome)
+from model.interpreter import (ARRIVE_NOTE, WAITS_FOREVER, WAITS_FOREVER_NOTE, client_hang, collective_results,
+                               completed_note, desync, handle_problem, not_an_effect, program_failed, rank_failed,
+                               step_bound, store_call_failed, stuck, timeout_problem, wait_outcome)
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
 from model.faults import Eviction
 from model.outcome import Event, SimResult, Violation
@@ -104,15 +104,9 @@ class Simulator:
                 except StopIteration as stop:
                     rank.pending = DONE
                     self.results[r] = stop.value
-        except ProtocolRaised as exc:  # a rank program that raises has not terminated normally
+        except (ProtocolRaised, Stalled) as exc:  # raised, or did not return (see runtime.watchdog): not terminated
             rank.pending = DONE
-            self.violations.append(Violation("termination", str(exc), {"rank": r, "exception": type(exc.error).__name__,
-                                                                       "where": exc.where}))
-        except Stalled as exc:  # a step that does not return (see runtime.watchdog)
-            rank.pending = DONE
-            self.violations.append(Violation("termination", str(exc),
-                                             {"rank": r, "stalled": exc.method, "seconds": exc.seconds,
-                                              "provisional": exc.again}))
+            self.violations.append(program_failed(r, exc))
 
     def runnable(self) -> list[int]:
         return [r for r, k in enumerate(self.ranks)
@@ -136,13 +130,13 @@ class Simulator:
             return Handle(r, i, effect.key)
         if isinstance(effect, Wait):
             return self._wait(r, effect)
-        raise TypeError(not_an_effect(r, effect))
+        raise _Refused(not_an_effect(r, effect))
 
     def _wait(self, r: int, effect: Wait) -> Any:
         rank, h = self.ranks[r], effect.handle
         problem = handle_problem(r, h, rank.n_async) or timeout_problem(r, effect.timeout)
         if problem:
-            raise TypeError(problem)
+            raise _Refused(problem)
         pending = rank.asyncs[h.seq]
         late, rank.clock = wait_outcome(rank.clock, pending.issued, pending.delay, pending.future is None,
                                         effect.timeout)
@@ -180,7 +174,7 @@ class Simulator:
         for r in range(self.n):
             self.ranks[r].clock = now
             self.ranks[r].arrived = None
-            self.events.append(Event(self.step, r, now, self.phase, arrived[r], out[r], note=f"collective #{k}"))
+            self.events.append(Event(self.step, r, now, self.phase, arrived[r], out[r], note=completed_note(k)))
         for r in range(self.n):
             self._send(r, out[r])
 
@@ -241,7 +235,7 @@ class Simulator:
         rank = self.ranks[r]
         effect = rank.pending
         if isinstance(effect, COLLECTIVES):
-            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="arrive"))
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=ARRIVE_NOTE))
             self._arrive(r, effect)
             return
         try:
@@ -251,37 +245,31 @@ class Simulator:
             self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=f"client hang: {exc}"))
             self.violations.append(client_hang(r, exc.op, exc.key, exc.seconds, str(exc)))
             return
-        except TypeError as exc:
+        except _Refused as exc:
             rank.pending = DONE
-            self.violations.append(Violation("termination", str(exc), {"rank": r}))
+            self.violations.append(rank_failed(r, str(exc)))
+            return
+        except TypeError as exc:  # the store refused the call (an unhashable key, a value that is not bytes)
+            rank.pending = DONE
+            self.violations.append(store_call_failed(r, effect, exc))
             return
         if result is _HUNG:
-            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note="waits forever"))
+            self.events.append(Event(self.step, r, rank.clock, self.phase, effect, note=WAITS_FOREVER_NOTE))
             return
         self.events.append(Event(self.step, r, rank.clock, self.phase, effect, result))
         self._send(r, result)
 
     def _diagnose_stuck(self) -> None:
-        hung = {r: k.hung for r, k in enumerate(self.ranks) if k.hung is not None}
-        for r, key in hung.items():
-            self.violations.append(hang(r, key))
-        waiting = {r: k.arrived for r, k in enumerate(self.ranks) if k.arrived is not None}
-        if not waiting or hung:
-            return
-        graph = nx.DiGraph()
-        for r, k in waiting.items():
-            for q in range(self.n):
-                if q not in self.arrivals.get(k, {}):
-                    graph.add_edge(r, q)
-        finished = [q for q in range(self.n) if self.ranks[q].pending is DONE]
-        try:
-            cycle = [u for u, _ in nx.find_cycle(graph)]
-        except nx.NetworkXNoCycle:
-            cycle = []
-        self.violations.append(deadlock(waiting, {r: list(graph.successors(r)) for r in waiting}, finished, cycle))
+        self.violations += stuck(self.n, {r: k.hung for r, k in enumerate(self.ranks) if k.hung is not None},
+                                 {r: k.arrived for r, k in enumerate(self.ranks) if k.arrived is not None},
+                                 self.arrivals, [q for q in range(self.n) if self.ranks[q].pending is DONE])
 
 
 _HUNG = object()
+
+
+class _Refused(Exception):
+    """An effect the interpreter refuses (not an effect, a foreign handle, a bad timeout): its text says why."""
 
 
 def simulate(programs: Sequence[Generator], stores: Sequence[RankStore], **options: Any) -> SimResult:

@@ -90,8 +90,8 @@ def validate_rate(rate: Any, path: Any, field: str = "config.rate") -> None:
 def _keys(op: dict, path: Any, f: str, *, multi: bool) -> None:
     if multi:
         keys = op.get("keys")
-        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
-            raise TraceError(path, f"{f}.keys", f"expected a non-empty list of strings, got {keys!r}")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):  # (an empty batch is a call too)
+            raise TraceError(path, f"{f}.keys", f"expected a list of strings, got {keys!r}")
     elif not isinstance(op.get("key"), str):
         raise TraceError(path, f"{f}.key", f"expected a string, got {op.get('key')!r}")
 

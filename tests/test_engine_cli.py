@@ -16,6 +16,7 @@ from tests.conftest import run_cli
     (["check", "--engine", "lmcache", "--client", "lmcache"], "takes no --protocol, --client"),
     (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
     (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
+    (["check", "--engine", "lmcache", "--nemesis", "all"], "strike their own"),
 ])
 def test_bad_engine_input_is_exit_2(args, says):
     got = run_cli(*args, "--budget", "5", timeout=60)
@@ -48,7 +49,7 @@ def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
 
 @pytest.mark.real
 @pytest.mark.parametrize("runner", ["in-process", "processes"])
-def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner):
+def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner, request):
     """Ctrl-C (SIGINT to the process group) during `check --engine lmcache`: exit 130, no process of the run left
     (servers, rank processes, the forkserver), nothing left in its temp dir (sockets, server dirs)."""
     import os
@@ -58,19 +59,24 @@ def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner):
     import time
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    import shutil
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))  # (ZMQ socket paths must stay within 107 bytes)
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     args = [sys.executable, "-m", "shardcheck", "check", "--engine", "lmcache", "--lookup", "sync", "--budget", "60",
             "--out", str(tmp_path / "found")] + (["--runner", "processes"] if runner == "processes" else [])
     p = subprocess.Popen(args, cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "TMPDIR": str(tmp), "SHARDCHECK_ENGINE_TRACE": "1"},
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
+        said = []
         for line in p.stderr:  # the first case ran: servers, engines and sockets exist
+            said.append(line)
             if line.startswith("[engine]"):
                 break
         os.killpg(p.pid, signal.SIGINT)
-        assert p.wait(30) == 130
+        code = p.wait(30)
+        assert code == 130, "".join(said)[-2000:] + p.stderr.read()[-2000:]
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -87,3 +93,20 @@ def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner):
         time.sleep(0.1)
     assert group() == []
     assert sorted(str(q.relative_to(tmp)) for q in tmp.rglob("*")) == []
+
+
+@pytest.mark.real
+def test_a_temp_dir_too_long_for_zmq_sockets_is_one_line_and_exit_2(tmp_path):
+    """LMCache's ipc socket names must fit `sockaddr_un`: a TMPDIR too long for them is unusable input, said in
+    one line before any engine is built (not a traceback from deep inside LMCache)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    r = subprocess.run([sys.executable, "-m", "shardcheck", "check", "--engine", "lmcache", "--lookup", "sync",
+                        "--budget", "5", "--out", str(tmp_path / "found")], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(deep)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "TMPDIR" in r.stderr and "too long" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -218,11 +218,11 @@ def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
     search = Search(PaperProtocolAsync(), 2, 2, properties=frozenset())
     search.run(None, None)
     phases, plans = set(), set()
-    for packed in search.seen:
-        st = search.unpack(packed)
-        if any(search.L_run[x] for x in st[:2]):
+    for packed in search.reached_states():
+        st = search.space.unpack(packed)
+        if any(search.space.can_move[x] for x in st[:2]):
             continue
-        out = search.terminal_outcome(st)
+        out = search.terminal.outcome(st)
         phases |= {e.phase for e in out.events}
         plans.add((bool(out.case.faults.lost), bool(out.case.faults.delayed), bool(out.case.faults.evict_during_load)))
         assert out.case.faults.after_lookup() == (st[2] % 2 == 1)
@@ -273,8 +273,9 @@ def test_the_product_of_rank_trees_is_the_lookup_tree(cls):
     from engines.explore.lazy import lookup_leaves, product_leaves
     for n, k in ((1, 3), (2, 3), (3, 2), (3, 5)):
         s = Search(cls(), n, k, lazy=True, properties=frozenset())
-        whole = list(lookup_leaves(cls(), s.store_outcome, s.after_store, s.evictable))
-        product = list(product_leaves(cls(), s.hashes, s.after_store, s.evictable))
+        setup = s.setup
+        whole = list(lookup_leaves(cls(), setup.store_outcome, setup.after_store, setup.evictable))
+        product = list(product_leaves(cls(), setup.hashes, setup.after_store, setup.evictable))
         assert [bits for bits, _ in whole] == [bits for bits, *_ in product]
         for (_, look), (_, reports, planned, judge) in zip(whole, product):
             assert bool(look.violations) == judge
@@ -286,3 +287,50 @@ def test_the_lazy_initial_state_refuses_other_prompts():
     """Other prompts in the tier are explored with the eager initial state only; lazy says so instead of guessing."""
     with pytest.raises(ExploreError, match="lazy initial state does not cover other prompts"):
         explore(PaperProtocol(), 2, 2, lazy=True, others=[OtherPrompt(n_chunks=2, after=True)])
+
+
+@pytest.mark.parametrize("cls", DEMO_VARIANTS, ids=lambda c: c.__name__)
+def test_the_explorer_words_every_violation_as_the_simulator_does(cls):
+    """The explorer's own violation (property, summary, detail: `model.interpreter`'s words) is the one the
+    simulator reports on its counterexample, in both modes."""
+    from engines.explore.bfs import Search
+    for reduction in (True, False):
+        search = Search(cls(), *_config(cls), properties=frozenset([DEMO_VARIANTS[cls]]), reduction=reduction,
+                        others=tuple(_others(cls)))
+        res = search.run(None, None)
+        assert res.verdict == "violated" and search.reached is not None
+        assert search.reached.violation == res.violation
+
+
+@attrs.define(frozen=True)
+class _NegativeWaitTimeout(PaperProtocolAsync):
+    """Test-only flaw: waits with a timeout of -1 s, which no `Wait` may carry."""
+
+    name = "negative-wait-timeout"
+    wait_timeout: float | None = -1.0
+
+
+def test_a_wait_the_interpreter_refuses_is_a_termination_violation_in_both():
+    """A `Wait` with a negative timeout ends the rank with `termination` in the explorer, worded as in the
+    simulator (`model.interpreter.timeout_problem`), even when its completion is on time."""
+    res = explore(_NegativeWaitTimeout(), 2, 2, max_faults=0)
+    assert res.verdict == "violated" and res.violation.property == "termination"
+    assert "a timeout is >= 0 seconds or None" in res.violation.summary
+
+
+@pytest.mark.parametrize("reduction", (True, False))
+def test_every_state_has_one_depth(reduction):
+    """The search looks a successor up in the next level only: sound because a state's depth is a function of the
+    state (its moves, plus unreduced its eager evictions: the faults used less the lost and delayed completions)."""
+    from engines.explore.bfs import Search
+    from engines.explore.state import OK
+    search = Search(PaperProtocolAsync(), 3, 3, max_faults=2, reduction=reduction, properties=frozenset())
+    search.run(None, None)
+    space = search.space
+    assert len(search.levels) > 5
+    for depth, level in enumerate(search.levels):
+        for packed in level:
+            st = space.unpack(packed)
+            faults = st[space.n] % (space.max_faults + 1)
+            lost_or_delayed = sum(status != OK for x in st[:space.n] for _, status in space.asyncs_of[x])
+            assert depth == space.steps(st) + (0 if reduction else faults - lost_or_delayed)

@@ -111,6 +111,11 @@ def test_the_server_finds_a_clients_keys_by_their_names_or_says_it_cannot():
         plain.put("a*b[1]", b"x")
         tier.evict(0, "a*b[1]", plain)
         assert plain.conn.get("app:a*b[1]") is None
+        for key in ("k\r\nSET k0 x", "x" * 300):  # a CR/LF inside a key, a key of its own 4 KB of SCAN replies
+            plain.put(key, b"y")
+        for key in ("k\r\nSET k0 x", "x" * 300):
+            tier.evict(0, key, plain)
+            assert plain.conn.get(plain.name(key)) is None, key
         assert "did not run" in tier.check_naming(Prefixed(tier, hashed=True))
     finally:
         tier.close()

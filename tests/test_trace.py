@@ -114,7 +114,7 @@ def _concurrent_trace() -> dict:
     (_store_ops_trace, lambda d: d["ops"][0].pop("value"), "ops[0].value"),
     (_store_ops_trace, lambda d: d["ops"][0].update(value="abc"), "ops[0].value"),
     (_store_ops_trace, lambda d: d["ops"][0].update(value=[1, 300]), "ops[0].value"),
-    (_store_ops_trace, lambda d: d["ops"][1].update(keys=[]), "ops[1].keys"),
+    (_store_ops_trace, lambda d: d["ops"][1].update(keys=[1]), "ops[1].keys"),
     (_store_ops_trace, lambda d: d["ops"][2].update(wait="no"), "ops[2].wait"),
     (_store_ops_trace, lambda d: d["ops"][0].update(colour="red"), "ops[0].colour"),
     (_store_ops_trace, lambda d: d["config"].update(op_timeout="2"), "config.op_timeout"),

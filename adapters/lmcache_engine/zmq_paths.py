@@ -44,9 +44,25 @@ def rpc_dir() -> str:
         if inherited and os.path.isdir(inherited):
             _DIR = inherited
         if _DIR is None or not os.path.isdir(_DIR):
+            _check_short_enough(tempfile.gettempdir())
             _DIR = tempfile.mkdtemp(prefix="shardcheck-zmq-")
             atexit.register(shutil.rmtree, _DIR, True)
         return _DIR
+
+
+#: The longest socket file name LMCache falls back to (`lmcache_rpc_<16 hex>`), and the temp dir's suffix.
+_SHORTEST_NAME = len("/shardcheck-zmq-12345678/lmcache_rpc_") + 16
+
+
+def _check_short_enough(base: str) -> None:
+    """`ResolveError` (one line, exit 2) when even LMCache's shortened socket names under `base` exceed the
+    `sockaddr_un` limit: LMCache itself would raise deep inside a deployment's build."""
+    from lmcache.v1.rpc_utils import IPC_SOCKET_PATH_MAX_LEN
+
+    from runtime.registry import ResolveError
+    if len(os.fsencode(base)) + _SHORTEST_NAME > IPC_SOCKET_PATH_MAX_LEN:
+        raise ResolveError(f"TMPDIR {base!r} is too long for LMCache's ZMQ socket files (at most "
+                           f"{IPC_SOCKET_PATH_MAX_LEN - _SHORTEST_NAME} bytes): point TMPDIR at a shorter directory")
 
 
 def use_private_rpc_dir() -> None:

@@ -5,11 +5,13 @@ Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modu
 - `tries`: rank-program tries (a deterministic program's state is the results it received);
 - `stores`: interned store contents and the initial configurations;
 - `lazy`: the lazy initial state (presence decided when first observed), with its soundness argument;
-- `state`: the model explored, interned local states and stores, packing, rank-local transitions, the
-  harness's store and lookup phases, and lazy eviction placement with its soundness argument;
-- `terminal`: the real `Outcome` of a terminal state and its checks;
+- `setup`: the harness's store phase, the initial configurations and their lookup phases;
+- `state`: the model explored (`StateSpace`): interned local states, packing, the rank-local transitions (every
+  effect's meaning taken from `model.interpreter`), and lazy eviction placement with its soundness argument;
+- `terminal`: the real `Outcome` of a terminal state and its checks (`Terminals`);
 - `reconstruct`: a violating state's BFS path as a `Case`;
-- `bfs`: the search loop, partial-order reduction (with its soundness argument) and what is checked where;
+- `bfs`: the search loop (`Search`, over one `StateSpace`), partial-order reduction (with its soundness argument)
+  and what is checked where;
 - `api`: `explore`, `bench` and the test hooks;
 - `shards`: exact partitioning into shards and the merge that gives the one-process result;
 - `workers`, `on_ray`: the shards on local processes or as Ray tasks; `scale`: the scale benchmark.

@@ -70,20 +70,19 @@ def terminal_signatures(protocol: Any, n_ranks: int, n_chunks: int, *, reduction
     of the unreduced one, equal to it once the fault flag is dropped (lazy eviction only drops evictions
     nobody observes)."""
     search = Search(protocol, n_ranks, n_chunks, cached=None if cached in (None, "all") else frozenset(cached),
-                    max_faults=max_faults, reduction=reduction, properties=frozenset())
-    search.terminals = set()
+                    max_faults=max_faults, reduction=reduction, properties=frozenset(), record_terminals=True)
     search.run(None, None)
-    return search.terminals
+    return search.terminal_signatures
 
 
 def terminal_outcomes(protocol: Any, n_ranks: int, n_chunks: int, *, reduction: bool = True,
                       max_faults: int = 1) -> set:
     """Every reachable terminal state as (cached set, planned, per rank its frozen result or None, violated
     properties): what a simulator run that ends with no rank able to move can produce (a test hook)."""
-    search = Search(protocol, n_ranks, n_chunks, max_faults=max_faults, reduction=reduction, properties=frozenset())
-    search.outcomes = set()
+    search = Search(protocol, n_ranks, n_chunks, max_faults=max_faults, reduction=reduction, properties=frozenset(),
+                    record_outcomes=True)
     search.run(None, None)
-    return search.outcomes
+    return search.outcome_summaries
 
 
 def outcome_summary(outcome: Outcome) -> tuple:

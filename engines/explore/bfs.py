@@ -26,34 +26,41 @@ and a per-protocol argument is not available for user protocols.
 At every transition: desync (the k-th collectives differ, or a Broadcast root out of range), a rank program
 raising or yielding a non-effect / a foreign handle (termination); at every state, the step bound (a rank can
 still move after `step_bound` moves: termination); at every state where no rank can move, every check of
-`engines.explore.terminal`. The lookup phase's violations and the lookup properties (soundness,
+`engines.explore.terminal.Terminals`. The lookup phase's violations and the lookup properties (soundness,
 completeness) are checked on the initial states. A counterexample is replayed with `model.harness.run_case`,
 which must report the same property (`ExploreError` otherwise: the explorer and the simulator disagree).
 
 # Speed
 Every rank-local successor is memoised per local state as (fault cost, packed delta): expanding a global
-state is integer shifts, one add per successor, and one dict look-up in `seen` (which also holds the BFS
-parent, for the shortest counterexample). cProfile showed, in turn: tuple slicing/hashing of global states,
+state is integer shifts, one add per successor, and one dict look-up in the next level's dict (which also holds
+the BFS parent, for the shortest counterexample). A state has one depth: every transition is one move (the sum of
+the ranks' `moves_of` grows by one), except an eager eviction (unreduced only), which is one fault and no move. So
+the depth is the moves plus, unreduced, the faults used less the lost and delayed completions the local states
+record: a function of the state, and a successor of depth d+1 can only have been reached before at depth d+1. The level's own dict is then
+the whole duplicate check (smaller than one dict of every state, and its keys in order are the next frontier: no
+list to append to). cProfile showed, in turn: tuple slicing/hashing of global states,
 then unpacking/packing on every collective arrival, then module-global look-ups in the loop. Then (instruction
 counts under callgrind, 5 ranks x 10 chunks unreduced: 21.8k -> 14.5k per state): each state's local states are
 extracted once (the evictions reuse them); a local state whose every branch is a plain move keeps, per fault
 budget, the tuple of the deltas it can afford (no unpacking nor cost test per transition); an arrival that does
 not complete its collective, does not desync and leaves some rank able to move (judged from one summary of the
-state's ranks, made at its first arrival) needs no new-state check away from the step bound. What is left is the
-loop itself (int add, dict membership/insert, list append).
+state's ranks, made at its first arrival) needs no new-state check away from the step bound (10.7k per state over
+the first 300k states). What is left is the loop itself (int add, dict membership/insert): 10.4k.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from model.checks import completeness, soundness
 from model.harness import run_case
+from model.interpreter import step_bound
+from model.outcome import Violation
 
-from engines.explore.reconstruct import Found, Reconstruct
+from engines.explore.reconstruct import Reached, case_of
 from engines.explore.result import ExploreError, ExploreResult
-from engines.explore.state import FB as _FB, FMASK as _FMASK, LMASK as _LMASK, RUN, Bad, Explorer
-from engines.explore.terminal import Terminal
+from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, LAST_MOVE, LID_MASK, RUN, StateSpace
+from engines.explore.terminal import Terminals
 from engines.explore.tries import RAISED
 
 __all__ = ["Search"]
@@ -61,272 +68,292 @@ __all__ = ["Search"]
 _CHECK_EVERY = 4096
 
 
-class Search(Reconstruct, Terminal, Explorer):
-    """One exploration: `run()` searches breadth-first and returns an `ExploreResult`."""
+class Search:
+    """One exploration of the state space `space` (built from the `StateSpace` options): `run()` searches breadth-first
+    and returns an `ExploreResult`. `properties`: only violations of these are reported (None: every one);
+    `record_terminals` / `record_outcomes`: collect every terminal state's `Terminals.signature` / `.summary`."""
+
+    def __init__(self, protocol: Any, n: int, k: int, *, properties: frozenset | None = None,
+                 record_terminals: bool = False, record_outcomes: bool = False, **options: Any) -> None:
+        self.space = StateSpace(protocol, n, k, **options)
+        self.setup = self.space.setup
+        self.terminal = Terminals(self.space)
+        self.properties = properties
+        self.shard: tuple[int, int] | None = options.get("shard")
+        self.terminal_signatures: set | None = set() if record_terminals else None
+        self.outcome_summaries: set | None = set() if record_outcomes else None
+        # per depth d, the states first reached at d -> their BFS parent (None: an initial state). A state has one
+        # depth (see Speed), so a level's own dict is its whole "seen" check, and its keys, in order, its frontier.
+        self.levels: list[dict[int, int | None]] = []
+        self.dead: set[int] = set()  # states at the step bound: never expanded
+        self.transitions = self.depth = self.phase = 0  # phase: 0 set-up, 1 search
+        self.init_added: list[int] = []  # the configuration of each initial state, in order
+        self.level_start: list[int] = []  # (a shard's) distinct states before each level
+        self.level_hist: list[list[tuple[int, int]]] = []  # (a shard's) each level's new states per configuration
+        self.nxt: dict[int, int | None] = {}  # the level being built
+        self.reached: Reached | None = None  # the violation the search reached (its own words; run_case replays it)
+        self.found_key: tuple[int, int, int] | None = None
 
     def run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
         t0 = time.perf_counter()
-        self.seen: dict[int, int | None] = {}
-        self.transitions = 0
-        self.depth = 0
-        self.dead: set[int] = set()
-        self.terminals: set | None = getattr(self, "terminals", None)
-        self.outcomes: set | None = getattr(self, "outcomes", None)
-        self.phase, self.init_added, self.level_start, self.level_hist, self.nxt = 0, [], [], [], []
+        space = self.space
         try:
             verdict = self._bfs(should_stop, progress, t0)
-        except Found as found:
-            self.found_key = self._key(found)
+        except Reached as reached:
+            self.reached, self.found_key = reached, self._key(reached)
             if self.shard is not None and self.phase:  # the new states of the level cut short, per configuration
                 self.level_hist.append(self._histogram(self.nxt))
-            case = self.case_of(found)
-            outcome = run_case(self.protocol, case)
-            match = [v for v in outcome.violations if v.property == found.prop]
+            case, self.depth = case_of(space, self.levels, reached)
+            outcome = run_case(space.protocol, case)
+            match = [v for v in outcome.violations if v.property == reached.prop]
             if not match:
                 raise ExploreError(
-                    f"explorer found {found.prop!r} for {self.name}, but run_case on its counterexample reports "
+                    f"explorer found {reached.prop!r} for {space.name}, but run_case on its counterexample reports "
                     f"{outcome.violated() or 'no violation'}: the explorer and the simulator disagree ({case!r})")
-            return ExploreResult(verdict="violated", states=len(self.seen), transitions=self.transitions,
+            return ExploreResult(verdict="violated", states=self.n_states(), transitions=self.transitions,
                                  depth=self.depth, seconds=time.perf_counter() - t0, counterexample=case,
-                                 violation=match[0], outcome=outcome, configs=len(self.configs),
-                                 trie_nodes=self.tries.count)
-        return ExploreResult(verdict=verdict, states=len(self.seen), transitions=self.transitions, depth=self.depth,
-                             seconds=time.perf_counter() - t0, configs=len(self.configs), trie_nodes=self.tries.count)
+                                 violation=match[0], outcome=outcome, configs=len(space.configs),
+                                 trie_nodes=space.tries.count)
+        return ExploreResult(verdict=verdict, states=self.n_states(), transitions=self.transitions, depth=self.depth,
+                             seconds=time.perf_counter() - t0, configs=len(space.configs), trie_nodes=space.tries.count)
 
-    def _key(self, found: Found) -> tuple[int, int, int]:
+    def _key(self, reached: Reached) -> tuple[int, int, int]:
         """Where in the breadth-first order a violation was found: (phase: 0 set-up / 1 search, the level being
         expanded, the configuration of the state it was found from). The search meets violations in this order
         (each level is ordered by configuration), so the least key over shards is the one-process find."""
-        cfg = found.cfg if found.parent is None else (found.parent & _FMASK) // (self.maxf + 1)
+        cfg = reached.cfg if reached.parent is None else (reached.parent & CF_MASK) // (self.space.max_faults + 1)
         return (self.phase, self.depth if self.phase else 0, -1 if cfg is None else cfg)
 
     def _histogram(self, states: list[int]) -> list[tuple[int, int]]:
         """[(configuration, how many of `states` start from it)], in configuration order."""
-        maxf1, counts = self.maxf + 1, {}
+        max_faults1, counts = self.space.max_faults + 1, {}
         for st in states:
-            c = (st & _FMASK) // maxf1
+            c = (st & CF_MASK) // max_faults1
             counts[c] = counts.get(c, 0) + 1
         return sorted(counts.items())
 
     def _stats(self, t0: float) -> dict:
         dt = time.perf_counter() - t0
-        return {"states": len(self.seen), "transitions": self.transitions, "depth": self.depth,
-                "seconds": dt, "states_per_s": len(self.seen) / dt if dt > 0 else 0.0,
-                "trie_nodes": self.tries.count, "local_states": len(self.L_node)}
+        states = self.n_states()
+        return {"states": states, "transitions": self.transitions, "depth": self.depth,
+                "seconds": dt, "states_per_s": states / dt if dt > 0 else 0.0,
+                "trie_nodes": self.space.tries.count, "local_states": len(self.space.node_of)}
 
-    def _initial(self) -> list[int]:
-        n, maxf1 = self.n, self.maxf + 1
-        for v in self.store_violations:
-            self._found(None, None, v.property, 0)
-        if self.store_violations:
-            return []
-        frontier = []
-        for ci, cfg in enumerate(self.configs):
+    def _initial(self) -> None:
+        """The initial states (level 0), with the set-up's violations and the lookup properties checked."""
+        space, setup = self.space, self.setup
+        n, max_faults1 = space.n, space.max_faults + 1
+        level0: dict[int, int | None] = {}
+        self.levels.append(level0)
+        for v in setup.store_violations:
+            self._found(None, None, v, 0)
+        if setup.store_violations:
+            return
+        for ci, cfg in enumerate(space.configs):
             if cfg is None:  # another shard's
                 continue
             for v in cfg.violations:  # the lookup phase's (a raising or stalling lookup or combine, a bad plan)
-                self._found(None, None, v.property, ci)
+                self._found(None, None, v, ci)
             if cfg.violations:
                 continue
             planned = cfg.planned
             lids = []
             for r in range(n):
-                root = self.tries.root(r, planned)
+                root = space.tries.root(r, planned)
                 if root.kind == RAISED:
-                    self._found(None, None, "termination", ci)
+                    self._found(None, None, root.failure, ci)
                     break
-                lids.append(self.lid(root, RUN, cfg.stores[r], ()))
+                lids.append(space.lid(root, RUN, cfg.stores[r], ()))
             if len(lids) < n:
                 continue
-            if ci * maxf1 > _FMASK:
-                raise ExploreError(f"more than {_FMASK // maxf1} initial configurations: configuration too big")
-            st = self.pack(lids, ci * maxf1)
-            if st in self.seen:
+            if ci * max_faults1 > CF_MASK:
+                raise ExploreError(f"more than {CF_MASK // max_faults1} initial configurations: configuration too big")
+            st = space.pack(lids, ci * max_faults1)
+            if st in level0:
                 continue
-            self.seen[st] = None
-            frontier.append(st)
+            level0[st] = None
             self.init_added.append(ci)
             if planned > cfg.lcp_min:  # some completion of the undecided units breaks soundness: every one absent
-                absent = self.concrete_evicted(lids, undecided_present=False) if self.lazy else cfg.evicted
-                for v in soundness(self.lookup_outcome(absent)):
-                    self._found(None, None, v.property, ci, absent)
+                absent = space.concrete_evicted(lids, undecided_present=False) if space.lazy else cfg.evicted
+                for v in soundness(setup.lookup_outcome(absent)):
+                    self._found(None, None, v, ci, absent)
             if planned < cfg.lcp:  # or completeness: every undecided unit present
-                for v in completeness(self.lookup_outcome(cfg.evicted)):
-                    self._found(None, None, v.property, ci)
+                for v in completeness(setup.lookup_outcome(cfg.evicted)):
+                    self._found(None, None, v, ci)
             self._check_new(st, 0)
-        return frontier
 
     def _check_new(self, packed: int, depth: int) -> None:
         """The checks of a newly reached state (off the hot path: quiescent, or near the step bound)."""
-        st = self.unpack(packed)
-        if not any(self.L_run[x] for x in st[:self.n]):
-            if self.terminals is not None:
-                self.terminals.add(self.terminal_signature(st))
-            if self.outcomes is not None:
-                self.outcomes.add(self.outcome_summary(st))
-            for v in self.terminal(st):
-                self._found(packed, None, v.property)
-        elif depth >= self.bound and (self.reduction or self.steps(st) >= self.bound):
+        space = self.space
+        st = space.unpack(packed)
+        if not any(space.can_move[x] for x in st[:space.n]):
+            if self.terminal_signatures is not None:
+                self.terminal_signatures.add(self.terminal.signature(st))
+            if self.outcome_summaries is not None:
+                self.outcome_summaries.add(self.terminal.summary(st))
+            for v in self.terminal.violations(st):
+                self._found(packed, None, v)
+        elif depth >= space.bound and (space.reduction or space.steps(st) >= space.bound):
             self.dead.add(packed)  # the simulator stops here: never expanded
-            self._found(packed, None, "termination")
+            self._found(packed, None, step_bound([r for r in range(space.n) if space.can_move[st[r]]], space.bound))
 
-    def _found(self, parent: int | None, label: Any, prop: str, cfg: int | None = None,
+    def _found(self, parent: int | None, label: Any, violation: Violation, cfg: int | None = None,
                evicted: tuple | None = None) -> None:
         """Report a violation, unless only other properties are searched for."""
-        if self.properties is None or prop in self.properties:
-            raise Found(parent, label, prop, cfg, evicted)
+        if self.properties is None or violation.property in self.properties:
+            raise Reached(parent, label, violation, cfg, evicted)
+
+    def n_states(self) -> int:
+        """The distinct states reached so far."""
+        return sum(map(len, self.levels))
+
+    def reached_states(self) -> Iterator[int]:
+        """Every packed state reached so far, level by level."""
+        for level in self.levels:
+            yield from level
 
     def _bfs(self, should_stop, progress, t0) -> str:
-        n, maxf, maxf1, reduction, bound = self.n, self.maxf, self.maxf + 1, self.reduction, self.bound
-        seen, L_run, L_fast, L_evd, L_plain = self.seen, self.L_run, self.L_fast, self.L_evd, self.L_plain
-        fast, fast_evictions, arrive, pack, unpack = self.fast, self.fast_evictions, self.arrive, self.pack, self.unpack
-        check_new, dead, found = self._check_new, self.dead, self._found
-        shifts, L_sig, L_code, coll_packed = self.shift, self.L_sig, self.L_code, self.coll_packed
-        LMASK, FMASK, FB = _LMASK, _FMASK, _FB
-        budgets = [maxf - f % maxf1 for f in range(maxf1)]
-        frontier = self._initial()
+        """Expand level after level (in slices of `_CHECK_EVERY` states, polling `should_stop` between them)."""
+        self._initial()
+        frontier = list(self.levels[0]) if self.levels else []
         self.phase = 1
         record = self.shard is not None
         while frontier:
-            nxt: list[int] = []
-            append = nxt.append
             if record:
-                self.level_start.append(len(seen))
-                self.nxt = nxt
+                self.level_start.append(self.n_states())
+            nxt: dict[int, int | None] = {}
+            self.levels.append(nxt)
+            self.nxt = nxt
             d1 = self.depth + 1
-            near = d1 >= bound  # only then can a state reach the step bound (steps <= depth)
-            trans = 0
             for start in range(0, len(frontier), _CHECK_EVERY):
                 if should_stop is not None and should_stop():
-                    self.transitions += trans
                     return "incomplete"
                 if progress is not None:
                     progress(self._stats(t0))
-                for st in frontier[start:start + _CHECK_EVERY]:
-                    if dead and st in dead:
-                        continue
-                    budget = budgets[(st & FMASK) % maxf1]
-                    runnable = False
-                    here = []  # the ranks' local states
-                    for sh in shifts:
-                        here.append((st >> sh) & LMASK)
-                    waits = None  # at the state's first arrival: the collective ranks wait in (-3: several), how many
-                    for lid in here:  # (a rank's local states are its own: its index is here.index(lid))
-                        if not L_run[lid]:
-                            continue
-                        runnable = True
-                        plain = L_plain[lid]
-                        if plain is None:
-                            fast(lid)
-                            plain = L_plain[lid]
-                        if plain:  # every branch a plain move: only the deltas affordable within the budget
-                            deltas = plain[budget]
-                            trans += len(deltas)
-                            for delta in deltas:
-                                ns = st + delta
-                                if ns in seen:
-                                    continue
-                                seen[ns] = st
-                                append(ns)
-                                if near:
-                                    check_new(ns, d1)
-                            if reduction:
-                                break
-                            continue
-                        brs = L_fast[lid]
-                        for cost, delta, nl, kind in brs:
-                            if cost > budget:
-                                continue
-                            trans += 1
-                            if kind:
-                                if kind == 3:
-                                    ns = st + delta
-                                    if ns in seen:
-                                        continue
-                                    seen[ns] = st
-                                    append(ns)
-                                    check_new(ns, d1)
-                                    continue
-                                if kind == 2:
-                                    label = self.branches(lid)[brs.index((cost, delta, nl, kind))][2]
-                                    found(st, (here.index(lid), label), nl.property)
-                                    continue
-                                sig = L_sig[nl]
-                                if waits is None:
-                                    waits, waiting, movers = -1, 0, 0  # ranks arrived / able to move, in st
-                                    for x in here:
-                                        c = L_code[x]
-                                        if c == -1:
-                                            movers += 1
-                                        elif c >= 0:
-                                            waits = c if waits in (-1, c) else -3
-                                            waiting += 1
-                                if movers > 1 and waiting < n - 1 and (waits == sig or waits == -1) and not near:
-                                    # another rank is still to arrive (no desync, not complete) and another
-                                    # rank can move (not terminal); not near the step bound: nothing to check
-                                    ns = st + delta
-                                    if ns in seen:
-                                        continue
-                                    seen[ns] = st
-                                    append(ns)
-                                    continue
-                                ns = st + delta
-                                complete = True
-                                for sh in shifts:
-                                    other = L_sig[(ns >> sh) & LMASK]
-                                    if other != sig:
-                                        if other >= 0:  # a different collective: desync
-                                            complete = None
-                                            break
-                                        complete = False
-                                if complete is not False:
-                                    high = ns >> FB
-                                    got = coll_packed.get(high)
-                                    if got is None:
-                                        r = here.index(lid)
-                                        lids = unpack(ns)
-                                        got = arrive(lids[:n], r)
-                                        if type(got) is Bad:
-                                            found(st, (r, ("arrive",)), got.property)
-                                            continue
-                                        got = coll_packed[high] = pack(got, 0) >> FB
-                                    ns = (got << FB) | (ns & FMASK)
-                                if ns in seen:
-                                    continue
-                                seen[ns] = st
-                                append(ns)
-                                check_new(ns, d1)
-                                continue
-                            ns = st + delta
-                            if ns in seen:
-                                continue
-                            seen[ns] = st
-                            append(ns)
-                            if near:
-                                check_new(ns, d1)
-                        if reduction:
-                            break
-                    if budget and runnable and not reduction:
-                        for lid in here:
-                            evs = L_evd[lid]
-                            if evs is None:
-                                evs = fast_evictions(lid)
-                            trans += len(evs)
-                            for delta in evs:
-                                ns = st + delta
-                                if ns in seen:
-                                    continue
-                                seen[ns] = st
-                                append(ns)
-                                if near:
-                                    check_new(ns, d1)
-            self.transitions += trans
+                self.transitions += self._expand(frontier[start:start + _CHECK_EVERY], nxt, d1)
             if record:
                 self.level_hist.append(self._histogram(nxt))
-            frontier = nxt
+            frontier = list(nxt)
             if frontier:
                 self.depth = d1
         if progress is not None:
             progress(self._stats(t0))
         return "held"
 
+    def _expand(self, states: list[int], seen: dict[int, int | None], d1: int) -> int:
+        """Expand `states` (of depth d1 - 1) into `seen` (the states of depth d1: their parents); the transitions
+        generated. The hot loop (see Speed)."""
+        space = self.space
+        n, reduction, near = space.n, space.reduction, d1 >= space.bound  # only then can a state reach the bound
+        dead, check_new, trans, mask = self.dead, self._check_new, 0, LID_MASK
+        can_move, plain_deltas, packed_branches, packed = space.can_move, space.plain_deltas, space.packed_branches, \
+            space.packed
+        status_code, arrived_sig, shifts, eviction_deltas = space.status_code, space.arrived_sig, space.shifts, \
+            space.eviction_deltas
+        max_faults1 = space.max_faults + 1
+        budgets = [space.max_faults - f % max_faults1 for f in range(max_faults1)]
+        for st in states:
+            if dead and st in dead:
+                continue
+            budget = budgets[(st & CF_MASK) % max_faults1]
+            runnable = False
+            here = []  # the ranks' local states (rank r's is here.index(lid))
+            for sh in shifts:
+                here.append((st >> sh) & mask)
+            waits = None  # at the state's first arrival: the collective ranks wait in (-3: several), how many
+            for lid in here:
+                if not can_move[lid]:
+                    continue
+                runnable = True
+                plain = plain_deltas[lid]
+                if plain is None:
+                    packed(lid)
+                    plain = plain_deltas[lid]
+                if plain:  # every branch a plain move: only the deltas affordable within the budget
+                    deltas = plain[budget]
+                    trans += len(deltas)
+                    for delta in deltas:
+                        ns = st + delta
+                        if ns not in seen:
+                            seen[ns] = st
+                            if near:
+                                check_new(ns, d1)
+                    if reduction:
+                        break
+                    continue
+                branches = packed_branches[lid]
+                for cost, delta, nl, kind in branches:
+                    if cost > budget:
+                        continue
+                    trans += 1
+                    ns = st + delta
+                    if kind == ARRIVE:
+                        sig = arrived_sig[nl]
+                        if waits is None:
+                            waits, waiting, movers = -1, 0, 0  # ranks arrived / able to move, in st
+                            for x in here:
+                                c = status_code[x]
+                                if c == -1:
+                                    movers += 1
+                                elif c >= 0:
+                                    waits = c if waits in (-1, c) else -3
+                                    waiting += 1
+                        if movers > 1 and waiting < n - 1 and (waits == sig or waits == -1) and not near:
+                            # another rank is still to arrive (no desync, not complete) and another rank can
+                            # move (not terminal); not near the step bound: nothing to check
+                            if ns not in seen:
+                                seen[ns] = st
+                            continue
+                        ns = self._arrival(st, ns, here.index(lid), sig)
+                        if ns is None or ns in seen:
+                            continue
+                        seen[ns] = st
+                        check_new(ns, d1)
+                    elif kind != FAIL:  # PLAIN, or LAST_MOVE: the rank cannot move after it (maybe terminal)
+                        if ns not in seen:
+                            seen[ns] = st
+                            if near or kind == LAST_MOVE:
+                                check_new(ns, d1)
+                    else:
+                        label = space.branches(lid)[branches.index((cost, delta, nl, kind))][2]
+                        self._found(st, (here.index(lid), label), nl)
+                if reduction:
+                    break
+            if budget and runnable and not reduction:
+                for lid in here:
+                    evs = eviction_deltas[lid]
+                    if evs is None:
+                        evs = space.packed_evictions(lid)
+                    trans += len(evs)
+                    for delta in evs:
+                        ns = st + delta
+                        if ns not in seen:
+                            seen[ns] = st
+                            if near:
+                                check_new(ns, d1)
+        return trans
+
+    def _arrival(self, st: int, ns: int, r: int, sig: int) -> int | None:
+        """The state after rank r's arrival (signature id `sig`) took `st` to `ns`: `ns`, or the state after the
+        collective completed (memoised per the ranks' local states); a desync is reported (None: the run ends)."""
+        space = self.space
+        complete = True
+        for sh in space.shifts:
+            other = space.arrived_sig[(ns >> sh) & LID_MASK]
+            if other != sig:
+                if other >= 0:  # a different collective: desync
+                    complete = None
+                    break
+                complete = False
+        if complete is False:
+            return ns
+        high = ns >> CF_BITS
+        got = space.completions.get(high)
+        if got is None:
+            lids = space.unpack(ns)
+            got = space.arrive(lids[:space.n], r)
+            if type(got) is not tuple:
+                self._found(st, (r, ("arrive",)), got)
+                return None  # (only other properties are searched for)
+            got = space.completions[high] = space.pack(got, 0) >> CF_BITS
+        return (got << CF_BITS) | (ns & CF_MASK)

@@ -9,103 +9,102 @@ move that observes it (`Eviction(chunk, rank, step)`), a lost or delayed complet
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 import attrs
 
 from model.faults import Eviction, FaultPlan
-from model.outcome import Case
+from model.outcome import Case, Violation
 
 from engines.explore.result import ExploreError
-from engines.explore.state import DELAY_SECONDS, Bad
+from engines.explore.state import DELAY_SECONDS, StateSpace
 
-__all__ = ["Found", "Reconstruct"]
+__all__ = ["Reached", "successors", "case_of"]
 
 
-class Found(Exception):
-    """A violation of `prop`: on the transition `label` out of packed state `parent`, in state `parent` when
-    `label` is None, or in initial configuration `cfg` when `parent` is None."""
+class Reached(Exception):
+    """The search reached `violation`: on the transition `label` out of packed state `parent`, in state `parent`
+    when `label` is None, or in initial configuration `cfg` when `parent` is None (`evicted`: the units evicted
+    before lookup, when not the configuration's)."""
 
-    def __init__(self, parent: int | None, label: Any, prop: str, cfg: int | None = None,
+    def __init__(self, parent: int | None, label: Any, violation: Violation, cfg: int | None = None,
                  evicted: tuple | None = None) -> None:
-        self.parent, self.label, self.prop, self.cfg, self.evicted = parent, label, prop, cfg, evicted
+        self.parent, self.label, self.violation, self.cfg, self.evicted = parent, label, violation, cfg, evicted
+        self.prop = violation.property
 
 
-class Reconstruct:
-    """Counterexample reconstruction of an `engines.explore.state.Explorer` with a BFS `seen` (a mixin)."""
-
-    def successors(self, packed: int) -> Iterable[tuple[tuple, Any]]:
-        """Every (label, packed successor state or Bad) of a packed state, in the search's order."""
-        n, maxf = self.n, self.maxf
-        st = self.unpack(packed)
-        fc = st[n]
-        budget = maxf - fc % (maxf + 1)
-        ranks = [r for r in range(n) if self.L_run[st[r]]]
-        if self.reduction:
-            ranks = ranks[:1]
-        for r in ranks:
-            for cost, nl, label in self.branches(st[r]):
-                if cost > budget:
-                    continue
-                if isinstance(nl, Bad):
-                    yield (r, label), nl
-                    continue
-                ns = st[:r] + (nl,) + st[r + 1:n] + (fc + cost,)
-                if label[0] == "arrive":
-                    got = self.arrive(ns[:n], r)
-                    if isinstance(got, Bad):
-                        yield (r, label), got
-                        continue
-                    ns = got + (fc + cost,)
-                yield (r, label), self.pack(ns[:n], ns[n])
-        if not self.reduction and budget and ranks:
-            for q in range(n):
-                for nl, chunk in self.evictions(st[q]):
-                    yield (q, ("eager-evict", chunk)), self.pack(st[:q] + (nl,) + st[q + 1:n], fc + 1)
-
-    # -- the counterexample as a Case ----------------------------------------------------------------------------
-    def case_of(self, found: Found) -> Case:
-        """The `Case` that reaches `found`'s violation (sets `depth` to its number of moves)."""
-        if found.parent is None:
-            if not self.configs:  # the store phase failed: no configuration was built
-                return self.case0
-            evicted = self.configs[found.cfg or 0].evicted if found.evicted is None else found.evicted
-            return attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=evicted))
-        path = [found.parent]
-        while self.seen[path[-1]] is not None:
-            path.append(self.seen[path[-1]])
-        path.reverse()
-        steps: list[tuple[tuple, Any]] = []
-        for a, b in zip(path, path[1:]):
-            for lab, ns in self.successors(a):
-                if ns == b:
-                    steps.append((a, lab))
-                    break
-            else:  # pragma: no cover - a parent pointer always names a successor
-                raise ExploreError("cannot reconstruct the counterexample path")
-        if found.label is not None:
-            steps.append((path[-1], found.label))
-        self.depth = len(steps)
-        decided_absent = [(r, part[1]) for r, label in ([found.label] if found.label is not None else [])
-                          for part in label if type(part) is tuple and part[0] == "decide" and not part[2]]
-        last = self.unpack(path[-1])
-        before = (self.concrete_evicted(last[:self.n], decided_absent) if self.lazy
-                  else self.configs[last[self.n] // (self.maxf + 1)].evicted)
-        schedule: list[int] = []
-        evictions, lost, delayed = [], [], []
-        for st, (r, label) in steps:
-            s = len(schedule)
-            if label[0] == "eager-evict":
-                evictions.append(Eviction(label[1], r, step=s))
+def successors(space: StateSpace, packed: int) -> Iterator[tuple[tuple, Any]]:
+    """Every (label, packed successor state or Violation) of a packed state, in the search's order."""
+    n, max_faults = space.n, space.max_faults
+    st = space.unpack(packed)
+    cf = st[n]
+    budget = max_faults - cf % (max_faults + 1)
+    ranks = [r for r in range(n) if space.can_move[st[r]]]
+    if space.reduction:
+        ranks = ranks[:1]
+    for r in ranks:
+        for cost, nl, label in space.branches(st[r]):
+            if cost > budget:
                 continue
-            if label[0] == "evict":
-                evictions.append(Eviction(label[1], r, step=s))
-            i = len(self.L_async[self.unpack(st)[r]])
-            if "lost" in label:
-                lost.append((r, i))
-            if "delayed" in label:
-                delayed.append((r, i, DELAY_SECONDS))
-            schedule.append(r)
-        plan = FaultPlan(evict_before_lookup=before, evict_during_load=evictions, lost=lost, delayed=delayed)
-        return attrs.evolve(self.case0, faults=plan, schedule=tuple(schedule))
+            if type(nl) is not int:
+                yield (r, label), nl
+                continue
+            ns = st[:r] + (nl,) + st[r + 1:n] + (cf + cost,)
+            if label[0] == "arrive":
+                got = space.arrive(ns[:n], r)
+                if type(got) is not tuple:
+                    yield (r, label), got
+                    continue
+                ns = got + (cf + cost,)
+            yield (r, label), space.pack(ns[:n], ns[n])
+    if not space.reduction and budget and ranks:
+        for q in range(n):
+            for nl, chunk in space.evictions(st[q]):
+                yield (q, ("eager-evict", chunk)), space.pack(st[:q] + (nl,) + st[q + 1:n], cf + 1)
 
+
+def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Reached) -> tuple[Case, int]:
+    """The `Case` that reaches `reached`'s violation along the BFS parents (`levels[d]`: each state of depth d ->
+    its parent), and its number of moves."""
+    if reached.parent is None:
+        if not space.configs:  # the store phase failed: no configuration was built
+            return space.case0, 0
+        evicted = space.configs[reached.cfg or 0].evicted if reached.evicted is None else reached.evicted
+        return attrs.evolve(space.case0, faults=FaultPlan(evict_before_lookup=evicted)), 0
+    depth = next(d for d in reversed(range(len(levels))) if reached.parent in levels[d])
+    path = [reached.parent]
+    for d in range(depth, 0, -1):
+        path.append(levels[d][path[-1]])
+    path.reverse()
+    steps: list[tuple[int, tuple]] = []
+    for a, b in zip(path, path[1:]):
+        for lab, ns in successors(space, a):
+            if ns == b:
+                steps.append((a, lab))
+                break
+        else:  # pragma: no cover - a parent pointer always names a successor
+            raise ExploreError("cannot reconstruct the counterexample path")
+    if reached.label is not None:
+        steps.append((path[-1], reached.label))
+    decided_absent = [(r, part[1]) for r, label in ([reached.label] if reached.label is not None else [])
+                      for part in label if type(part) is tuple and part[0] == "decide" and not part[2]]
+    last = space.unpack(path[-1])
+    before = (space.concrete_evicted(last[:space.n], decided_absent) if space.lazy
+              else space.configs[last[space.n] // (space.max_faults + 1)].evicted)
+    schedule: list[int] = []
+    evictions, lost, delayed = [], [], []
+    for st, (r, label) in steps:
+        s = len(schedule)
+        if label[0] == "eager-evict":
+            evictions.append(Eviction(label[1], r, step=s))
+            continue
+        if label[0] == "evict":
+            evictions.append(Eviction(label[1], r, step=s))
+        i = len(space.asyncs_of[space.unpack(st)[r]])
+        if "lost" in label:
+            lost.append((r, i))
+        if "delayed" in label:
+            delayed.append((r, i, DELAY_SECONDS))
+        schedule.append(r)
+    plan = FaultPlan(evict_before_lookup=before, evict_during_load=evictions, lost=lost, delayed=delayed)
+    return attrs.evolve(space.case0, faults=plan, schedule=tuple(schedule)), len(steps)

@@ -1,7 +1,7 @@
 """Exact partitioning of one exploration into shards, and the merge that gives the one-process result.
 
 A shard explores the initial configurations `ci` with `ci % count == index` (round robin: the cached sets, or
-the lookup's decision-tree leaves with the lazy initial state). Every state carries its configuration (`fc`),
+the lookup's decision-tree leaves with the lazy initial state). Every state carries its configuration (`cf`),
 so no state belongs to two shards: the shards' distinct states add up to the one-process count.
 
 The merged violation is the one a single process finds first. The breadth-first search meets violations in

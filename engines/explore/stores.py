@@ -19,15 +19,16 @@ __all__ = ["Store", "Stores", "Config"]
 
 
 class Store:
-    """One rank's store: its data, the store-phase keys the harness can still evict, and its units' state."""
+    """One rank's store: its data, the store-phase keys the harness can still evict (`present`; `chunks`: per chunk,
+    those of its keys), and its units' state."""
 
-    __slots__ = ("data", "present", "init", "undecided", "evicted", "put_memo", "decided", "chunks")
+    __slots__ = ("data", "present", "init", "undecided", "evict_memo", "put_memo", "decide_memo", "chunks")
 
     def __init__(self, data: dict, present: frozenset, init: frozenset, undecided: frozenset, chunks: dict) -> None:
         self.data, self.present, self.init, self.undecided, self.chunks = data, present, init, undecided, chunks
-        self.evicted: dict = {}
-        self.put_memo: dict = {}
-        self.decided: dict = {}
+        self.evict_memo: dict = {}  # chunk -> this store after its eviction
+        self.put_memo: dict = {}  # (key, value) -> this store after the Put
+        self.decide_memo: dict = {}  # (chunk, present at lookup) -> this store once that unit is decided
 
 
 class Stores:
@@ -50,11 +51,11 @@ class Stores:
 
     def evict(self, s: Store, chunk: int, written: dict) -> Store | None:
         """`s` after the harness evicts `chunk` (None when no evictable key of it is present)."""
-        got = s.evicted.get(chunk)
+        got = s.evict_memo.get(chunk)
         if got is None and chunk in s.chunks:
             keys = s.chunks[chunk]
             data = {k: v for k, v in s.data.items() if k not in keys}
-            got = s.evicted[chunk] = self.make(data, s.present.difference(keys), written, s.init, s.undecided)
+            got = s.evict_memo[chunk] = self.make(data, s.present.difference(keys), written, s.init, s.undecided)
         return got
 
     def put(self, s: Store, key: str, value: Any, written: dict) -> Store:
@@ -69,14 +70,14 @@ class Stores:
     def decide(self, s: Store, chunk: int, present: bool, unit: dict, written: dict) -> Store:
         """`s` once undecided unit `chunk` is decided: present at lookup (its store-phase keys and values
         `unit` are in the store) or not."""
-        got = s.decided.get((chunk, present))
+        got = s.decide_memo.get((chunk, present))
         if got is None:
             if present:
                 data = {**unit, **s.data}
                 got = self.make(data, s.present.union(unit), written, s.init | {chunk}, s.undecided - {chunk})
             else:
                 got = self.make(s.data, s.present, written, s.init, s.undecided - {chunk})
-            s.decided[(chunk, present)] = got
+            s.decide_memo[(chunk, present)] = got
         return got
 
 

@@ -5,138 +5,141 @@ the units evicted after it, the lost and delayed completions: all recorded in th
 events are the harness's store and lookup phases followed by the load's effects in one canonical schedule
 (lowest rank first; a state does not record the interleaving, nor where an eviction happened, so an
 eviction during load is listed with `step=None`), and it is checked by `model.checks.check_outcome`,
-exactly as `run_case` checks its outcomes. Hang and deadlock are diagnosed as the simulator does.
+exactly as `run_case` checks its outcomes. Hang and deadlock are diagnosed by `model.interpreter.stuck`, as the
+simulator does.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Sequence
 
 import attrs
 
 from model.checks import check_outcome
-from model.effects import COLLECTIVES, Get, GetAsync, Handle, collective_signature
+from model.effects import COLLECTIVES, Get, GetAsync, collective_signature
 from model.faults import Eviction, FaultPlan
+from model.interpreter import ARRIVE_NOTE, WAITS_FOREVER_NOTE, completed_note, stuck
 from model.outcome import Event, Outcome, SimResult, Violation
 
-from engines.explore.state import ARRIVED, DELAYED, DELAY_SECONDS, HUNG, LOST, Config
+from engines.explore.state import ARRIVED, DELAYED, DELAY_SECONDS, HUNG, LOST, Config, StateSpace
 from engines.explore.tries import DONE, freeze
 
-__all__ = ["Terminal"]
+__all__ = ["Terminals"]
 
-#: Lookup outcomes (with their events) kept for terminal checks; older ones are re-run on demand.
-_LOOKUPS_KEPT = 1024
+#: The load events (per ranks' nodes and flags) and ranks' faults kept for terminal checks; a full table is emptied.
+_LOADS_KEPT = 1 << 16
 
 
-class Terminal:
-    """The terminal-state checks of an `engines.explore.state.Explorer` (a mixin)."""
+class Terminals:
+    """The terminal-state checks of one `engines.explore.state.StateSpace`, memoised per what they read."""
 
-    def terminal(self, st: tuple) -> list[Violation]:
+    def __init__(self, space: StateSpace) -> None:
+        self.space = space
+        self.memo: dict[tuple, list[Violation]] = {}  # (cfg, a fault happened, each rank's `part`) -> violations
+        self.parts: dict[int, tuple] = {}  # local id -> `part(lid)`
+        self.fault_ids: dict[tuple, int] = {}  # a rank's faults (see `part`) -> a small id
+        self.load_memo: dict[tuple, tuple] = {}  # (nodes, flags) -> `_load_events` (many states share them)
+        self.rank_faults: dict[tuple[int, int], tuple] = {}  # (lid, cfg or -1 if lazy) -> `_rank_faults`
+
+    def violations(self, st: tuple) -> list[Violation]:
         """Every violation of a state (unpacked) where no rank can move."""
-        n = self.n
-        cfg, faults = divmod(st[n], self.maxf + 1)
-        key = (cfg, faults > 0) + tuple(self.terminal_part(x) for x in st[:n])
-        got = self.term_memo.get(key)
+        n = self.space.n
+        cfg, faults = divmod(st[n], self.space.max_faults + 1)
+        key = (cfg, faults > 0) + tuple(self.part(x) for x in st[:n])
+        got = self.memo.get(key)
         if got is None:
-            got = self.term_memo[key] = check_outcome(self.terminal_outcome(st))
+            got = self.memo[key] = check_outcome(self.outcome(st))
         return got
 
-    def terminal_part(self, lid: int) -> tuple:
+    def part(self, lid: int) -> tuple:
         """What the terminal outcome reads of one rank-local state: its trie node, its flag, and its faults
         (which units are present, known or undecided; each completion's status). Store values and completed
         values are not read: the results and reads are the node's."""
-        memo = self.__dict__.setdefault("_parts", {})
-        got = memo.get(lid)
+        got = self.parts.get(lid)
         if got is None:
-            store = self.L_store[lid]
-            faults = (store.init, frozenset(store.chunks), store.undecided, tuple(s for _, s in self.L_async[lid]))
-            got = memo[lid] = (self.L_node[lid], self.L_flag[lid], self.__dict__.setdefault("_fault_ids", {})
-                               .setdefault(faults, len(self._fault_ids)))
+            space = self.space
+            store = space.store_of[lid]
+            faults = (store.init, frozenset(store.chunks), store.undecided, tuple(s for _, s in space.asyncs_of[lid]))
+            got = self.parts[lid] = (space.node_of[lid], space.flag_of[lid],
+                                     self.fault_ids.setdefault(faults, len(self.fault_ids)))
         return got
 
-    def terminal_outcome(self, st: tuple) -> Outcome:
+    def outcome(self, st: tuple) -> Outcome:
         """The `Outcome` of a terminal state (unpacked), with its fault plan and events."""
-        n = self.n
+        space = self.space
+        n = space.n
         lids = st[:n]
-        cfg = self.configs[st[n] // (self.maxf + 1)]
-        nodes = [self.L_node[x] for x in lids]
-        flags = [self.L_flag[x] for x in lids]
-        violations: list[Violation] = []
-        hung = [r for r in range(n) if flags[r] == HUNG]
-        for r in hung:
-            violations.append(Violation("hang", f"rank {r} waits forever on the completion of "
-                                        f"GetAsync({_wait_key(nodes[r])!r}), which never comes",
-                                        {"rank": r, "key": _wait_key(nodes[r])}))
-        waiting = [r for r in range(n) if flags[r] == ARRIVED]
-        if waiting and not hung:
-            violations.append(Violation("deadlock", f"ranks {waiting} wait in a collective that ranks "
-                                        f"{[q for q in range(n) if q not in waiting]} never enter",
-                                        {"stuck": waiting}))
+        nodes = [space.node_of[x] for x in lids]
+        flags = [space.flag_of[x] for x in lids]
+        waiting = {r: nodes[r].n_collectives for r in range(n) if flags[r] == ARRIVED}
+        arrived: dict[int, set[int]] = {}
+        for r, k in waiting.items():
+            arrived.setdefault(k, set()).add(r)
+        violations = stuck(n, {r: nodes[r].effect.handle.key for r in range(n) if flags[r] == HUNG}, waiting, arrived,
+                           [r for r in range(n) if nodes[r].kind == DONE])
         results = {r: nodes[r].ret for r in range(n) if nodes[r].kind == DONE}
-        events, schedule, reads, sigs = _load_events(nodes, flags)
-        load = SimResult(results, events, schedule, violations, sum(self.L_moves[x] for x in lids), reads, sigs)
-        plan = self._plan(cfg, lids)
-        look = self.lookup_outcome(plan.evict_before_lookup)
+        events, schedule, reads, sigs = self._load(nodes, flags)
+        load = SimResult(results, events, schedule, violations, space.steps(st), reads, sigs)
+        plan = self._plan(st[n] // (space.max_faults + 1), lids)
+        look = space.setup.lookup_outcome(plan.evict_before_lookup)
         return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
 
-    def _plan(self, cfg: Config, lids: Sequence[int]) -> FaultPlan:
-        """The faults of a state: what its rank-local states record of evictions and completions."""
+    def _load(self, nodes: list, flags: list[int]) -> tuple[list[Event], list[int], list, list]:
+        """`_load_events(nodes, flags)`, memoised (fresh lists each time; at most `_LOADS_KEPT` kept)."""
+        key = (tuple(nodes), tuple(flags))
+        got = self.load_memo.get(key)
+        if got is None:
+            if len(self.load_memo) >= _LOADS_KEPT:
+                self.load_memo.clear()
+            got = self.load_memo[key] = _load_events(nodes, flags)
+        events, schedule, reads, sigs = got
+        return list(events), list(schedule), list(reads), [list(s) for s in sigs]
+
+    def _plan(self, ci: int, lids: Sequence[int]) -> FaultPlan:
+        """The faults of a state from configuration `ci`: what its rank-local states record of evictions and
+        completions."""
+        space = self.space
+        cfg = space.configs[ci]
         evicted, lost, delayed = [], [], []
         for r, x in enumerate(lids):
-            store = self.L_store[x]
-            init = store.init if self.lazy else cfg.stores[r].chunks.keys()
-            evicted.extend(Eviction(c, r) for c in sorted(set(init).difference(store.chunks)))
-            for i, (_, status) in enumerate(self.L_async[x]):
-                if status == LOST:
-                    lost.append((r, i))
-                elif status == DELAYED:
-                    delayed.append((r, i, DELAY_SECONDS))
-        before = self.concrete_evicted(lids) if self.lazy else cfg.evicted
+            key = (x, -1 if space.lazy else ci)
+            got = self.rank_faults.get(key)
+            if got is None:
+                if len(self.rank_faults) >= _LOADS_KEPT:
+                    self.rank_faults.clear()
+                got = self.rank_faults[key] = self._rank_faults(r, x, cfg)
+            evicted += got[0]
+            lost += got[1]
+            delayed += got[2]
+        before = space.concrete_evicted(lids) if space.lazy else cfg.evicted
         return FaultPlan(evict_before_lookup=before, evict_during_load=evicted, lost=lost,
                          delayed=delayed)
 
-    def concrete_evicted(self, lids: Sequence[int], also: Sequence[tuple[int, int]] = (),
-                         undecided_present: bool = True) -> tuple[Eviction, ...]:
-        """The units evicted before lookup in a concrete cached set of the rank-local states `lids`: the units
-        known absent, and `also`; an undecided unit is present (absent when not `undecided_present`). Lazy
-        initial state only (otherwise the configuration names them)."""
-        units = set(also)
-        for r, x in enumerate(lids):
-            store = self.L_store[x]
-            units.update((r, c) for c in self.unit_data[r]
-                         if c not in store.init and (not undecided_present or c not in store.undecided))
-        return tuple(Eviction(c, r) for r, c in sorted(units))
+    def _rank_faults(self, r: int, x: int, cfg: Config) -> tuple[list, list, list]:
+        """Rank r's part of `_plan` in local state x: its evictions during the load, its lost and delayed completions
+        (a function of x, and of the configuration unless the initial state is lazy)."""
+        store = self.space.store_of[x]
+        init = store.init if self.space.lazy else cfg.stores[r].chunks.keys()
+        evicted = [Eviction(c, r) for c in sorted(set(init).difference(store.chunks))]
+        statuses = [status for _, status in self.space.asyncs_of[x]]
+        return (evicted, [(r, i) for i, status in enumerate(statuses) if status == LOST],
+                [(r, i, DELAY_SECONDS) for i, status in enumerate(statuses) if status == DELAYED])
 
-    def lookup_outcome(self, evicted: tuple[Eviction, ...]) -> Outcome:
-        """The harness's lookup outcome after `evicted` (kept for the last few, else re-run)."""
-        kept = self.__dict__.setdefault("_lookups", OrderedDict())
-        got = kept.get(evicted)
-        if got is None:
-            got, _ = self.lookup(evicted)
-            kept[evicted] = got
-            if len(kept) > _LOOKUPS_KEPT:
-                kept.popitem(last=False)
-        return got
-
-    def terminal_signature(self, st: tuple) -> tuple:
+    def signature(self, st: tuple) -> tuple:
         """A terminal state as (cfg, per rank (history, flag), whether a fault happened): everything the
         terminal checks depend on."""
-        cfg, faults = divmod(st[self.n], self.maxf + 1)
-        return ((cfg,) + tuple((tuple(self.L_node[x].history()), self.L_flag[x]) for x in st[:self.n])
+        space = self.space
+        cfg, faults = divmod(st[space.n], space.max_faults + 1)
+        return ((cfg,) + tuple((tuple(space.node_of[x].history()), space.flag_of[x]) for x in st[:space.n])
                 + (faults > 0,))
 
-    def outcome_summary(self, st: tuple) -> tuple:
+    def summary(self, st: tuple) -> tuple:
         """A terminal state as (cached set, planned, each finished rank's result, violated properties)."""
-        cfg = self.configs[st[self.n] // (self.maxf + 1)]
-        nodes = [self.L_node[x] for x in st[:self.n]]
+        space = self.space
+        cfg = space.configs[st[space.n] // (space.max_faults + 1)]
+        nodes = [space.node_of[x] for x in st[:space.n]]
         results = tuple(freeze(nd.ret) if nd.kind == DONE else None for nd in nodes)
-        return cfg.cached, cfg.planned, results, tuple(sorted({v.property for v in self.terminal(st)}))
-
-
-def _wait_key(node: Any) -> str:
-    h = node.effect.handle
-    return h.key if isinstance(h, Handle) else repr(h)
+        return cfg.cached, cfg.planned, results, tuple(sorted({v.property for v in self.violations(st)}))
 
 
 def _load_events(nodes: list, flags: list[int]) -> tuple[list[Event], list[int], list, list]:
@@ -164,19 +167,19 @@ def _load_events(nodes: list, flags: list[int]) -> tuple[list[Event], list[int],
         for r in range(n):
             eff = paths[r][pos[r]][0]
             sigs[r].append(collective_signature(eff))
-            events.append(Event(len(schedule), r, 0.0, "load", eff, note="arrive"))
+            events.append(Event(len(schedule), r, 0.0, "load", eff, note=ARRIVE_NOTE))
             schedule.append(r)
         for r in range(n):
             eff, res = paths[r][pos[r]]
-            events.append(Event(len(schedule), r, 0.0, "load", eff, res, note=f"collective #{k}"))
+            events.append(Event(len(schedule), r, 0.0, "load", eff, res, note=completed_note(k)))
             pos[r] += 1
         k += 1
     for r in range(n):
         if flags[r] == ARRIVED:
             sigs[r].append(collective_signature(nodes[r].effect))
-            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note="arrive"))
+            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note=ARRIVE_NOTE))
             schedule.append(r)
         elif flags[r] == HUNG:
-            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note="waits forever"))
+            events.append(Event(len(schedule), r, 0.0, "load", nodes[r].effect, note=WAITS_FOREVER_NOTE))
             schedule.append(r)
     return events, schedule, reads, sigs

@@ -13,6 +13,8 @@ from typing import Any
 
 from model.calls import ProtocolRaised, Stalled, protocol_call
 from model.effects import COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait
+from model.interpreter import not_an_effect, program_failed, rank_failed
+from model.outcome import Violation
 
 from engines.explore.result import ExploreError
 
@@ -70,25 +72,28 @@ def same_effect(a: Any, b: Any) -> bool:
 
 # -- the rank tries -----------------------------------------------------------------------------------
 class Node:
-    """A rank-local program state, named by the results the rank received so far."""
+    """A rank-local program state, named by the results the rank received so far. `n_collectives`: the collectives
+    it completed (the index of the one it enters, when `kind` is COLL); `failure`: the termination violation of a
+    RAISED node (the program raised or stalled) or a BAD one (it yielded a non-effect)."""
 
     __slots__ = ("rank", "planned", "parent", "edge", "depth", "kind", "effect", "children", "gen",
-                 "reads", "n_async", "error", "ret", "_steps")
+                 "reads", "n_collectives", "failure", "ret", "_steps")
 
     def __init__(self, rank: int, planned: Any, parent: "Node | None", edge: Any, depth: int,
-                 reads: tuple, n_async: int) -> None:
+                 reads: tuple, n_collectives: int) -> None:
         self.rank, self.planned, self.parent, self.edge, self.depth = rank, planned, parent, edge, depth
-        self.reads, self.n_async = reads, n_async
+        self.reads, self.n_collectives = reads, n_collectives
         self.children: dict = {}
         self.gen = None
         self.kind = DONE
         self.effect = None
-        self.error: str | None = None
+        self.failure: Violation | None = None
         self.ret = None
+        self._steps: tuple | None = None
 
     def steps(self) -> tuple:
         """((effect, result), ...) the rank program went through to reach this node (memoised)."""
-        got = getattr(self, "_steps", None)
+        got = self._steps
         if got is None:
             got = () if self.parent is None else self.parent.steps() + ((self.parent.effect, thaw(self.edge)),)
             self._steps = got
@@ -130,14 +135,13 @@ class Tries:
             return got
         eff = node.effect
         reads = node.reads + (eff.key,) if node.kind in (GET, GETASYNC) else node.reads
-        n_async = node.n_async + (node.kind == GETASYNC)
-        new = Node(node.rank, node.planned, node, key, node.depth + 1, reads, n_async)
+        new = Node(node.rank, node.planned, node, key, node.depth + 1, reads, node.n_collectives + (node.kind == COLL))
         gen, node.gen = node.gen, None
         try:
             if gen is None:  # re-create and replay the history
                 gen = self._replay(node)
         except Stalled as exc:  # replaying a step that returned before: the same violation as in _advance
-            new.kind, new.error = RAISED, str(exc)
+            new.kind, new.failure = RAISED, program_failed(node.rank, exc)
         else:
             self._advance(new, gen, thaw(key))
         node.children[key] = new
@@ -170,11 +174,8 @@ class Tries:
                     eff = next(gen) if first else gen.send(value)
                 except StopIteration as stop:
                     done, ret = True, stop.value
-        except ProtocolRaised as exc:  # a raising rank program is a termination violation
-            node.kind, node.error = RAISED, str(exc)
-            return
-        except Stalled as exc:  # a step that does not return (see runtime.watchdog): the same violation
-            node.kind, node.error = RAISED, str(exc)
+        except (ProtocolRaised, Stalled) as exc:  # raised, or did not return (see runtime.watchdog): termination
+            node.kind, node.failure = RAISED, program_failed(node.rank, exc)
             return
         if done:
             node.kind, node.ret = DONE, ret
@@ -191,5 +192,5 @@ class Tries:
         elif isinstance(eff, Wait):
             node.kind = WAIT
         else:
-            node.kind, node.error = BAD, f"yielded {eff!r}, which is not an effect of model.effects"
+            node.kind, node.failure = BAD, rank_failed(node.rank, not_an_effect(node.rank, eff))
 
