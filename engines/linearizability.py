@@ -97,8 +97,8 @@ def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_stat
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
 
 
-#: Parts longer than this are not tried greedily first: on a long part the greedy pass rarely gets to the end.
-_GREEDY_AT_MOST = 4096
+#: Parts longer than this are not tried greedily: after a failed replay, the greedy pass rarely gets to the end of one.
+_GREEDY_AT_MOST = 1024
 #: Parts longer than this are not replayed first: on a long part the replay rarely gets to the end, even repaired.
 _REPLAY_AT_MOST = 4096
 
