@@ -96,10 +96,17 @@ def _inject_stale_read(ops: list[Op]) -> None:
     raise ValueError("no read to make stale in this history")
 
 
-#: The side-by-side histories: (name, n_ops, n_keys, n_callers, pending fraction, stale read).
-SPECS = tuple((f"h{n // 1000}k-k{k}-c{c}-p{p:g}{'-stale' if s else ''}", n, k, c, p, s)
-              for n in (1_000, 10_000, 100_000) for k in (4, 256) for c in (4, 16)
-              for p, s in ((0.0, False), (0.0, True), (0.01, False), (0.01, True)))
+def _spec(n: int, k: int, c: int, p: float, s: bool) -> tuple:
+    return f"h{n // 1000}k-k{k}-c{c}-p{p:g}{'-stale' if s else ''}", n, k, c, p, s
+
+
+#: The side-by-side histories: (name, n_ops, n_keys, n_callers, pending fraction, stale read). 1k-100k ops, 4 or
+#: 256 keys, 4 or 16 callers, 0 or 1% never completing, each with and without a stale read; at 100k ops also 0.1%
+#: and 10% never completing (4 keys with 4 or 16 callers, 256 keys with 16).
+SPECS = tuple(_spec(n, k, c, p, s) for n in (1_000, 10_000, 100_000) for k in (4, 256) for c in (4, 16)
+              for p, s in ((0.0, False), (0.0, True), (0.01, False), (0.01, True))) \
+    + tuple(_spec(100_000, k, c, p, s) for k, c in ((4, 16), (4, 4), (256, 16)) for p in (0.001, 0.1)
+            for s in (False, True))
 
 
 def write_histories(directory: str, specs: Iterable[tuple] = SPECS, *, seed: int = 0) -> list[str]:

@@ -6,7 +6,11 @@ of every part is). A model that is one object per key (`Model.split`) has every 
 it says about each key over its own interval, and every key is a part; with `snapshot=True` a multi-key read
 must instead see one instant of all its keys, and it joins them into one part.
 
-Each part is decided by one of two paths:
+Each part is decided by one of two paths, after first tries that can only say "linearizable": a replay of its ops
+in the order of their midpoints, repaired locally where the model refuses one (`engines.linearizability_replay`),
+and for a one-key part of a model with a `register_view`, a greedy pass (`engines.linearizability_greedy`: reads as
+early as the model accepts them, writes as late as real time and the reads allow); each order either gets to the
+end and is a linearization (the model's `step` accepted every op, real time kept), or gives up. Then:
 - the register path (`engines.linearizability_register`), for a model with a `register_view`: when every put
   of the key writes its own value, the part is decided by an exact sweep over the writes' instants
   (`engines.linearizability_sweep`, where the argument is), misses, `contains` reads, deletes and writes that
@@ -33,7 +37,9 @@ import gc
 import time
 from typing import Iterator, Sequence
 
+from engines.linearizability_greedy import greedy_linearizes
 from engines.linearizability_register import decide_register
+from engines.linearizability_replay import replay_order
 from engines.linearizability_search import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
 from model.history import KV_MODEL, History, Model, Op, split_per_key
 
@@ -82,33 +88,19 @@ def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
 
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
                  fast: bool) -> tuple[Verdict, str]:
-    if fast and len(ops) <= _REPLAY_AT_MOST and _replays_in_point_order(keys, ops, model):
+    if fast and len(ops) <= _REPLAY_AT_MOST and replay_order(keys, ops, model) is not None:
         return Verdict(True, 0, keys), "replay"
     if fast and model.register_view is not None and len(keys) == 1:
+        if len(ops) <= _GREEDY_AT_MOST and greedy_linearizes(keys, ops, model):
+            return Verdict(True, 0, keys), "greedy"
         return decide_register(keys, ops, model, max_states=max_states, deadline=deadline)
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
 
 
-#: Parts longer than this are not replayed first: a long part is rarely sparse enough to replay as it is.
+#: Parts longer than this are not tried greedily: after a failed replay, the greedy pass rarely gets to the end of one.
+_GREEDY_AT_MOST = 1024
+#: Parts longer than this are not replayed first: on a long part the replay rarely gets to the end, even repaired.
 _REPLAY_AT_MOST = 4096
-
-
-def _replays_in_point_order(keys: tuple[str, ...], ops: list[Op], model: Model) -> bool:
-    """Whether the model accepts the part's ops one after another in the order of their midpoints (an op that
-    never returned: its call). Any order by one instant inside each op's interval keeps real time (an op that
-    returned before another was called has the earlier instant), so an accepted replay is a linearization; a
-    write that never completed, or raised, takes effect at its call. False is no verdict: the other paths decide
-    (and name the op of a violation)."""
-    def instant(op: Op) -> float:
-        return op.invoked if op.completed is None else (op.invoked + op.completed) / 2
-
-    state = model.init(keys)
-    step = model.step
-    for op in sorted(ops, key=instant):
-        ok, state = step(keys, state, op)
-        if not ok:
-            return False
-    return True
 
 
 @contextlib.contextmanager

@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import attrs
 
 from engines.linearizability_search import SearchStopped, Verdict, search_part, unknown
-from engines.linearizability_sweep import (Instance, OverBudget, SweepStopped, build, conflict, first_dead_end, sweep,
-                                           witness)
+from engines.linearizability_sweep import Instance, OverBudget, SweepStopped, build, first_dead_end, sweep, witness
+from engines.linearizability_zones import conflict
 from model.history import READ_ANY, Model, Op
 
 __all__ = ["decide_register", "simplify"]

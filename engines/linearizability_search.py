@@ -21,7 +21,7 @@ class Verdict:
     """`linearizable`: True, False, or None when a bound stopped the search (undecided: `why` says which, and
     `undecided` lists the keys of every part left undecided). For a violation: the part's keys, the longest
     linearizable prefix found (op ids, in order) and the op that cannot be placed after it. `methods`: how
-    many parts each path decided ("register", "search")."""
+    many parts each path decided ("replay", "greedy", "register", "search")."""
 
     linearizable: bool | None
     steps: int = 0

@@ -37,8 +37,8 @@ So every linearization maps to a path of the sweep's choices (1-4), and every pa
 tries, depth first with a memo of configurations already tried, exactly these choices. A found path is also
 turned into an order of the ops (`witness`), which the caller checks against the model before it trusts it.
 
-A cheap necessary condition comes first (`conflict`): the puts with their gets, the deletes and the puts nobody
-reads, without the misses and contains reads, must already order (Gibbons & Korach's zones, as two-cycles).
+A cheap necessary condition comes first (`engines.linearizability_zones`): the puts with their gets, the deletes
+and the puts nobody reads, without the misses and contains reads, must already order (Gibbons & Korach's zones).
 """
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from model.history import READ_ANY, Op
 
-__all__ = ["Instance", "build", "conflict", "first_dead_end", "sweep", "witness", "two_cycle", "SweepStopped",
-           "OverBudget"]
+__all__ = ["Instance", "build", "first_dead_end", "sweep", "witness", "SweepStopped", "OverBudget"]
 
 INF = math.inf
 _W, _R, _X = 0, 1, 2  # decisions: a mandatory write's deadline, a miss / contains-true read's return, a dead end
@@ -199,23 +198,6 @@ def _index_calls(inst: Instance) -> None:
     inst.opt = opt
 
 
-def conflict(inst: Instance) -> tuple[float, int] | None:
-    """The necessary condition of the module doc: None when it holds, else the event (time, op index) by which
-    its evidence is complete (every op of two blocks that cannot be ordered has returned)."""
-    blocks = [w for w in range(len(inst.w_op)) if inst.w_dl[w] < INF]
-    w_call, w_hold, w_dl = inst.w_call, inst.w_hold, inst.w_dl
-    F = [w_dl[w] for w in blocks]
-    S = [w_call[w] if w_call[w] > w_hold[w] else w_hold[w] for w in blocks]
-    pair = two_cycle(F, S)
-    if pair is None:
-        return None
-    ops = inst.ops
-    done = [(ops[j].completed, j) for b in pair for j in inst.gets[blocks[b]]]
-    done += [(ops[inst.w_op[blocks[b]]].completed, inst.w_op[blocks[b]]) for b in pair
-             if ops[inst.w_op[blocks[b]]].completed is not None]
-    return max(done)
-
-
 def first_dead_end(inst: Instance) -> tuple[float, int] | None:
     """The event of the first decision no configuration passes (a get of a value no put wrote, or one that
     returned before its put was called): the cut there is not linearizable. None if there is none."""
@@ -223,36 +205,6 @@ def first_dead_end(inst: Instance) -> tuple[float, int] | None:
         for i, typ in enumerate(inst.DT):
             if typ == _X:
                 return inst.event(i)
-    return None
-
-
-def two_cycle(F: list[float], S: list[float]) -> tuple[int, int] | None:
-    """Two blocks a != b with F(a) < S(b) and F(b) < S(a), or None. A cycle B0 -> B1 -> ... -> B0 of "B must
-    precede C iff F(B) < S(C)" has a two-cycle: let m be its block with the least F and p its predecessor
-    (F(p) < S(m)); if S(p) > F(p) >= F(m), then m, p is one; else S(p) <= F(p) and p's own predecessor q has
-    F(q) < S(p) <= F(p) < S(m): drop p."""
-    order = sorted(range(len(F)), key=F.__getitem__)
-    fs = [F[x] for x in order]
-    top1: list[tuple[float, int]] = []  # per prefix of `order`: the greatest S and the second greatest
-    top2: list[tuple[float, int]] = []
-    best, second = (-INF, -1), (-INF, -1)
-    for x in order:
-        cand = (S[x], x)
-        if cand > best:
-            best, second = cand, best
-        elif cand > second:
-            second = cand
-        top1.append(best)
-        top2.append(second)
-    for b in range(len(F)):
-        k = bisect.bisect_left(fs, S[b])  # the blocks with F < S(b)
-        if not k:
-            continue
-        s_a, a = top1[k - 1]
-        if a == b:
-            s_a, a = top2[k - 1]
-        if a >= 0 and s_a > F[b]:
-            return a, b
     return None
 
 

@@ -3,11 +3,14 @@ on one-key histories where every put writes its own value: deletes (several), mi
 both ways, puts and deletes that never completed; and the violation it names."""
 from __future__ import annotations
 
+import attrs
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engines import linearizability_register, linearizability_sweep
 from engines.linearizability import check
+from engines.linearizability_greedy import greedy_order
 from engines.linearizability_register import REJECTED, decide_register, linearization_holds
+from engines.linearizability_replay import replay_order
 from model.history import KV_MODEL, Op
 from tests.test_linearizability import _brute_force, op
 
@@ -79,7 +82,7 @@ def _sweep(ops: list[Op]):
 
 def test_sweep_agrees_with_a_brute_force():
     """Small unique-value histories: the sweep (never the search) gives the brute force's verdict, and so does
-    `check` (which first tries to replay the ops in the order of their midpoints)."""
+    `check` (which first tries the greedy pass); an order the greedy pass builds is a linearization."""
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(st.data())
     def run(data):
@@ -87,9 +90,21 @@ def test_sweep_agrees_with_a_brute_force():
         want = _brute_force(ops)
         assert _sweep(ops).linearizable is want
         v = check(ops)
-        assert v.linearizable is want and set(v.methods) <= {"register", "replay"}
+        assert v.linearizable is want and set(v.methods) <= {"register", "greedy", "replay"}
+        _assert_greedy_sound(ops, want)
 
     run()
+
+
+def _assert_greedy_sound(ops: list[Op], want: bool) -> None:
+    """An order the greedy pass or the repaired replay ends with is a linearization."""
+    order = greedy_order(("k",), ops, KV_MODEL)
+    if order is not None:
+        assert want is True and linearization_holds(("k",), ops, order, KV_MODEL)
+    replayed = replay_order(("k",), ops, KV_MODEL)
+    if replayed is not None:
+        index = {id(o): j for j, o in enumerate(ops)}
+        assert want is True and linearization_holds(("k",), ops, [index[id(o)] for o in replayed], KV_MODEL)
 
 
 def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
@@ -103,6 +118,7 @@ def test_sweep_agrees_with_the_search_and_names_the_first_bad_return():
         want = check(ops, fast=False, max_states=1_000_000).linearizable
         v = _sweep(ops)
         assert v.linearizable is want and check(ops).linearizable is want
+        _assert_greedy_sound(ops, want)
         if want is False:
             _assert_explained(ops, v)
 
@@ -139,23 +155,46 @@ def test_pending_writes_explain_reads_only_when_they_can():
 def test_a_rejected_path_goes_to_the_search_and_says_so(monkeypatch):
     """If the sweep's path ever failed its check against the model, the search decides and the verdict's
     methods say the path was rejected (never a silent "linearizable")."""
-    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]  # (no midpoint replay)
+    h = [op(0, "a", "put", "k", 0, 4, value=b"x"), op(1, "b", "get", "k", 1, 2, b"x")]
     monkeypatch.setattr(linearizability_sweep, "witness", lambda inst, chosen: [1, 0])
     monkeypatch.setattr(linearizability_register, "witness", linearizability_sweep.witness)
-    v = check(h)
-    assert v.linearizable is True and v.methods == {REJECTED: 1}
+    v, method = decide_register(("k",), h, KV_MODEL, max_states=1_000, deadline=None)
+    assert v.linearizable is True and method == REJECTED
+
+
+def test_the_first_tries_decide_only_what_they_linearize():
+    """The repaired replay and the greedy pass guess without backtracking; where a guess is wrong they give up and
+    the register path decides. Demos: a linearizable history each gives up on (the replay puts the contains-true
+    before the deletes, which leaves the key absent for the last read; the greedy pass puts x last, but the miss
+    needs the pending delete after x), and a violation, which neither calls linearizable and the register path
+    names."""
+    first = [op(0, "a", "put", "k", 0, 0, value=b"v"), op(1, "b", "delete", "k", 0, 0), op(2, "c", "delete", "k", 0, 0),
+             op(3, "d", "contains", "k", 0, 0, True), op(4, "e", "contains", "k", 1, 1, True)]
+    assert replay_order(("k",), first, KV_MODEL) is None
+    second = [op(0, "a", "put", "k", 0, 0.1, value=b"y"), op(1, "b", "put", "k", 0, 0.9, value=b"x"),
+              op(2, "c", "get", "k", 0.5, 1, None), op(3, "d", "delete", "k", 0, 1), op(4, "a", "get", "k", 2, 3, b"x")]
+    assert greedy_order(("k",), second, KV_MODEL) is None
+    for h in (first, second):
+        assert _sweep(h).linearizable is True and check(h).linearizable is True
+    second[4].result = b"y"  # y was overwritten by x before the read was called
+    assert greedy_order(("k",), second, KV_MODEL) is None and replay_order(("k",), second, KV_MODEL) is None
+    v = check(second)
+    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 4
 
 
 def test_a_replay_in_midpoint_order_that_the_model_accepts_decides():
-    """Ops replayed in the order of their midpoints keep real time; when the model accepts them so, that is a
-    linearization (even with ops overlapping); when it does not, the register path decides and names the op."""
+    """Without a register view (a model other than the register), ops replayed in the order of their midpoints
+    keep real time; when the model accepts them so, or after local repairs, that is a linearization (even with ops
+    overlapping); when it does not, the search decides and names the op."""
+    model = attrs.evolve(KV_MODEL, register_view=None)
     h = [op(0, "a", "put", "k", 0, 1, value=b"x"), op(1, "b", "get", "k", 2, 3, b"x"),
          op(2, "a", "delete", "k", 4, 5), op(3, "b", "contains", "k", 4.5, 7, False)]
-    v = check(h)
+    v = check(h, model)
     assert v.linearizable is True and v.methods == {"replay": 1}
-    h[3].result = True  # possible (it may go before the delete), but not in midpoint order
-    v = check(h)
-    assert v.linearizable is True and v.methods == {"register": 1}
+    h[3].result = True  # possible (it may go before the delete), not in midpoint order: a repair moves it back
+    v = check(h, model)
+    assert v.linearizable is True and v.methods == {"replay": 1}
     h[3].invoked = 6  # after the delete returned: a violation
-    v = check(h)
-    assert v.linearizable is False and v.methods == {"register": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
+    v = check(h, model)
+    assert v.linearizable is False and v.methods == {"search": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
+    assert check(h).unplaceable == 3 and check(h).methods == {"register": 1}
