@@ -269,7 +269,6 @@ MODULE_LINES, FUNCTION_LINES = 500, 100
 OVERSIZED = {
     "adapters/lmcache_stores.py",
     "engines/linearizability_search.py:search_part",
-    "engines/linearizability_sweep.py",
 }
 
 
