@@ -30,8 +30,8 @@ import torch.distributed as dist
 from adapters.children import die_with_parent
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
 from model.effects import AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait
-from model.interpreter import (WAITS_FOREVER, bad_root, deadlock, desync, handle_problem, not_an_effect,
-                               timeout_problem, wait_outcome)
+from model.interpreter import (ARRIVE_NOTE, WAITS_FOREVER, WAITS_FOREVER_NOTE, bad_root, client_hang, completed_note,
+                               deadlock, desync, hang, handle_problem, not_an_effect, timeout_problem, wait_outcome)
 from model.outcome import Event, Violation
 
 __all__ = ["rank_main", "MAX_LOOKUP_CALLS"]
@@ -76,8 +76,8 @@ class _Rank:
         bad = {r: s for r, s in enumerate(sigs) if s[0] in ("hang", "raised", "bound")}
         if bad:
             r, s = min(bad.items())
-            if s[0] == "hang":
-                return Violation("hang", f"rank {r}: {s[2]}", {"rank": r, "key": s[3]})
+            if s[0] == "hang":  # (s: "hang", op or None for a completion that never comes, text, key, seconds)
+                return hang(r, s[3]) if s[1] is None else client_hang(r, s[1], s[3], s[4], s[2])
             return Violation("termination", s[2], {"rank": r})
         kinds = {(s[0], s[1]) for s in sigs}
         if len(kinds) == 1:
@@ -100,7 +100,7 @@ class _Rank:
         root = effect.root if isinstance(effect, Broadcast) else None
         is_int = isinstance(effect, AllReduceMin) and type(effect.value) is int and \
             _INT64[0] <= effect.value <= _INT64[1]
-        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note="arrive"))
+        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note=ARRIVE_NOTE))
         sigs = self.exchange((kind, root, self.clock, is_int))
         bad = self.judge(sigs, phase)
         if bad is not None:
@@ -122,7 +122,8 @@ class _Rank:
             box = [effect.value if self.rank == root else None]
             dist.broadcast_object_list(box, src=root)
             value = box[0]
-        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value, note=f"collective #{self.n_coll}"))
+        self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value,
+                                 note=completed_note(self.n_coll)))
         self.n_coll += 1
         return value, None
 
@@ -187,14 +188,14 @@ class _Rank:
                 except (StoreCallTimeout, TimeoutError) as exc:
                     key = getattr(effect, "key", None) or getattr(getattr(effect, "handle", None), "key", "?")
                     self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note=f"client hang: {exc}"))
-                    return self.finish(phase, None, ("hang", None, f"{exc}", key))
+                    return self.finish(phase, None, ("hang", getattr(exc, "op", type(effect).__name__), f"{exc}", key,
+                                                     getattr(exc, "seconds", DEFAULT_OP_TIMEOUT)))
                 except TypeError as exc:
                     return self.finish(phase, None, ("raised", None, str(exc)))
                 if value is _HUNG:
-                    self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note="waits forever"))
+                    self.events.append(Event(self.step, self.rank, self.clock, phase, effect, note=WAITS_FOREVER_NOTE))
                     key = effect.handle.key
-                    return self.finish(phase, None, ("hang", None, f"waits forever on the completion of "
-                                                     f"GetAsync({key!r}), which never comes", key))
+                    return self.finish(phase, None, ("hang", None, "", key, None))
                 self.events.append(Event(self.step, self.rank, self.clock, phase, effect, value))
             self.step += 1
 
