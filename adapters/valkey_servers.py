@@ -8,7 +8,9 @@ ready once it answers PING. Servers are always stopped and reaped:
 - interpreter exit: an `atexit` hook stops every server still running;
 - SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
   signal is re-delivered with its previous disposition, so the process still dies of it;
-- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs);
+- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs); one that lands
+  inside a start (writing the config, while the spawner thread spawns, before PING answers) stops what that start
+  made: a server is in `_LIVE` before its dir exists, and a spawn its caller gave up waiting for is killed;
 - the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
   wrapper, `_DEATHSIG_EXEC`) from one long-lived spawner thread, so the kernel kills the servers when this process
   goes away.
