@@ -16,10 +16,12 @@ from adapters.nemesis import control_maker
 from engines.faulted import fault_op
 from engines.storeops import kept_by_removal, run
 from model.trace import Trace
+from runtime.registry import real_clients
 
 __all__ = ["CLIENTS", "FINDINGS", "OUT_DIR", "trace_of", "build"]
 
-CLIENTS = ("lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched")
+#: The clients every nemesis finding is measured on: every real one.
+CLIENTS = real_clients()
 OUT_DIR = Path(__file__).resolve().parents[1] / "counterexamples" / "nemesis"
 _CONFIG = {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0}
 

@@ -76,7 +76,7 @@ class GuardedConnector:
     async def _call(self, make: Any, late: Any = None) -> tuple[str, Any]:
         """`make(client)` on the current native client, bounded by the GET bound: ("ok", its result),
         ("timeout", None) (the client is renewed; `late(task)` runs when the call ends after all) or
-        ("lost", the error) (the connection is gone: the client is renewed)."""
+        ("gone", the error) (the connection is gone: the client is renewed)."""
         client = self.client
         # fix 8: a stuck call is shielded, not cancelled: cancelling dropped the memory object of a GET, whose
         # buffer the allocator handed to another read while the native worker still wrote into it
@@ -97,12 +97,12 @@ class GuardedConnector:
             if not connection_lost(exc):
                 raise
             self._renew_client(client)
-            return "lost", exc
+            return "gone", exc
 
     async def _again(self, make: Any, late: Any = None) -> tuple[str, Any]:
         """`_call`, and once more on the renewed client when the connection was lost."""
         status, value = await self._call(make, late)
-        return await self._call(make, late) if status == "lost" else (status, value)
+        return await self._call(make, late) if status == "gone" else (status, value)
 
     async def _exists(self, key: Any) -> bool:
         status, present = await self._again(lambda c: c.exists(key.to_string()))
@@ -124,7 +124,7 @@ class GuardedConnector:
         status, flags = await self._again(lambda c: c.batch_get([k.to_string() for k in keys], bufs),
                                           late=free)
         if status != "ok":
-            if status == "lost":
+            if status == "gone":
                 free()
             return False, []
         out: List[Optional[Any]] = []

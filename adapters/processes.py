@@ -61,9 +61,9 @@ def _context(client: Any) -> Any:
 
 class ProcessRunner:
     """`run(protocol, case)` with one OS process per rank; `client` is a resolved `runtime.registry.Client` (or a name
-    or `MOD:ATTR` of one), handed whole to every rank process."""
+    or `MOD:ATTR` of one; None: the default client), handed whole to every rank process."""
 
-    def __init__(self, client: Any = "model", *, options: dict | None = None, timeout: float | None = None,
+    def __init__(self, client: Any = None, *, options: dict | None = None, timeout: float | None = None,
                  op_timeout: float = DEFAULT_OP_TIMEOUT) -> None:
         from runtime.registry import resolve_client
         self.client, self.options = resolve_client(client), dict(options or {})

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from adapters.replay import CLIENTS, ROOT, _factory
+from adapters.storeops_findings import CLIENTS, ROOT, _factory
 from engines.concurrency import Layout, measure
-from engines.racy import to_trace
+from engines.concurrency_engine import to_trace
 from engines.replay import ReplayOn, judge
 from model.trace import Trace
 from runtime.registry import resolve_client

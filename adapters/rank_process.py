@@ -30,6 +30,7 @@ import torch.distributed as dist
 from adapters.children import die_with_parent
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call
 from model.effects import AllGather, AllReduceMin, Broadcast, COLLECTIVES, Get, GetAsync, Handle, Put, TIMED_OUT, Wait
+from model.faults import NEVER
 from model.interpreter import (ARRIVE_NOTE, WAITS_FOREVER, WAITS_FOREVER_NOTE, bad_root, client_hang, completed_note,
                                deadlock, desync, hang, handle_problem, not_an_effect, timeout_problem, wait_outcome)
 from model.outcome import Event, Violation
@@ -46,6 +47,7 @@ class _Rank:
 
     def __init__(self, rank: int, n: int, store: Any, case: Any, written: dict[str, int | None]) -> None:
         self.rank, self.n, self.store, self.case = rank, n, store, case
+        self.late = case.faults.late()
         self.written, self.present = written, set()
         self.clock, self.n_async, self.n_coll = 0.0, 0, 0
         self.asyncs: dict[int, tuple[str, float, Any, float]] = {}
@@ -139,9 +141,9 @@ class _Rank:
             i = self.n_async
             self.n_async += 1
             self.reads.append((self.rank, effect.key))
-            lost = (self.rank, i) in {tuple(x) for x in self.case.faults.lost}
-            delay = next((d for r, j, d in self.case.faults.delayed if (r, j) == (self.rank, i)), 0.0)
-            self.asyncs[i] = (effect.key, self.clock, None if lost else self.store.get_async(effect.key), delay)
+            delay = self.late.get((self.rank, i), 0.0)
+            self.asyncs[i] = (effect.key, self.clock, None if delay == NEVER else self.store.get_async(effect.key),
+                              delay)
             return Handle(self.rank, i, effect.key)
         if isinstance(effect, Wait):
             h = effect.handle
@@ -279,7 +281,7 @@ def _phases(conn: Any, rank: int, n: int, protocol: Any, store: Any, case: Any, 
     conn.send(("stored", rk.written, rk.events, bad))
     if bad is not None or conn.recv()[0] != "lookup":
         return
-    for e in case.faults.evict_before_lookup:
+    for e in case.faults.at("before-lookup"):
         rk.evict(e)
     rk.events, report = [], None
     try:
@@ -291,10 +293,10 @@ def _phases(conn: Any, rank: int, n: int, protocol: Any, store: Any, case: Any, 
     msg = conn.recv()
     if msg[0] != "load":
         return
-    for e in case.faults.evict_after_lookup:
+    for e in case.faults.at("after-lookup"):
         rk.evict(e)
     during: dict[int, list] = {}
-    for e in case.faults.evict_during_load:
+    for e in case.faults.at("during-load"):
         during.setdefault(e.step, []).append(e)
     rk.events, rk.step = [], 0
     result, bad = rk.run(protocol.rank_load(rank, n, hashes, msg[1]), "load", "rank_load", during)

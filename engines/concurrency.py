@@ -31,17 +31,14 @@ import attrs
 
 from engines.linearizability import check
 from runtime.bounded import call_bounded
+from model.codec import preview
 from model.contract import StoreCallTimeout
 from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 from model.recovery import default_recovery_seconds, probe
 
 __all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
-           "CONCURRENT_PROPERTIES", "FAULTED_PROPERTIES", "thread_safe"]
+           "thread_safe"]
 
-CONCURRENT_PROPERTIES = ("lost-completion", "double-completion", "wrong-caller", "wrong-key", "store-roundtrip",
-                         "store-error", "linearizability")
-#: What a concurrent run through real-server faults can violate instead (see `judge`).
-FAULTED_PROPERTIES = ("fault-hang", "fault-integrity", "recovery", "double-completion")
 _nonce = itertools.count()
 
 
@@ -353,7 +350,7 @@ def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], d
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
         out.append({"property": "fault-integrity" if faults else "linearizability", "op": bad.id,
                     "summary": f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
-                               f"op(s) in order, {bad.label()} -> {_short(bad.result)} cannot be placed" + _during(faults)})
+                               f"op(s) in order, {bad.label()} -> {preview(bad.result, 24)} cannot be placed" + _during(faults)})
     return out, verdict
 
 
@@ -396,7 +393,7 @@ def _foreign_values(history: History) -> list[dict]:
             if put is None:
                 out.append({"property": "store-roundtrip", "op": op.id,
                             "summary": f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
-                                       f"({_short(value)})"})
+                                       f"({preview(value, 24)})"})
                 break
             if put.key == key:
                 continue
@@ -413,14 +410,6 @@ def _foreign_values(history: History) -> list[dict]:
             break
     return out
 
-
-def _short(v: Any) -> str:
-    if isinstance(v, (bytes, bytearray)):
-        b = bytes(v)
-        return repr(b if len(b) <= 24 else b[:24] + b"...")
-    if isinstance(v, list):
-        return "[" + ", ".join(_short(x) for x in v) + "]"
-    return repr(v)
 
 
 @attrs.define

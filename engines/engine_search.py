@@ -38,14 +38,12 @@ from model.outcome import Violation
 from model.trace import Trace, encode
 
 __all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
-           "measure_rate", "engine_trace", "engine_session", "ENGINE_EXPECT", "MAX_CANDIDATE_RUNS"]
+           "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
 #: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
 FINISH_GRACE = 5.0
 #: The most runs one minimisation candidate of a racy finding gets.
 MAX_CANDIDATE_RUNS = 6
-#: What a saved finding of stock LMCache is expected to do on each engine.
-ENGINE_EXPECT = {"lmcache": "reproduces", "lmcache-patched": "fixed"}
 
 Make = Callable[[EngineCase], Any]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from model.codec import preview
 from model.contract import StoreCallTimeout
 from model.faults import ServerFault, kind_of
 from model.outcome import Violation
@@ -28,7 +29,6 @@ __all__ = ["FAULT_OPS", "FaultWindow", "fault_op"]
 
 #: The ops of a store-ops sequence that are no client call.
 FAULT_OPS = ("fault", "recover")
-_MISSING = object()
 
 
 def fault_op(field: str, rank: int, seconds: float = 0.0) -> dict:
@@ -156,25 +156,17 @@ class FaultWindow:
         self.maybe.pop((r, key), None)
 
     def _wrong(self, i: int, r: int, op: dict, got: Any, expected: Any) -> Violation:
-        what = f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r}) returned {_short(got)}, the oracle " \
-               f"{_short(expected)}"
+        what = f"ops[{i}] rank {r}: {op['op']}({op.get('key', op.get('keys'))!r}) returned {preview(got)}, the oracle " \
+               f"{preview(expected)}"
         if not self.faulted:
             return Violation("store-roundtrip", what, {"index": i})
         wrong = [g for g in (got if isinstance(got, list) else [got]) if g not in (None, False, True)]
         if wrong or self.struck or op["op"] == "contains" and got is True:
             whose = [self.owners.get(bytes(g)) for g in wrong if isinstance(g, (bytes, bytearray))]
-            named = "".join(f"; {_short(g)} are the bytes put under {w!r}" + (" before" if w in (op.get("keys") or
+            named = "".join(f"; {preview(g)} are the bytes put under {w!r}" + (" before" if w in (op.get("keys") or
                             [op.get("key")]) else "") for g, w in zip(wrong, whose) if w is not None)
             owners = [w for w in whose if w is not None]
             return Violation("fault-integrity", f"{what}{named} ({'while ' + self.what() if self.struck else 'after a fault'})",
                              {"index": i, "owner": owners[0] if owners else None})
         return Violation("recovery", f"{what}: after the recovery the client still answers a miss for a key its "
                          "server holds", {"index": i})
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, (bytes, bytearray)):
-        return f"{len(v)} bytes"
-    if isinstance(v, list):
-        return "[" + ", ".join(_short(x) for x in v) + "]"
-    return repr(v)

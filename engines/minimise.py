@@ -65,8 +65,8 @@ def _plans_in(case: Case, n: int, k: int) -> Iterator[FaultPlan]:
     yield from plans
     for plan in plans:
         for c in range(k):
-            if Eviction(c) not in plan.evict_before_lookup:
-                yield attrs.evolve(plan, evict_before_lookup=plan.evict_before_lookup + (Eviction(c),))
+            if Eviction(c) not in plan.at("before-lookup"):
+                yield plan.plus("before-lookup", Eviction(c))
 
 
 def shrinks(case: Case) -> Iterator[Case]:

@@ -24,7 +24,7 @@ import attrs
 from engines.api import SearchContext
 from engines.concurrency import make_layout, measure, thread_safe
 from engines.faulted import fault_op
-from engines.racy import to_trace
+from engines.concurrency_engine import to_trace
 from engines.storeops import run_ops
 from model.contract import declared_paths
 from model.faults import FAULT_OP_TIMEOUTS, FaultKind, FaultPlan, ServerFault

@@ -124,11 +124,11 @@ def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tupl
 @contextlib.contextmanager
 def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
     """Runs of a concurrent trace's layout on one fresh store (each run under its own key prefix); a trace of several
-    clients of one server (`engines.racy.needs_shared`) on that many fresh clients of one fresh server."""
-    from engines.racy import layout_runs, needs_shared, targets
+    clients of one server (`engines.concurrency_engine.needs_shared`) on that many fresh clients of one fresh server."""
+    from engines.concurrency_engine import layout_runs, needs_shared, targets
     options = {**on.client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config}),
                **on.options}
-    from engines.racy import strikes_of
+    from engines.concurrency_engine import strikes_of
     if needs_shared(trace):
         fresh, not_shared = targets(on.client, **options)
         if not_shared:

@@ -70,7 +70,7 @@ def enumerate_cases(level: str, sizes: list[tuple[int, int]] | None = None,
     kinds = [k for k in FAULT_KINDS if k.level == level and (kinds is None or k in kinds)]
     for n, k in sizes or enumeration_sizes():
         for before in _evicted_sets(k):
-            plan = FaultPlan(evict_before_lookup=before)
+            plan = FaultPlan.of(before_lookup=before)
             if level == "cached":
                 yield Case(n, k, faults=plan)
                 continue

@@ -12,6 +12,7 @@ from engines.faulted import FAULT_OPS, FaultWindow
 from engines.minimise import ddmin
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
+from model.codec import preview
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
 from model.history import READ_PATHS, answer, read_args, wrong_key
@@ -103,7 +104,7 @@ class _Register:
         crossed = wrong_key(_keys(op), got, expected, self.held[r])
         if crossed is not None:
             return Violation("wrong-key", f"{call} answered {crossed[0]!r} with a value put for {crossed[1]!r} "
-                             f"(returned {_short(got)}, the oracle {_short(expected)})",
+                             f"(returned {preview(got)}, the oracle {preview(expected)})",
                              {"index": i, "key": crossed[0], "from": crossed[1]})
         keys, seen = _keys(op), self.seen[c][r]
         unseen = [k for k in keys if self.by[r].get(k, c) != c and k in seen]
@@ -112,14 +113,14 @@ class _Register:
             who = self.by[r][unseen[0]]
             did = "deleted" if unseen[0] not in self.values[r] else "overwrote"
             whom = "the server evicted it" if who == "server" else f"client {who} {did} it"
-            return Violation("shared-tier", f"{call} returned {_short(got)}, the oracle {_short(expected)}: {whom}, "
+            return Violation("shared-tier", f"{call} returned {preview(got)}, the oracle {preview(expected)}: {whom}, "
                              "and this client answered what it had seen before", {"index": i, "key": unseen[0],
                                                                                   "by": who})
         aged = [k for k in keys if k in self.aged[r]]
         if aged:
-            return Violation("retention", f"{call} returned {_short(got)}, the oracle {_short(expected)}: put "
+            return Violation("retention", f"{call} returned {preview(got)}, the oracle {preview(expected)}: put "
                              f"{self.aged[r][aged[0]]:g} s before and never deleted", {"index": i, "key": aged[0]})
-        return Violation("store-roundtrip", f"{call} returned {_short(got)}, the oracle {_short(expected)}",
+        return Violation("store-roundtrip", f"{call} returned {preview(got)}, the oracle {preview(expected)}",
                          {"index": i})
 
 
@@ -220,14 +221,6 @@ def run_ops(stores: Sequence[RankStore], ops: Sequence[dict], *, wait_bound: flo
         records.append({"index": len(ops), "op": "recover", "outcome": violation.summary})
         return records, [violation]
     return records, []
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, (bytes, bytearray)):
-        return f"{len(v)} bytes"
-    if isinstance(v, list):
-        return "[" + ", ".join(_short(x) for x in v) + "]"
-    return repr(v)
 
 
 # -- store-ops traces ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Callable
 
 import attrs
 
+from model.codec import preview
 from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
@@ -83,7 +84,7 @@ def integrity(o: Outcome) -> list[Violation]:
         for c, value in sorted(res.items(), key=lambda kv: repr(kv[0])):
             if not isinstance(c, int) or not 0 <= c < len(o.kv) or value != o.kv[c]:
                 out.append(Violation("integrity", f"rank {r} returned wrong bytes for chunk {c} "
-                                     f"({_preview(value)} instead of {_preview(o.kv[c]) if isinstance(c, int) and 0 <= c < len(o.kv) else 'nothing'})",
+                                     f"({preview(value)} instead of {preview(o.kv[c]) if isinstance(c, int) and 0 <= c < len(o.kv) else 'nothing'})",
                                      {"rank": r, "chunk": c}))
                 break
     return out
@@ -155,12 +156,6 @@ def isolation_eviction(o: Outcome) -> list[Violation]:
 def run_faults(o: Outcome) -> list[Violation]:
     """No desync, deadlock, hang, or step-bound exhaustion in the load (found by the simulator)."""
     return list(o.load.violations) if o.load is not None else []
-
-
-def _preview(b) -> str:
-    if isinstance(b, (bytes, bytearray)):
-        return f"{len(b)} bytes {bytes(b[:8])!r}{'...' if len(b) > 8 else ''}"
-    return repr(b)
 
 
 @attrs.frozen(kw_only=True)

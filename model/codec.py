@@ -12,7 +12,7 @@ import attrs
 from model import effects
 from model.faults import Eviction
 
-__all__ = ["TraceError", "encode", "decode"]
+__all__ = ["TraceError", "encode", "decode", "preview"]
 
 
 class TraceError(Exception):
@@ -21,6 +21,17 @@ class TraceError(Exception):
     def __init__(self, path: str | Path | None, field: str, message: str) -> None:
         self.path, self.field = str(path) if path else "<trace>", field
         super().__init__(f"{self.path}: field '{field}': {message}")
+
+
+def preview(value: Any, width: int = 8) -> str:
+    """A value in a message, short: bytes as their length and first `width` bytes, a list item by item, anything
+    else as its repr."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        b = bytes(value)
+        return f"{len(b)} bytes {b[:width]!r}{'...' if len(b) > width else ''}"
+    if isinstance(value, list):
+        return "[" + ", ".join(preview(v, width) for v in value) + "]"
+    return repr(value)
 
 
 _EFFECTS = {cls.__name__: cls for cls in (effects.Put, effects.Get, effects.GetAsync, effects.Wait,

@@ -11,7 +11,7 @@ from model.effects import Effect
 
 __all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
            "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS", "EngineRequest", "EngineRetrieve",
-           "EngineDeployment", "EngineFactory", "DEPLOYMENT_METHODS"]
+           "EngineDeployment", "DEPLOYMENT_METHODS"]
 
 
 @typing.runtime_checkable
@@ -173,7 +173,6 @@ class EngineDeployment(typing.Protocol):
     def close(self) -> list[str]: ...
 
 
-#: `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment` (`--engine MOD:ATTR`).
-EngineFactory = Callable[..., EngineDeployment]
+#: The methods of an `EngineDeployment` (what `factory(n_ranks, *, lookup, models, **options)` returns).
 DEPLOYMENT_METHODS = ("lookup_cache", "lookup", "clear_lookup_status", "store", "retrieve", "lookup_unpin",
                       "chunk_keys", "holdings", "pins", "evict", "fault", "reachable", "close")

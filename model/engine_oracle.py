@@ -20,14 +20,11 @@ from typing import Any, Sequence
 
 import attrs
 
+from model.codec import preview
 from model.outcome import Violation
 
-__all__ = ["ENGINE_PROPERTIES", "kv_bytes", "Ledger", "RankView", "check_lookup", "check_retrieve", "check_pins",
+__all__ = ["kv_bytes", "Ledger", "RankView", "check_lookup", "check_retrieve", "check_pins",
            "returns_violation"]
-
-ENGINE_PROPERTIES = ("engine-soundness", "engine-completeness", "engine-integrity", "engine-isolation", "pins",
-                     "engine-returns")
-
 
 def kv_bytes(identity: tuple, rank: int, chunk: int, n_ranks: int, size: int) -> bytes:
     """Deterministic KV bytes of one chunk on one rank (each rank holds its own shard of the heads)."""
@@ -156,8 +153,8 @@ def check_retrieve(rank: int, planned: int, got: Any, expected: Sequence[bytes],
             if whose:
                 return [Violation("engine-isolation", f"{where} loaded chunk {c} with the KV of {whose}, another "
                                   "request's", {**base, "chunk": c, "from": whose})]
-            return [Violation("engine-integrity", f"{where} loaded wrong bytes for chunk {c} ({_preview(chunks[c])} "
-                              f"instead of {_preview(expected[c])})", {**base, "chunk": c})]
+            return [Violation("engine-integrity", f"{where} loaded wrong bytes for chunk {c} ({preview(chunks[c])} "
+                              f"instead of {preview(expected[c])})", {**base, "chunk": c})]
     if not disturbed and len(present) < planned:
         return [Violation("engine-integrity", f"{where} loaded {len(present)} of the {planned} planned chunks, though "
                           "nothing was evicted or failed since the lookup", {**base, "loaded": len(present)})]
@@ -179,9 +176,3 @@ def check_pins(pins: Sequence[int], *, when: str, deployment: int = 0) -> list[V
 def returns_violation(call: str, problem: str, **detail: Any) -> Violation:
     """`engine-returns`: a call (`close` included) that did not return within its bound, or raised."""
     return Violation("engine-returns", f"{call} {problem}", {"call": call, **detail})
-
-
-def _preview(b: Any) -> str:
-    if isinstance(b, (bytes, bytearray)):
-        return f"{len(b)} bytes {bytes(b[:6]).hex()}..."
-    return repr(b)

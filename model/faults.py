@@ -3,11 +3,14 @@ and the real faults on the servers (the nemesis).
 
 A `FaultKind` carries everything the engines need to know about one kind: its `FaultPlan` field (also its key in
 a trace), when it strikes, its JSON codec and validation, its text, how it shrinks, how enumeration and random
-search generate it, and how the exhaustive explorer covers it (or that it does not). The simulator's hook is
-`FaultPlan.simulator_options()`. Adding a kind: a field of `FaultPlan`, a record in `FAULT_KINDS`, and the
-simulator's support for it if it strikes during the load (ARCHITECTURE.md).
+search generate it, and its hooks: a completion kind's `late` (how late a read completes: what the simulator and the
+rank processes are given, `FaultPlan.late`) and `of_late` (the explorer's counterexamples are built from it,
+`FaultPlan.of`), a real-server kind's `strike`. The engines build and read plans by phase (`FaultPlan.of`,
+`FaultPlan.at`), never by a kind's field. Adding a kind: a field of `FaultPlan`, a record in `FAULT_KINDS`, its
+item's helpers in `model.fault_items` if the item is of a new shape, and the simulator's support for it if it strikes
+during the load in a new way (ARCHITECTURE.md; `tests/test_architecture.py` counts it).
 
-Real-server kinds (`family="server"`, `model.nemesis_kinds`) are records too: a `ServerFault` item says whose server
+Real-server kinds (`family="server"`) are records too: a `ServerFault` item says whose server
 (`rank`), where it strikes (`at`: a protocol case's phase, an op of a store-ops run, an op of a concurrent run, an
 engine step) and how long it lasts; the record's `strike(control, fault)` hook makes it happen through a
 `ServerControl` the engines are handed (`adapters.nemesis.Nemesis`; the model never starts a process), and its
@@ -15,36 +18,32 @@ engine step) and how long it lasts; the record's `strike(control, fault)` hook m
 """
 from __future__ import annotations
 
+import functools
+import math
 import random
 import typing
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT
+from model.fault_items import (STRIKE_POINTS, Eviction, ServerFault, asyncs, completion_fits, completion_refit,
+                              draw_after, draw_delayed, draw_during, draw_lost, earlier, ev_fits, ev_from, ev_json,
+                              ev_refit, ev_text, every_copy, load_steps, numbers, sf_fits, sf_from, sf_json,
+                              sf_shorter, sf_singles, sf_text)
 
-__all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NO_FAULTS", "kind_of",
+__all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NEVER", "kind_of",
            "DEFAULT_DELAY", "ServerFault", "ServerControl", "STRIKE_POINTS", "SERVER_KINDS", "SERVER_KIND_NAMES",
            "FAULT_OP_TIMEOUTS", "server_fault_kinds"]
 
 #: The delay enumeration gives a delayed completion: twice the reference protocols' wait timeout (1 s).
 DEFAULT_DELAY = 2.0
+#: How late a completion that never arrives is (`FaultPlan.late`).
+NEVER = math.inf
 
 
 def _tuples(items) -> tuple:
     return tuple(tuple(i) for i in items)
-
-
-@attrs.frozen
-class Eviction:
-    """Evict chunk `chunk`'s keys from `rank`'s store (`rank=None`: from every store that holds one).
-
-    `step` is the load step before which it happens (only for evictions during load).
-    """
-
-    chunk: int
-    rank: int | None = None
-    step: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +75,41 @@ class FaultPlan:
         for kind in FAULT_KINDS:
             for item in getattr(self, kind.field):
                 yield kind, item
+
+    @classmethod
+    def of(cls, *, before_lookup: Iterable[Eviction] = (), after_lookup: Iterable[Eviction] = (),
+           during_load: Iterable[Eviction] = (), late: Mapping[tuple[int, int], float] | None = None) -> "FaultPlan":
+        """The plan of these evictions at each phase (`during_load`: each at its `step`) and these late completions
+        (rank r's i-th `GetAsync` of the load -> how many seconds late, `NEVER`: lost), each fault of the kind that
+        strikes so (the kind's `when`, its `of_late` hook)."""
+        fields: dict[str, list] = {}
+        for when, items in (("before-lookup", before_lookup), ("after-lookup", after_lookup),
+                            ("during-load", during_load)):
+            fields.setdefault(_eviction_kind(when).field, []).extend(items)
+        for (rank, i), seconds in (late or {}).items():
+            kind, item = next((k, x) for k in _completion_kinds() for x in [k.of_late(rank, i, seconds)]
+                              if x is not None)
+            fields.setdefault(kind.field, []).append(item)
+        return cls(**fields)
+
+    def plus(self, when: str, *evictions: Eviction) -> "FaultPlan":
+        """This plan with `evictions` added at `when` ("before-lookup", "after-lookup", "during-load")."""
+        field = _eviction_kind(when).field
+        return attrs.evolve(self, **{field: getattr(self, field) + evictions})
+
+    def at(self, when: str) -> tuple:
+        """The harness faults (evictions) that strike at `when`: "before-lookup", "after-lookup", "during-load"."""
+        return tuple(item for kind, item in self.items() if kind.family == "harness" and kind.when == when)
+
+    def late(self) -> dict[tuple[int, int], float]:
+        """(rank, i) -> how many seconds late the completion of rank's i-th `GetAsync` of the load arrives (`NEVER`:
+        it never does), from every completion kind's `late` hook; the latest wins where two fall on one read."""
+        out: dict[tuple[int, int], float] = {}
+        for kind, item in self.items():
+            if kind.late is not None:
+                read, seconds = kind.late(item)
+                out[read] = max(seconds, out.get(read, 0.0))
+        return out
 
     def after_lookup(self) -> bool:
         """Whether any fault happens after the lookup (maximality is only claimed without one)."""
@@ -122,7 +156,7 @@ class FaultPlan:
         """The load simulator's fault options (`model.sim.Simulator`): what strikes during the load (a real-server
         fault "during-load" comes before its load step, as an eviction does)."""
         during = tuple(f for _, f in self.striking("during-load"))
-        return {"evictions": self.evict_during_load + during, "lost": self.lost, "delayed": self.delayed}
+        return {"evictions": self.at("during-load") + during, "late": self.late()}
 
     def text(self) -> str:
         """The plan in words."""
@@ -156,6 +190,18 @@ class FaultPlan:
                 if not kind.fits(x, n_ranks, n_chunks)]
 
 
+@functools.cache
+def _eviction_kind(when: str) -> "FaultKind":
+    """The kind of eviction that strikes at `when`."""
+    return next(k for k in FAULT_KINDS if k.family == "harness" and k.when == when)
+
+
+@functools.cache
+def _completion_kinds() -> tuple["FaultKind", ...]:
+    """The kinds that make a completion late (`FaultKind.of_late`)."""
+    return tuple(k for k in FAULT_KINDS if k.of_late is not None)
+
+
 def _decoded(kind: "FaultKind", i: int, raw: Any) -> Any:
     try:
         return kind.from_json(raw)
@@ -169,18 +215,19 @@ class FaultKind:
 
     `when`: "before-lookup" (shapes the cached set), "after-lookup", "during-load", or "completion" (of a
     `GetAsync` of the load); "server" for a real-server kind, whose item says where it strikes (`when_of`).
-    `level`: the enumeration level that tries every single fault of this kind (None: the
-    kind is enumerated as every subset, the cached sets). `explorer`: how `engines.explore` covers it, or "" where
-    it refuses plans that hold it. Real-server kinds (`family="server"`) add `strike(control, fault)` (the hook
-    that makes it happen through a `ServerControl`), `loses` (what the key-value register allows afterwards:
-    "nothing", "all" of the rank's keys, "snapshot": back to the state at the strike, "any" key) and
+    `level`: the enumeration level that tries every single fault of this kind (None: the kind is enumerated as every
+    subset, the cached sets). A completion kind has `late(item)`: ((rank, i), how many seconds late rank's i-th
+    `GetAsync` of the load completes, `NEVER`: never), the simulator's hook, and its inverse `of_late(rank, i,
+    seconds)`: the item, or None when that lateness is not of this kind. Real-server kinds (`family="server"`) add
+    `strike(control, fault)` (the hook that makes it happen through a `ServerControl`), `loses` (what the key-value
+    register allows afterwards: "nothing", "all" of the rank's keys, "snapshot": back to the state at the strike,
+    "any" key) and
     `needs_process` (it acts on the server's process: only servers shardcheck started).
     """
 
     field: str
     when: str
     level: str | None
-    explorer: str
     text: Callable[[Any], str]
     to_json: Callable[[Any], Any]
     from_json: Callable[[Any], Any]
@@ -189,6 +236,8 @@ class FaultKind:
     draw: Callable[[random.Random, int, int], tuple]
     smaller: Callable[[Any], Iterator[Any]] = lambda item: iter(())
     refit: Callable[[Any, int, int, str, int], Any] = lambda item, n, k, how, was: None
+    late: Callable[[Any], tuple[tuple[int, int], float]] | None = None
+    of_late: Callable[[int, int, float], Any] | None = None
     family: str = "harness"
     strike: Callable[[Any, Any], None] | None = None
     loses: str = "nothing"
@@ -199,157 +248,38 @@ class FaultKind:
         return item.at if self.family == "server" else self.when
 
 
-# -- evictions ---------------------------------------------------------------------------------------
-def _ev_json(e: Eviction) -> dict:
-    return {k: v for k, v in attrs.asdict(e).items() if v is not None}
-
-
-def _ev_from(need_step: bool) -> Callable[[Any], Eviction]:
-    def decode(raw: Any) -> Eviction:
-        if not isinstance(raw, dict) or not isinstance(raw.get("chunk"), int) or isinstance(raw.get("chunk"), bool):
-            raise ValueError("expected an object with an integer 'chunk'")
-        if need_step and not isinstance(raw.get("step"), int):
-            raise ValueError("expected an integer 'step'")
-        if raw.get("rank") is not None and not isinstance(raw.get("rank"), int):
-            raise ValueError("expected an integer 'rank' or none")
-        unknown = set(raw) - {"chunk", "rank", "step"}
-        if unknown:
-            raise ValueError(f"unknown field {sorted(unknown)[0]!r}")
-        return Eviction(raw["chunk"], raw.get("rank"), raw.get("step"))
-    return decode
-
-
-def _ev_fits(e: Eviction, n: int, k: int) -> bool:
-    return 0 <= e.chunk < k and (e.rank is None or 0 <= e.rank < n) and (e.step is None or e.step >= 0)
-
-
-def _ev_text(what: str) -> Callable[[Eviction], str]:
-    def text(e: Eviction) -> str:
-        where = f" from rank {e.rank}" if e.rank is not None else ""
-        at = f" {e.step}" if e.step is not None else ""
-        return f"chunk {e.chunk} evicted{where} {what}{at}"
-    return text
-
-
-def _load_steps(n: int, k: int) -> int:
-    """The load steps the enumeration places a fault before: about what a terminating load takes."""
-    return 2 * k + 3 * n
-
-
-def _draw_after(rng: random.Random, n: int, k: int) -> tuple:
-    return (Eviction(rng.randrange(k)),) if k and rng.random() < 0.4 else ()
-
-
-def _draw_during(rng: random.Random, n: int, k: int) -> tuple:
-    return (Eviction(rng.randrange(k), step=rng.randrange(_load_steps(n, k))),) if k and rng.random() < 0.4 else ()
-
-
-def _every_copy(e: Eviction) -> Iterator[Eviction]:
-    if e.rank is not None:
-        yield attrs.evolve(e, rank=None)
-
-
-def _earlier(e: Eviction) -> Iterator[Eviction]:
-    yield from _every_copy(e)
-    if e.step:
-        if e.step > 1:
-            yield attrs.evolve(e, step=e.step // 2)
-        yield attrs.evolve(e, step=e.step - 1)
-
-
-def _ev_refit(e: Eviction, n: int, k: int, how: str, was: int) -> Eviction | None:
-    """The eviction in `n` ranks x `k` chunks (`FaultPlan.refitted`), its rank wrapped."""
-    if k <= 0:
-        return None
-    chunk = e.chunk
-    if how == "shift":
-        chunk = max(0, chunk - max(0, was - k))
-    elif chunk >= k:
-        same_owner = (k - 1) - ((k - 1 - chunk) % n)
-        chunk = same_owner if how == "owner" and 0 <= same_owner < k else k - 1
-    return attrs.evolve(e, chunk=chunk, rank=None if e.rank is None else e.rank % n)
-
-
-# -- completions -------------------------------------------------------------------------------------
-def _asyncs(n: int, k: int) -> int:
-    """`GetAsync`s per rank the enumeration places a fault on: a rank's share of the chunks."""
-    return -(-k // n)
-
-
-def _numbers(width: int, *, integers: int) -> Callable[[Any], tuple]:
-    def decode(raw: Any) -> tuple:
-        if not isinstance(raw, list) or len(raw) != width or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
-            raise ValueError(f"expected a list of {width} numbers")
-        return tuple(int(v) for v in raw[:integers]) + tuple(float(v) for v in raw[integers:])
-    return decode
-
-
-def _completion_fits(x: tuple, n: int, k: int) -> bool:
-    return 0 <= x[0] < n and x[1] >= 0 and (len(x) < 3 or x[2] >= 0)
-
-
-def _completion_refit(x: tuple, n: int, k: int, how: str, was: int) -> tuple:
-    """The completion fault on a rank that exists, on a GetAsync the rank still issues (its share of k chunks)."""
-    return (x[0] % n, min(x[1], max(0, _asyncs(n, k) - 1)), *x[2:])
-
-
-def _draw_lost(rng: random.Random, n: int, k: int) -> tuple:
-    return ((rng.randrange(n), rng.randrange(_asyncs(n, k))),) if k and rng.random() < 0.3 else ()
-
-
-def _draw_delayed(rng: random.Random, n: int, k: int) -> tuple:
-    if k and rng.random() < 0.3:
-        return ((rng.randrange(n), rng.randrange(_asyncs(n, k)), rng.choice([0.5, 2.0])),)
-    return ()
-
-
 FAULT_KINDS: tuple[FaultKind, ...] = (
-    FaultKind(field="evict_before_lookup", when="before-lookup", level=None, explorer="initial configurations",
-              text=_ev_text("before lookup"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
+    FaultKind(field="evict_before_lookup", when="before-lookup", level=None,
+              text=ev_text("before lookup"), to_json=ev_json, from_json=ev_from(False), fits=ev_fits,
               singles=lambda n, k: (Eviction(c) for c in range(k)),
-              draw=lambda rng, n, k: tuple(Eviction(c) for c in range(k) if rng.random() < 0.1), refit=_ev_refit,
-              smaller=_every_copy),
-    FaultKind(field="evict_after_lookup", when="after-lookup", level="after-lookup", explorer="lazy eviction",
-              text=_ev_text("between lookup and load"), to_json=_ev_json, from_json=_ev_from(False), fits=_ev_fits,
-              singles=lambda n, k: (Eviction(c) for c in range(k)), draw=_draw_after, refit=_ev_refit,
-              smaller=_every_copy),
-    FaultKind(field="evict_during_load", when="during-load", level="during-load", explorer="lazy eviction",
-              text=_ev_text("before load step"), to_json=_ev_json, from_json=_ev_from(True), fits=_ev_fits,
-              singles=lambda n, k: (Eviction(c, step=s) for s in range(_load_steps(n, k)) for c in range(k)),
-              draw=_draw_during, smaller=_earlier, refit=_ev_refit),
-    FaultKind(field="lost", when="completion", level="completions", explorer="branch at each GetAsync",
+              draw=lambda rng, n, k: tuple(Eviction(c) for c in range(k) if rng.random() < 0.1), refit=ev_refit,
+              smaller=every_copy),
+    FaultKind(field="evict_after_lookup", when="after-lookup", level="after-lookup",
+              text=ev_text("between lookup and load"), to_json=ev_json, from_json=ev_from(False), fits=ev_fits,
+              singles=lambda n, k: (Eviction(c) for c in range(k)), draw=draw_after, refit=ev_refit,
+              smaller=every_copy),
+    FaultKind(field="evict_during_load", when="during-load", level="during-load",
+              text=ev_text("before load step"), to_json=ev_json, from_json=ev_from(True), fits=ev_fits,
+              singles=lambda n, k: (Eviction(c, step=s) for s in range(load_steps(n, k)) for c in range(k)),
+              draw=draw_during, smaller=earlier, refit=ev_refit),
+    FaultKind(field="lost", when="completion", level="completions",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion lost", to_json=list,
-              from_json=_numbers(2, integers=2), fits=_completion_fits,
-              singles=lambda n, k: ((r, i) for r in range(n) for i in range(_asyncs(n, k))), draw=_draw_lost,
-              refit=_completion_refit),
-    FaultKind(field="delayed", when="completion", level="completions", explorer="branch at each GetAsync",
+              from_json=numbers(2, integers=2), fits=completion_fits,
+              singles=lambda n, k: ((r, i) for r in range(n) for i in range(asyncs(n, k))), draw=draw_lost,
+              refit=completion_refit, late=lambda x: ((x[0], x[1]), NEVER),
+              of_late=lambda r, i, s: (r, i) if s == NEVER else None),
+    FaultKind(field="delayed", when="completion", level="completions",
               text=lambda x: f"rank {x[0]}'s GetAsync #{x[1]} completion delayed {x[2]:g} s", to_json=list,
-              from_json=_numbers(3, integers=2), fits=_completion_fits,
-              singles=lambda n, k: ((r, i, DEFAULT_DELAY) for r in range(n) for i in range(_asyncs(n, k))),
-              draw=_draw_delayed, refit=_completion_refit),
+              from_json=numbers(3, integers=2), fits=completion_fits,
+              singles=lambda n, k: ((r, i, DEFAULT_DELAY) for r in range(n) for i in range(asyncs(n, k))),
+              draw=draw_delayed, refit=completion_refit, late=lambda x: ((x[0], x[1]), x[2]),
+              of_late=lambda r, i, s: (r, i, s) if s != NEVER else None),
 )
 
 
-# -- real faults on the servers (the nemesis) ---------------------------------------------------------
-#: Where a real-server fault strikes: a protocol case's phase (before the lookup, between lookup and load, before
-#: load step `step`), before an op of a store-ops run ("op": the fault is an op of the sequence), when op `step` of a
-#: concurrent run is invoked ("run"), or before step `step` of an engine case ("engine").
-STRIKE_POINTS = ("before-lookup", "after-lookup", "during-load", "op", "run", "engine")
 #: How long a lasting fault lasts by default, as a multiple of the op timeout: longer than one call's bound, so a
 #: client that waits on a stuck server without a bound of its own is caught.
 FAULT_OP_TIMEOUTS = 1.5
-
-
-@attrs.frozen
-class ServerFault:
-    """One real fault on rank `rank`'s server, at `at` (`STRIKE_POINTS`; `step`: the load step, the op index of a
-    concurrent run, or the engine step), lasting `seconds` (a pause, a restart's down time, a sleep)."""
-
-    rank: int
-    at: str = "op"
-    step: int | None = None
-    seconds: float = 0.0
 
 
 class ServerControl(typing.Protocol):
@@ -372,60 +302,11 @@ class ServerControl(typing.Protocol):
     def healed(self, timeout: float) -> float | None: ...
 
 
-def _sf_json(f: ServerFault) -> dict:
-    return {k: v for k, v in attrs.asdict(f).items() if v is not None}
-
-
-def _sf_from(raw: Any) -> ServerFault:
-    if not isinstance(raw, dict) or set(raw) - {"rank", "at", "step", "seconds"}:
-        raise ValueError("expected an object with 'rank', 'at', 'step'?, 'seconds'?")
-    rank, at, step, secs = raw.get("rank"), raw.get("at", "op"), raw.get("step"), raw.get("seconds", 0.0)
-    if not isinstance(rank, int) or isinstance(rank, bool):
-        raise ValueError("expected an integer 'rank'")
-    if at not in STRIKE_POINTS:
-        raise ValueError(f"'at' must be one of {', '.join(STRIKE_POINTS)}, got {at!r}")
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-        raise ValueError("expected an integer 'step' or none")
-    if (at in ("during-load", "run", "engine")) != (step is not None):
-        raise ValueError(f"a fault at {at!r} {'needs' if step is None else 'takes no'} 'step'")
-    if not isinstance(secs, (int, float)) or isinstance(secs, bool) or not 0 <= secs <= 60:
-        raise ValueError("'seconds' must be a number in 0..60")
-    return ServerFault(rank, at, step, float(secs))
-
-
-def _sf_fits(f: ServerFault, n: int, k: int) -> bool:
-    return 0 <= f.rank < n and (f.step is None or f.step >= 0)
-
-
-def _sf_text(what: str) -> Callable[[ServerFault], str]:
-    def text(f: ServerFault) -> str:
-        where = {"before-lookup": "before the lookup", "after-lookup": "between lookup and load",
-                 "during-load": f"before load step {f.step}", "op": "at this op", "run": f"at op {f.step} of the run",
-                 "engine": f"before engine step {f.step}"}[f.at]
-        lasts = f" for {f.seconds:g} s" if f.seconds else ""
-        return f"rank {f.rank}'s server {what}{lasts} {where}"
-    return text
-
-
-def _sf_singles(seconds: float) -> Callable[[int, int], Iterator[ServerFault]]:
-    """Each rank's server struck before the lookup, between lookup and load, and before load step 0."""
-    def singles(n: int, k: int) -> Iterator[ServerFault]:
-        for at, step in (("before-lookup", None), ("after-lookup", None), ("during-load", 0)):
-            for r in range(n):
-                yield ServerFault(r, at, step, seconds)
-    return singles
-
-
-def _sf_shorter(f: ServerFault) -> Iterator[ServerFault]:
-    if f.step:
-        yield attrs.evolve(f, step=f.step - 1)
-
-
 def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], None], *, seconds: float,
                  loses: str = "nothing", needs_process: bool = False) -> FaultKind:
-    return FaultKind(field=field, when="server", level="nemesis", explorer="", text=_sf_text(what), to_json=_sf_json,
-                     from_json=_sf_from, fits=_sf_fits, singles=_sf_singles(seconds), draw=lambda rng, n, k: (),
-                     smaller=_sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
+    return FaultKind(field=field, when="server", level="nemesis", text=sf_text(what), to_json=sf_json,
+                     from_json=sf_from, fits=sf_fits, singles=sf_singles(seconds), draw=lambda rng, n, k: (),
+                     smaller=sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
                      refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
 
 
@@ -456,7 +337,6 @@ FAULT_KINDS = FAULT_KINDS + SERVER_KINDS
 FAULT_FIELDS = tuple(k.field for k in FAULT_KINDS)
 #: The ways `FaultPlan.refitted` re-places a fault in a smaller shape.
 REFITS = ("owner", "shift", "last")
-NO_FAULTS = FaultPlan()
 
 
 def server_fault_kinds(spec: str) -> tuple[FaultKind, ...]:

@@ -7,7 +7,7 @@ synchronises the clocks of all ranks. The simulator names desync, deadlock, hang
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 import attrs
 
@@ -17,7 +17,7 @@ from model.interpreter import (ARRIVE_NOTE, WAITS_FOREVER, WAITS_FOREVER_NOTE, c
                                completed_note, desync, handle_problem, not_an_effect, program_failed, rank_failed,
                                step_bound, store_call_failed, stuck, timeout_problem, wait_outcome)
 from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_call, wait_future
-from model.faults import Eviction
+from model.faults import NEVER, Eviction
 from model.outcome import Event, SimResult, Violation
 
 __all__ = ["DONE", "Chooser", "ScheduleError", "lowest_runnable", "seeded_chooser", "Simulator", "simulate"]
@@ -47,7 +47,7 @@ def seeded_chooser(seed: int) -> Chooser:
 class _Async:
     key: str
     issued: float
-    future: Any  # None when the completion is lost
+    future: Any  # None when the completion never arrives
     delay: float
 
 
@@ -64,11 +64,12 @@ class _Rank:
 
 
 class Simulator:
-    """Runs rank programs over `stores` (one `RankStore` per rank); see `simulate`."""
+    """Runs rank programs over `stores` (one `RankStore` per rank); see `simulate`. `late`: (rank, i) -> how many
+    seconds late rank `rank`'s i-th `GetAsync` completes (`model.faults.NEVER`: never; `FaultPlan.late`)."""
 
     def __init__(self, programs: Sequence[Generator], stores: Sequence[RankStore], *, phase: str,
                  schedule: Sequence[int] = (), chooser: Chooser = lowest_runnable, step_bound: int = 10_000,
-                 lost: Sequence[tuple[int, int]] = (), delayed: Sequence[tuple[int, int, float]] = (),
+                 late: Mapping[tuple[int, int], float] | None = None,
                  evictions: Sequence[Eviction] = (), evict: Callable[[Eviction], None] | None = None,
                  wait_bound: float = DEFAULT_OP_TIMEOUT) -> None:
         self.ranks = [_Rank(p) for p in programs]
@@ -78,8 +79,7 @@ class Simulator:
         self.schedule = list(schedule)
         self.chooser = chooser
         self.step_bound = step_bound
-        self.lost = set(map(tuple, lost))
-        self.delayed = {(r, i): d for r, i, d in delayed}
+        self.late = dict(late or {})
         self.evictions: dict[int, list[Eviction]] = {}
         for e in evictions:
             self.evictions.setdefault(e.step, []).append(e)
@@ -125,8 +125,9 @@ class Simulator:
             i = rank.n_async
             rank.n_async += 1
             self.reads.append((r, effect.key))
-            future = None if (r, i) in self.lost else store.get_async(effect.key)
-            rank.asyncs[i] = _Async(effect.key, rank.clock, future, self.delayed.get((r, i), 0.0))
+            delay = self.late.get((r, i), 0.0)
+            future = None if delay == NEVER else store.get_async(effect.key)
+            rank.asyncs[i] = _Async(effect.key, rank.clock, future, delay)
             return Handle(r, i, effect.key)
         if isinstance(effect, Wait):
             return self._wait(r, effect)

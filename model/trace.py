@@ -23,6 +23,7 @@ from model.faults import FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
 from model.outcome import Violation
+from model.store import MEMORY_CLIENT
 from model.trace_validate import MAX_OPS, MAX_RANKS, need as _need, validate_concurrent, validate_rate, \
     validate_store_ops
 
@@ -60,7 +61,7 @@ class Trace:
 
     # -- building -----------------------------------------------------------------------------------
     @classmethod
-    def from_outcome(cls, outcome: Outcome, *, protocol_ref: str | None, client: str = "model",
+    def from_outcome(cls, outcome: Outcome, *, protocol_ref: str | None, client: str = MEMORY_CLIENT,
                      origin: str = "", summary: str = "", expect: dict | None = None) -> "Trace":
         """The trace of a protocol run."""
         case = outcome.case

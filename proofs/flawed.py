@@ -42,10 +42,10 @@ def evaluate(variant: str, n: int, k: int, cached: set[int] | frozenset[int]) ->
     from model.store import memory_factory
 
     protocol = getattr(model.variants, VARIANTS[variant][0])()
-    case = Case(n, k, faults=FaultPlan(evict_before_lookup=[Eviction(c) for c in range(k) if c not in cached]))
+    case = Case(n, k, faults=FaultPlan.of(before_lookup=[Eviction(c) for c in range(k) if c not in cached]))
     stores = memory_factory(n)
     out, shadow = store_phase(protocol, case, stores)
-    for e in case.faults.evict_before_lookup:
+    for e in case.faults.at("before-lookup"):
         shadow.evict(e)
     lookup_phase(protocol, out, stores, shadow)
     planned, lcp = out.planned, out.lcp

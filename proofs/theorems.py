@@ -1,19 +1,17 @@
 """T1..T5: the unbounded theorems, each split into small quantifier-free obligations.
 
-Proof style (the reason every obligation is stable across seeds): definitions are written as their
-universally quantified defining properties (the LCP ``L``: every chunk below ``L`` is cached, and
-``L = K`` or chunk ``L`` is missing; a rank's report: every owned chunk below it is cached, and it is
-``K`` or an owned missing chunk; the minimum ``m``: below-or-equal every report, equal to the report
-of a witness rank ``j0``).  A proof step never hands the quantifiers to the solver: it names the
-instances it needs (explicit witnesses such as "the rank owning chunk L") and asserts only those.
-Instances of true universal hypotheses are true, so an unsat quantifier-free obligation is a proof
-of the universal statement for every N >= 1, K >= 0 and every cached set / ownership / fault set.
-Nonlinear facts are proved once as separate lemmas: T1 keeps ``c mod N`` as a term but the only
-fact its steps rely on (0 <= c mod N < N) is the lemma ``mod_is_total_ownership``, instantiated where
-needed; T3's products S*L, S*K are replaced in the main step by fresh constants carrying only the
-lemmas' conclusions; T5's products over the reals go to nlsat in tiny separate obligations, with
-1/B and 1/R as variables x, y (x*B = 1, y*R = 1) instead of divisions.  A sequence of obligations
-sharing symbol names composes: an earlier lemma's conclusion appears as a hypothesis of a later one.
+Proof style (the reason every obligation is stable across seeds): definitions are written as their universally
+quantified defining properties (the LCP ``L``: every chunk below ``L`` is cached, and ``L = K`` or chunk ``L`` is
+missing; a rank's report: every owned chunk below it is cached, and it is ``K`` or an owned missing chunk; the minimum
+``m``: below-or-equal every report, equal to the report of a witness rank ``j0``).  A proof step never hands the
+quantifiers to the solver: it names the instances it needs (explicit witnesses such as "the rank owning chunk L") and
+asserts only those. Instances of true universal hypotheses are true, so an unsat quantifier-free obligation is a proof
+of the universal statement for every N >= 1, K >= 0 and every cached set / ownership / fault set. Nonlinear facts are
+proved once as separate lemmas: T1 keeps ``c mod N`` as a term but the only fact its steps rely on (0 <= c mod N < N)
+is the lemma ``mod_is_total_ownership``, instantiated where needed; T3's products S*L, S*K are replaced in the main
+step by fresh constants carrying only the lemmas' conclusions; T5's products over the reals go to nlsat in tiny
+separate obligations, with 1/B and 1/R as variables x, y (x*B = 1, y*R = 1) instead of divisions.  A sequence of
+obligations sharing symbol names composes: an earlier lemma's conclusion appears as a hypothesis of a later one.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
+from model.store import MEMORY_CLIENT
 from model.trace import Trace
 from runtime.registry import protocol_bug_expect
 
@@ -37,7 +38,7 @@ def case_of(witness: dict[str, Any]) -> Case:
     """The harness case realising Z3's configuration: evict every chunk outside the cached set."""
     k, cached = witness["n_chunks"], set(witness["cached"])
     evict = tuple(Eviction(c) for c in range(k) if c not in cached)
-    return Case(n_ranks=witness["n_ranks"], n_chunks=k, faults=FaultPlan(evict_before_lookup=evict))
+    return Case(n_ranks=witness["n_ranks"], n_chunks=k, faults=FaultPlan.of(before_lookup=evict))
 
 
 def replay(witness: dict[str, Any]) -> Outcome:
@@ -62,7 +63,7 @@ def build_trace(report: TheoremReport) -> Trace:
     if w is None:
         raise ValueError(f"{report.theorem}: no counterexample to turn into a trace")
     outcome = replay(w)
-    trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client="model",
+    trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client=MEMORY_CLIENT,
                                origin=f"z3:proofs.flawed:{report.theorem}", summary=summary_of(w),
                                expect=protocol_bug_expect())
     trace.notes = (f"Z3 model: n_ranks={w['n_ranks']} n_chunks={w['n_chunks']} cached={w['cached']} "

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.checks import check_outcome, completeness, soundness
 from model.effects import Put
-from model.faults import Eviction, FaultPlan
+from model.faults import NEVER, Eviction, FaultPlan
 from model import harness
 from model.harness import Case, Outcome, lookup_phase, store_phase
 from model.outcome import OtherPrompt
@@ -41,8 +41,7 @@ class Episode:
         self.before: list[Eviction] = []
         self.after: list[Eviction] = []
         self.during: list[Eviction] = []
-        self.lost: list[tuple[int, int]] = []
-        self.delayed: list[tuple[int, int, float]] = []
+        self.late: dict[tuple[int, int], float] = {}  # (rank, i) -> seconds late (`model.faults.NEVER`: lost)
         self.sim: Simulator | None = None
         hashes, kv = list(chunk_hashes(k, salt)), list(kv_bytes(k, salt))  # copies: a protocol may mutate them
         self.out, self.shadow = store_phase(protocol, self.case(), stores, hashes=hashes, kv=kv)
@@ -53,8 +52,8 @@ class Episode:
         return harness.default_step_bound(self.n, self.k)
 
     def faults(self) -> FaultPlan:
-        return FaultPlan(evict_before_lookup=self.before, evict_after_lookup=self.after,
-                         evict_during_load=self.during, lost=self.lost, delayed=self.delayed)
+        return FaultPlan.of(before_lookup=self.before, after_lookup=self.after, during_load=self.during,
+                            late=self.late)
 
     def case(self) -> Case:
         """The `Case` that `run_case` replays this episode from."""
@@ -92,27 +91,24 @@ class Episode:
         return (self.sim.ranks[rank].n_async if self.sim is not None else 0) + ahead
 
     def lose(self, rank: int, ahead: int) -> tuple[int, int]:
-        """The completion of `rank`'s `ahead`-th next `GetAsync` will never arrive."""
-        x = (rank, self._next_async(rank, ahead))
-        self.lost.append(x)
-        if self.sim is not None:
-            self.sim.lost.add(x)
-        return x
+        """The completion of `rank`'s `ahead`-th next `GetAsync` will never arrive; (rank, i)."""
+        return self.delay(rank, ahead)[:2]
 
-    def delay(self, rank: int, ahead: int, seconds: float) -> tuple[int, int, float]:
-        """The completion of `rank`'s `ahead`-th next `GetAsync` arrives `seconds` after it was issued."""
-        x = (rank, self._next_async(rank, ahead), seconds)
-        self.delayed.append(x)
+    def delay(self, rank: int, ahead: int, seconds: float = NEVER) -> tuple[int, int, float]:
+        """The completion of `rank`'s `ahead`-th next `GetAsync` arrives `seconds` after it was issued (`NEVER`:
+        it never arrives); (rank, i, seconds)."""
+        x = (rank, self._next_async(rank, ahead))
+        self.late[x] = max(seconds, self.late.get(x, 0.0))
         if self.sim is not None:
-            self.sim.delayed[x[:2]] = seconds
-        return x
+            self.sim.late[x] = self.late[x]
+        return (*x, seconds)
 
     def start_load(self) -> None:
         """Every rank starts its load program (the simulator primes each to its first effect)."""
         assert self.phase == LOOKED_UP
         sim = Simulator([self.protocol.rank_load(r, self.n, self.out.hashes, self.out.planned) for r in range(self.n)],
                         self.stores, phase="load", chooser=lowest_runnable, step_bound=self.bound(),
-                        lost=self.lost, delayed=self.delayed, evict=self.shadow.evict, wait_bound=self.wait_bound)
+                        late=self.late, evict=self.shadow.evict, wait_bound=self.wait_bound)
         self.sim = sim
         self.phase = LOADING
         sim.start()

@@ -11,6 +11,7 @@ from typing import Any
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
+from model.codec import preview
 from model.contract import StoreCallTimeout, declared_paths
 from model.faults import ServerFault
 from model.history import VALUE_READS, answer, read_args, wrong_key
@@ -32,13 +33,6 @@ class Pending:
 
     def __repr__(self) -> str:
         return f"Pending(rank={self.rank}, key={self.key!r}, client={self.client})"
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        b = bytes(v)
-        return f"{len(b)} bytes {b[:8]!r}{'...' if len(b) > 8 else ''}"
-    return repr(v)
 
 
 _namespaces = itertools.count()
@@ -168,16 +162,16 @@ class StoreMachine(RuleBasedStateMachine):
         if value in allowed:
             self.seen[client][rank][key] = value
             return
-        shown = " or ".join(_short(a) for a in allowed)
+        shown = " or ".join(preview(a) for a in allowed)
         where = f"rank {rank}{f' client {client}' if client else ''}"
         crossed = wrong_key([key], value, allowed[0], self.held[rank])
         if crossed is not None:
             self._fail("wrong-key", f"{where}: {what} answered {key!r} with a value put for {crossed[1]!r} "
-                                    f"({_short(value)}), expected {shown}")
+                                    f"({preview(value)}), expected {shown}")
         stale = self._unseen_change(rank, key, client, lambda seen: seen == value)
         if stale:
-            self._fail("shared-tier", f"{where}: {what} returned {_short(value)}, expected {shown}: {stale}")
-        self._fail("store-roundtrip", f"{where}: {what} returned {_short(value)}, expected {shown}")
+            self._fail("shared-tier", f"{where}: {what} returned {preview(value)}, expected {shown}: {stale}")
+        self._fail("store-roundtrip", f"{where}: {what} returned {preview(value)}, expected {shown}")
 
     def _unseen_change(self, rank: int, key: str, client: int, stale: Any) -> str:
         """Why a wrong answer is a change this client did not see ('' if it is not): another client or the server
@@ -381,7 +375,7 @@ class StoreMachine(RuleBasedStateMachine):
                 got = ...
             if got is not ... and got is not None and bytes(got) != self.oracle[rank].get(key):
                 self._fail("fault-integrity", f"rank {rank}: get({key!r}) while {kind.text(fault)} returned "
-                                              f"{_short(bytes(got))}, expected {_short(self.oracle[rank].get(key))} or a miss")
+                                              f"{preview(bytes(got))}, expected {preview(self.oracle[rank].get(key))} or a miss")
             healed = control.healed(fault.seconds + 10.0)
             self.ops.append({"op": "recover", "rank": rank})
             bound = self.plan.recovery_seconds or default_recovery_seconds(self.timeout)

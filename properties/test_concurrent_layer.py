@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from engines.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
 from engines.nemesis import nemesis_layout
-from engines.racy import to_trace
+from engines.concurrency_engine import to_trace
 from model.contract import declared_paths
 from model.faults import SERVER_KINDS
 from model.history import SINGLE_KEY_READS, lanes

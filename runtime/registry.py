@@ -34,15 +34,16 @@ from typing import Any, Callable
 import attrs
 
 from model.contract import DEPLOYMENT_METHODS, PROTOCOL_METHODS, STORE_METHODS, missing_members
+from model.store import MEMORY_CLIENT
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
            "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
-           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "protocol_bug_expect",
-           "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine",
+           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "by_verdict",
+           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine",
            "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
 
 DEFAULT_PROTOCOL = "paper"
-DEFAULT_CLIENT = "model"
+DEFAULT_CLIENT = MEMORY_CLIENT
 #: What starts the servers several clients share: embedded Valkey (a real client), in-memory servers (`model`).
 VALKEY_TIER = "adapters.shared_tier:valkey_tier"
 MEMORY_TIER = "model.store:memory_tier"
@@ -68,23 +69,27 @@ class ClientEntry:
     #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
     corpus: bool = False
     tier: str = VALKEY_TIER
+    #: What `check` of the reference protocol is expected to give on it ("violated": stock, "held": fixed; None:
+    #: `verify` does not check it): `verify` asserts it, the findings are judged on the fixed one (`by_verdict`).
+    expect: str | None = None
 
 
 _LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
 
 #: Client names accepted by `--client`.
 CLIENTS: dict[str, ClientEntry] = {
-    "model": ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
-                         in_memory=True, options=("urls",), corpus=True, tier=MEMORY_TIER),
+    MEMORY_CLIENT: ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
+                               in_memory=True, options=("urls",), corpus=True, tier=MEMORY_TIER),
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
-                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True),
+                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True,
+                           expect="violated"),
     "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
     "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
                                    options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
-                                   corpus=True),
+                                   corpus=True, expect="held"),
 }
 
 
@@ -103,7 +108,7 @@ CHECK_ENGINES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
     "nemesis": "engines.nemesis:Nemesis",
     "retention": "engines.retention:Retention",
-    "concurrency": "engines.racy:Concurrency",
+    "concurrency": "engines.concurrency_engine:Concurrency",
     "enumerate": "engines.search:Enumeration",
     "explore": "engines.explore.engine:Explorer",
     "hypothesis": "properties.engine:HypothesisMachines",
@@ -303,7 +308,7 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     if not callable(obj):
         raise ResolveError(f"client {name!r}: {type(obj).__name__} is neither a store factory nor a RankStore class")
     if entry is not None:
-        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus"))
+        caps = attrs.asdict(entry, filter=lambda a, _: a.name not in ("ref", "about", "corpus", "expect"))
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options", "tier")
                 if hasattr(obj, k)}
@@ -323,6 +328,11 @@ def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
 def real_clients() -> tuple[str, ...]:
     """Every named client that is not in memory (the real ones findings are measured on)."""
     return tuple(name for name, e in CLIENTS.items() if not e.in_memory)
+
+
+def by_verdict(entries: dict[str, Any], verdict: str) -> tuple[str, ...]:
+    """The names in `entries` (`CLIENTS` or `SERVING_ENGINES`) whose `expect` is `verdict` ("violated", "held")."""
+    return tuple(name for name, e in entries.items() if e.expect == verdict)
 
 
 def protocol_bug_expect() -> dict[str, str]:
@@ -373,6 +383,9 @@ class ServingEngineEntry:
     about: str
     lookups: tuple[str, ...] = ("sync", "async")
     options: tuple[str, ...] | None = None
+    #: What `check --engine NAME` is expected to give: "violated" (stock: its findings are searched for on it) or
+    #: "held" (fixed: the findings are judged on it, the engine demos patched into it), as `ClientEntry.expect`.
+    expect: str = "violated"
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -385,7 +398,7 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                            about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
                                  "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
     "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
-                                   about="lmcache with shardcheck's fixes to its lookup-and-load path"),
+                                   about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
 }
 _APPLIED_PATCHES: list[str] = []
 

@@ -48,12 +48,13 @@ def _lookups(target: Any, mode: str, seconds: float) -> float:
         dep.close()
 
 
-def measure_engine(seconds: float = 3.0, engine: str = "lmcache-patched") -> dict[str, Any]:
-    """The engine figures (see the module docstring), on `engine` (the patched one: its close returns)."""
+def measure_engine(seconds: float = 3.0, engine: str | None = None) -> dict[str, Any]:
+    """The engine figures (see the module docstring), on `engine` (default: the fixed one, whose close returns)."""
+    from runtime.registry import SERVING_ENGINES, by_verdict
     from engines.engine_search import engine_target
     from model.engine_case import EngineCase
 
-    target = engine_target(engine)
+    target = engine_target(engine or by_verdict(SERVING_ENGINES, "held")[0])
     case = EngineCase(n_ranks=2, lookup="sync")
     target.make(case).close()  # the imports and the first build
     builds = []

@@ -28,7 +28,7 @@ from model.faults import Eviction, FaultPlan
 from model.outcome import Case
 from model.protocols import PaperProtocol
 def main():
-    case = Case(4, 8, faults=FaultPlan(evict_after_lookup=[Eviction(5)]))
+    case = Case(4, 8, faults=FaultPlan.of(after_lookup=[Eviction(5)]))
     with ProcessRunner() as r:
         out = r.run(PaperProtocol(), case)
         first = time.monotonic()

@@ -7,7 +7,7 @@ from typing import Any
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 
-__all__ = ["protocol_of", "client_of", "cmd_prove", "cmd_show", "cmd_bench"]
+__all__ = ["protocol_of", "cmd_prove", "cmd_show", "cmd_bench"]
 
 
 def _err(msg: str) -> None:
@@ -19,15 +19,6 @@ def protocol_of(spec: Any) -> Any:
     from runtime.registry import ResolveError, resolve_protocol
     try:
         return resolve_protocol(spec)
-    except ResolveError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def client_of(spec: Any) -> Any:
-    """The resolved client `spec` names (`runtime.registry.Client`)."""
-    from runtime.registry import ResolveError, resolve_client
-    try:
-        return resolve_client(spec)
     except ResolveError as exc:
         raise UsageError(str(exc)) from None
 

@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS"]
+from runtime.registry import SERVING_ENGINES, by_verdict
+
+__all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
+
+#: The stock engine the findings are searched for on, and the fixed one they are judged on (the registry's
+#: `expect`: "violated", "held").
+(STOCK,), (FIXED,) = by_verdict(SERVING_ENGINES, "violated"), by_verdict(SERVING_ENGINES, "held")
 
 ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
 MEASURE_RUNS = 10
@@ -30,24 +36,24 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
     for mode in modes:
-        stock, patched = engine_target("lmcache", lookup=mode), engine_target("lmcache-patched", lookup=mode)
+        stock, patched = engine_target(STOCK, lookup=mode), engine_target(FIXED, lookup=mode)
         stats = EngineStats()
         end = time.monotonic() + budget
-        progress(f"engine findings, {mode} lookups: {budget:g} s of search on lmcache ...")
+        progress(f"engine findings, {mode} lookups: {budget:g} s of search on {STOCK} ...")
         findings = engine_search(stock.make, lookups=(mode,), max_ranks=3, seed=0, stats=stats, by_origin=True,
                                  should_stop=lambda: time.monotonic() >= end, minimise_seconds=MINIMISE_SECONDS,
                                  measure_runs=MEASURE_RUNS)
         progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
             f"{f.property} ({f.k}/{f.n})" for f in findings))
         for f in findings:
-            trace = engine_trace(f, engine="lmcache", options={}, expect={"lmcache": "reproduces"})
+            trace = engine_trace(f, engine=STOCK, options={}, expect={STOCK: "reproduces"})
             what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
-            path = ENGINE_CORPUS / f"lmcache-{mode}-{f.property}-{what}.json"
+            path = ENGINE_CORPUS / f"{STOCK}-{mode}-{f.property}-{what}.json"
             trace.save(path, overwrite=True)
-            progress(f"  judging {path.name} ({f.k}/{f.n} on lmcache) on lmcache-patched ...")
+            progress(f"  judging {path.name} ({f.k}/{f.n} on {STOCK}) on {FIXED} ...")
             verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
-            trace.expect["lmcache-patched"] = verdict.outcome
+            trace.expect[FIXED] = verdict.outcome
             trace.save(path, overwrite=True)
             written.append(path)
-            progress(f"wrote {path} ({verdict.outcome} on lmcache-patched: {verdict.why})")
+            progress(f"wrote {path} ({verdict.outcome} on {FIXED}: {verdict.why})")
     return written

@@ -86,11 +86,11 @@ def _z3(check: bool, real: bool) -> list[str]:
 
 
 def _findings(check: bool, real: bool) -> list[str]:
-    from adapters import nemesis_findings, racy_findings, replay
+    from adapters import nemesis_findings, racy_findings, storeops_findings
     if check:
         raise UsageError("regen findings --check is not supported: the findings are measured on real servers "
                          "(replay them with `shardcheck replay counterexamples/lmcache-*.json --expect`)")
-    replay.build(progress=_say)
+    storeops_findings.build(progress=_say)
     racy_findings.build(progress=_say)
     nemesis_findings.build(progress=_say)
     return []

@@ -9,7 +9,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from runtime.registry import corpus_clients
+from runtime.registry import CLIENTS, SERVING_ENGINES, by_verdict, corpus_clients
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 
@@ -42,7 +42,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     from shardcheck.check_cmd import run_check
     from shardcheck.engine_findings import ENGINE_CORPUS
     from shardcheck.replay import run_replay
-    engines = [only] if only else ["lmcache", "lmcache-patched"]
+    engines = [only] if only else list(SERVING_ENGINES)
     secs = max(budget, 60.0)
 
     def check(engine: str, patches: tuple = ()) -> Callable[[], tuple[str, str]]:
@@ -58,19 +58,20 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
             else:
                 r = run_check(None, None, budget=secs, out_dir=out_dir, engine=engine)
             props = sorted({v["property"] for v in r["violations"]})
-            cases = r["stats"]["coverage"].get("engine-cases", {}).get("cases", 0)
-            return r["verdict"], f"{cases} engine cases" + (f"; {', '.join(props)}" if props else "")
+            return r["verdict"], f"{r['stats']['cases']} cases" + (f"; {', '.join(props)}" if props else "")
         return go
 
-    if "lmcache" in engines:
-        _step(rows, "check --engine lmcache (stock 0.5.6, real Valkey)", "violated", check("lmcache"))
-    if "lmcache-patched" in engines:
-        _step(rows, "check --engine lmcache-patched", "held", check("lmcache-patched"))
-        for p in CATALOG:
+    for engine in engines:
+        expect = SERVING_ENGINES[engine].expect
+        _step(rows, f"check --engine {engine} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
+              check(engine))
+        if expect != "held":
+            continue
+        for p in CATALOG:  # the engine demos, patched into a fixed engine
             if p.layer == "engine":
                 for demo in p.demos:
-                    _step(rows, f"check --engine lmcache-patched --engine-patch {demo} -> {p.name}", "violated",
-                          check("lmcache-patched", (f"adapters.engine_demos:{demo}",)))
+                    _step(rows, f"check --engine {engine} --engine-patch {demo} -> {p.name}", "violated",
+                          check(engine, (f"adapters.engine_demos:{demo}",)))
     for engine in engines:
         def replay(engine: str = engine) -> tuple[str, str]:
             res = run_replay([str(ENGINE_CORPUS)], engine=engine)
@@ -90,8 +91,8 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
     rows: list[dict] = []
     out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
     if engine is not None:  # only the engine layer, on that engine
-        if engine not in ("lmcache", "lmcache-patched"):
-            raise UsageError(f"verify --engine {engine!r}: expected lmcache or lmcache-patched")
+        if engine not in SERVING_ENGINES:
+            raise UsageError(f"verify --engine {engine!r}: expected one of {', '.join(SERVING_ENGINES)}")
         _engine_steps(rows, budget, out_dir, engine)
         return _report(rows, as_json, out_dir)
 
@@ -145,6 +146,27 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
     _step(rows, "check demo EarlyExitOnMiss --runner processes -> desync", "violated",
           processes("model.variants:EarlyExitOnMiss"))
 
+    _scale_tier_manifest_steps(rows, out_dir)
+    for client in (*by_verdict(CLIENTS, "violated"), *by_verdict(CLIENTS, "held")):
+        expect = CLIENTS[client].expect
+        _step(rows, f"check paper on {client} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
+              lambda client=client: _child_check(client, budget, out_dir))
+
+    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
+    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
+
+    for client in corpus_clients():
+        def replay(client: str = client) -> tuple[str, str]:
+            res = run_replay([str(CORPUS)], client)
+            off = [r["path"] for r in res if not r["matches"]]
+            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
+        _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
+    _engine_steps(rows, budget, out_dir, None)
+    return _report(rows, as_json, out_dir)
+
+
+def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
+    """The explorer on worker processes, the tier measured with the cost model, the explorer's manifest."""
     def explore_workers() -> tuple[str, str]:
         from engines.explore.shards import ShardSpec
         from engines.explore.workers import explore_workers as run
@@ -177,22 +199,6 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
                                                        if bad else f"{n} entries match")
 
     _step(rows, "explorer manifest", "no drift", manifest)
-    _step(rows, "check paper on lmcache (stock 0.5.6, real Valkey)", "violated",
-          lambda: _child_check("lmcache", budget, out_dir))
-    _step(rows, "check paper on lmcache-patched (real Valkey)", "held",
-          lambda: _child_check("lmcache-patched", budget, out_dir))
-
-    from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
-    nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
-
-    for client in corpus_clients():
-        def replay(client: str = client) -> tuple[str, str]:
-            res = run_replay([str(CORPUS)], client)
-            off = [r["path"] for r in res if not r["matches"]]
-            return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
-        _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
-    _engine_steps(rows, budget, out_dir, None)
-    return _report(rows, as_json, out_dir)
 
 
 def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:

@@ -39,6 +39,7 @@ def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None
     """Add the steps through `step(name, expected, fn)`."""
     from adapters.nemesis_findings import CLIENTS, OUT_DIR
     from adapters.valkey_clients import NEMESIS_DEMOS
+    from runtime.registry import CLIENTS as registry_clients, by_verdict
     from shardcheck.check_cmd import run_check
 
     def check(client: str, kinds: str, secs: float) -> Callable[[], tuple[str, str]]:
@@ -54,13 +55,14 @@ def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None
     step("check --nemesis all: the reference valkey-py client", "held",
          check("adapters.valkey_clients:reference_factory", "all", max(budget, 30)))
 
-    def patched() -> tuple[str, str]:
-        r = in_child("check", "--client", "lmcache-patched", "--nemesis", "all", "--budget", str(max(60.0, 3 * budget)),
+    def patched(fixed: str) -> tuple[str, str]:
+        r = in_child("check", "--client", fixed, "--nemesis", "all", "--budget", str(max(60.0, 3 * budget)),
                      "--out", out_dir)
         nem = r["stats"]["coverage"].get("nemesis", {})
         props = sorted({v["property"] for v in r["violations"]})
         return r["verdict"], "; ".join(props) or nem.get("text", "")
-    step("check --nemesis all on lmcache-patched (real Valkey)", "held", patched)
+    for fixed in by_verdict(registry_clients, "held"):  # the fixed real clients hold through every fault
+        step(f"check --nemesis all on {fixed} (real Valkey)", "held", lambda fixed=fixed: patched(fixed))
 
     for client in CLIENTS:
         def replay(client: str = client) -> tuple[str, str]:

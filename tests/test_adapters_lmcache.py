@@ -195,9 +195,9 @@ def test_patched_valkey_client_passes_every_scenario(use_mla: bool):
 
 # --------------------------------------------------------------------------- the saved counterexamples
 
-from adapters.replay import FINDINGS, replay, trace_of  # noqa: E402
+from adapters.storeops_findings import FINDINGS, replay, trace_of  # noqa: E402
 
-#: The deterministic store-ops findings (`adapters.replay.FINDINGS`); the racy ones are `adapters.racy_findings`.
+#: The deterministic store-ops findings (`adapters.storeops_findings.FINDINGS`); the racy ones are `adapters.racy_findings`.
 SAVED = sorted(p for p in (ROOT / "counterexamples").glob("lmcache-*.json") if Trace.load(p).kind == "store-ops")
 RACY_SAVED = sorted(p for p in (ROOT / "counterexamples").glob("lmcache-*.json") if Trace.load(p).kind == "concurrent")
 

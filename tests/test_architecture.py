@@ -1,15 +1,20 @@
-"""ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, and the "Where to add
-things" table holds when it is done: an engine is its module and one registry entry, a client its factory and one
-registry entry."""
+"""ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
+has its record, and the "Where to add things" table holds when it is done (an engine is its module and one registry
+entry, a client its factory and one registry entry) and when it is counted (a fault kind's field named in its record
+alone, a client's name in the registry and its adapter); no module over 500 lines, no function over 100."""
 from __future__ import annotations
 
+import ast
 import sys
 import time
 import types
+from pathlib import Path
 
+import attrs
 import pytest
 
 from engines.api import Coverage, SearchContext, Target, target_kind
+from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
@@ -98,3 +103,192 @@ def test_a_client_is_its_factory_and_one_registry_entry(monkeypatch, tmp_path):
     assert result["client"] == "toy" and result["verdict"] == "violated"
     (row,) = run_replay([result["violations"][0]["counterexample"]])
     assert row["client"] == "toy" and row["outcome"] == "reproduces"
+
+
+# -- the "Where to add things" table, counted -------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+#: The packages whose modules the counts and the size limits cover (tests are not counted: a new thing's test is
+#: its own file).
+PACKAGES = ("model", "runtime", "engines", "adapters", "properties", "proofs", "shardcheck")
+#: What a fault kind's field may be named in besides its record (`model/faults.py`): the findings measured with a
+#: real-server kind (data naming a kind that exists, not code that must learn a new one).
+FAULT_KIND_USES = {"adapters/nemesis_findings.py"}
+
+
+def _sources() -> dict[str, ast.AST]:
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text(), str(p)) for pkg in PACKAGES
+            for p in sorted((ROOT / pkg).rglob("*.py")) if not p.name.startswith("test_")}
+
+
+SOURCES = _sources()
+
+
+def _addressed(tree: ast.AST) -> set[str]:
+    """The names a module addresses a field by: attributes (`plan.lost`), keywords (`FaultPlan(lost=...)`) and string
+    constants (`faults["lost"]`, `getattr(plan, "lost")`)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            out.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.add(node.value)
+    return out
+
+
+ADDRESSED = {path: _addressed(tree) for path, tree in SOURCES.items()}
+STRINGS = {path: {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+           for path, tree in SOURCES.items()}
+
+
+def files_naming_fault_kind(field: str) -> list[str]:
+    """The modules that address a `FaultPlan` field (tests excluded)."""
+    return sorted(path for path, names in ADDRESSED.items() if field in names)
+
+
+@pytest.mark.parametrize("field", FAULT_FIELDS)
+def test_a_fault_kind_is_named_in_its_record_alone(field):
+    """ARCHITECTURE.md "a fault kind": its `FaultPlan` field and record in `model/faults.py`, at most two files more.
+    Counted: every other module builds and reads plans by phase and by the record's hooks (`FaultPlan.of`, `.at`,
+    `.late`, `.items`), so the field is named in `model/faults.py` and, for a real-server kind, the findings that
+    strike it."""
+    files = files_naming_fault_kind(field)
+    assert "model/faults.py" in files
+    assert set(files) - {"model/faults.py"} <= FAULT_KIND_USES, files
+    assert len(files) <= 3, files
+
+
+def test_every_fault_plan_field_has_its_record():
+    """Every `FaultPlan` field is a `FaultKind` record, and every record's field is one; the hooks a record's family
+    needs are there."""
+    fields = [f.name for f in attrs.fields(FaultPlan)]
+    assert sorted(fields) == sorted(FAULT_FIELDS) and len(set(FAULT_FIELDS)) == len(FAULT_FIELDS)
+    for kind in FAULT_KINDS:
+        assert kind.family in ("harness", "server")
+        assert (kind.strike is not None) == (kind.family == "server"), kind.field
+        assert (kind.late is None) == (kind.of_late is None), kind.field
+        if kind.when == "completion":  # the simulator's one input: how late each read completes
+            item = next(kind.singles(2, 3))
+            read, seconds = kind.late(item)
+            assert kind.of_late(*read, seconds) == item
+
+
+def test_a_plan_built_by_phase_round_trips():
+    """`FaultPlan.of` (by phase and lateness) gives back what `at` and `late` read, with the kinds' own items."""
+    plan = FaultPlan.of(before_lookup=[Eviction(0)], after_lookup=[Eviction(1, 0)], during_load=[Eviction(2, step=3)],
+                        late={(0, 0): NEVER, (1, 2): 0.5})
+    assert plan.at("before-lookup") == (Eviction(0),) and plan.at("after-lookup") == (Eviction(1, 0),)
+    assert plan.at("during-load") == (Eviction(2, step=3),)
+    assert plan.late() == {(0, 0): NEVER, (1, 2): 0.5}
+    assert FaultPlan.from_json(plan.to_json()) == plan and plan.size() == 5
+
+
+#: Where a first-class client's name may be written besides the registry and its adapter, and why: the findings
+#: tables of what was measured on that very client, or the word meaning something else (the list only shrinks).
+CLIENT_NAME_USES = {
+    "model": {"engines/engine_cases.py": "an isolation case: a prompt of another model",
+              "shardcheck/tier_cmd.py": "the cost model, a key of the tier report",
+              "shardcheck/tier_plot.py": "the cost model, a key of the tier report"},
+    "lmcache": {"adapters/nemesis_findings.py": "the nemesis findings, recorded on stock lmcache",
+                "adapters/racy_findings.py": "the racy findings recorded on it",
+                "adapters/storeops_findings.py": "the store-ops findings recorded on it"},
+    "lmcache-native": {"adapters/racy_findings.py": "a racy finding recorded on it"},
+    "lmcache-valkey": {"adapters/storeops_findings.py": "a store-ops finding recorded on it (and run in a child)"},
+}
+
+
+def _in_adapter(path: str, ref: str) -> bool:
+    """Whether `path` is the module of `ref` (`MOD:ATTR`), or beside it in the subpackage it belongs to."""
+    module = Path(ref.split(":")[0].replace(".", "/"))
+    return path == f"{module}.py" or (len(module.parts) > 2 and Path(path).parent == module.parent)
+
+
+def clients_named_in() -> dict[str, list[str]]:
+    """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the registry and
+    its adapter (the module of its factory, or of its serving engine of the same name)."""
+    from runtime.registry import SERVING_ENGINES
+    out = {}
+    for name, entry in CLIENTS.items():
+        refs = [entry.ref] + ([SERVING_ENGINES[name].ref] if name in SERVING_ENGINES else [])
+        out[name] = sorted(path for path, names in STRINGS.items() if name in names and
+                           path != "runtime/registry.py" and not any(_in_adapter(path, ref) for ref in refs))
+    return out
+
+
+def test_a_client_is_named_in_the_registry_and_its_adapter():
+    """ARCHITECTURE.md "a client": a first-class client's name (a `CLIENTS` key, as a string in the code) is in the
+    registry, its adapter and the modules of `CLIENT_NAME_USES` only (each with why: the list only shrinks)."""
+    for name, files in clients_named_in().items():
+        allowed = CLIENT_NAME_USES.get(name, {})
+        assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
+        assert set(allowed) <= set(files), (name, "no longer named there: take it off CLIENT_NAME_USES",
+                                            sorted(set(allowed) - set(files)))
+
+
+#: Where an engine's name (a `CHECK_ENGINES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
+#: shrinks).
+ENGINE_NAME_USES = {
+    "nemesis": {"engines/check.py": "real faults asked for explicitly go first in the schedule",
+                "engines/concurrency.py": "the nemesis as a caller of a concurrent history",
+                "engines/search.py": "the enumeration level of the real-server kinds",
+                "shardcheck/verify_nemesis.py": "the nemesis coverage in verify's table"},
+    "retention": {"engines/storeops.py": "the retention property", "shardcheck/verify.py": "the retention property"},
+    "concurrency": {"shardcheck/bench.py": "the concurrent layer's bench figures"},
+    "enumerate": {"engines/check.py": "a finding's shape exhausted by the enumeration",
+                  "shardcheck/verify.py": "the enumeration's box in verify's table"},
+    "explore": {"shardcheck/cli.py": "the explore command", "shardcheck/explore_cmd.py": "the explore command",
+                "shardcheck/verify.py": "the explorer's last size in verify's table"},
+    "hypothesis": {"shardcheck/bench.py": "the Hypothesis bench figures",
+                   "shardcheck/verify.py": "the Hypothesis steps in verify's table"},
+}
+
+
+def engines_named_in() -> dict[str, list[str]]:
+    """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
+    registry and its own module."""
+    return {name: sorted(path for path, names in STRINGS.items() if name in names and
+                         path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
+            for name, ref in CHECK_ENGINES.items()}
+
+
+def test_an_engine_is_named_in_the_registry_and_its_module():
+    """ARCHITECTURE.md "an engine": its name is in the registry and its module, and where `ENGINE_NAME_USES` says
+    why only (what `test_an_engine_is_its_module_and_one_registry_entry` shows working)."""
+    for name, files in engines_named_in().items():
+        allowed = ENGINE_NAME_USES.get(name, {})
+        assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
+        assert set(allowed) <= set(files), (name, "no longer named there: take it off ENGINE_NAME_USES",
+                                            sorted(set(allowed) - set(files)))
+
+
+# -- size limits --------------------------------------------------------------------------------------------------
+MODULE_LINES, FUNCTION_LINES = 500, 100
+#: The modules and functions still over the limits (the list only shrinks; `path` or `path:function`).
+OVERSIZED = {
+    "adapters/lmcache_stores.py",
+    "engines/linearizability_search.py:search_part",
+    "engines/linearizability_sweep.py",
+}
+
+
+def _oversized() -> set[str]:
+    out = set()
+    for path, tree in SOURCES.items():
+        lines = len((ROOT / path).read_text().splitlines())
+        if lines > MODULE_LINES:
+            out.add(path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+                out.add(f"{path}:{node.name}")
+    return out
+
+
+def test_modules_and_functions_are_within_their_size():
+    """No module over 500 lines, no function over 100 (the standards), but for `OVERSIZED`, which only shrinks: a
+    listed one that is split must leave the list."""
+    found = _oversized()
+    assert found - OVERSIZED == set(), f"over {MODULE_LINES} lines a module / {FUNCTION_LINES} a function"
+    assert OVERSIZED - found == set(), "within the limits now: take it off OVERSIZED"

@@ -161,6 +161,6 @@ def test_the_timeout_ends_every_worker_and_names_the_shards(capsys):
 def test_check_shares_the_explorer_out_to_worker_processes(tmp_path):
     """`check --explore-workers 2` runs the explorer's configurations on local worker processes and reports them."""
     from tests.conftest import run_cli
-    r = run_cli("check", "--budget", "12", "--explore-workers", "2", "--json", "--out", str(tmp_path), timeout=120)
+    r = run_cli("check", "--budget", "20", "--explore-workers", "2", "--json", "--out", str(tmp_path), timeout=120)
     data = json.loads(r.stdout)
     assert r.returncode == 0 and data["stats"]["coverage"]["explore"]["exhausted"], r.stderr[-2000:]

@@ -88,7 +88,7 @@ def test_pytest_properties_on_real_clients(tmp_path):
 
 REPEAT = """
 import json, sys
-from adapters.replay import _factory, _in_child, replay
+from adapters.storeops_findings import _factory, _in_child, replay
 from model.trace import Trace
 t = Trace.load(sys.argv[1])
 name = t.client
@@ -112,7 +112,7 @@ def test_real_counterexample_replays_identically_ten_times(path):
 
 MINIMAL = """
 import json, sys
-from adapters.replay import _factory, kept_by_removal
+from adapters.storeops_findings import _factory, kept_by_removal
 from model.trace import Trace
 t = Trace.load(sys.argv[1])
 print(json.dumps(kept_by_removal(t, _factory(t.client))), flush=True)

@@ -258,7 +258,7 @@ def test_timeline_hang(hang):
     """The timeline names the hung rank, the op it waits on, and ends its lifeline."""
     text = timeline(hang)
     assert "!! hang: rank 1 waits forever on Wait h0 c1 no timeout" in text
-    assert "lost: rank 1's GetAsync #0 never completes" in text
+    assert "rank 1's GetAsync #0 completion lost" in text
     assert re.search(r"^end .*waits in #0 .*X HUNG", text, re.M)
 
 

@@ -2,6 +2,7 @@
 import pytest
 
 from model.effects import AllGather, AllReduceMin, Broadcast, Get, GetAsync, Put, TIMED_OUT, Wait
+from model.faults import NEVER
 from model.sim import ScheduleError, seeded_chooser, simulate
 from model.store import memory_factory
 
@@ -66,7 +67,7 @@ def test_hang_on_lost_completion_without_timeout():
         h = yield GetAsync("k")
         return (yield Wait(h, None))
 
-    res = _run([p()], lost=[(0, 0)])
+    res = _run([p()], late={(0, 0): NEVER})
     [v] = res.violations
     assert v.property == "hang" and "'k'" in v.summary
 
@@ -78,7 +79,7 @@ def test_bounded_wait_times_out_in_logical_time():
         h2 = yield GetAsync("b")
         return [(yield Wait(h1, 1.5)), (yield Wait(h2, 1.0))]
 
-    res = _run([p()], lost=[(0, 0)], delayed=[(0, 1, 3.0)])
+    res = _run([p()], late={(0, 0): NEVER, (0, 1): 3.0})
     assert res.results[0] == [TIMED_OUT, TIMED_OUT]
     assert res.events[-1].time == 2.5
 
@@ -92,7 +93,7 @@ def test_delayed_completion_within_timeout_delivers():
         h = yield GetAsync("a")
         return (yield Wait(h, 5.0))
 
-    res = simulate([p()], stores, phase="load", delayed=[(0, 0, 2.0)])
+    res = simulate([p()], stores, phase="load", late={(0, 0): 2.0})
     assert res.results[0] == b"x" and res.events[-1].time == 2.0
 
 
@@ -161,7 +162,7 @@ def test_wait_timeout_counts_from_the_wait_not_the_issue():
         second = yield Wait(ha, 1.0)  # arrived at t=3, before this wait began
         return [first, second]
 
-    res = simulate([p()], stores, phase="load", lost=[(0, 1)], delayed=[(0, 0, 3.0)])
+    res = simulate([p()], stores, phase="load", late={(0, 1): NEVER, (0, 0): 3.0})
     assert res.results[0] == [TIMED_OUT, b"A"]
 
 

@@ -13,11 +13,11 @@ from typing import Any, Iterator
 
 import attrs
 
-from model.faults import Eviction, FaultPlan
+from model.faults import NEVER, Eviction, FaultPlan
 from model.outcome import Case, Violation
 
 from engines.explore.result import ExploreError
-from engines.explore.state import DELAY_SECONDS, StateSpace
+from engines.explore.state import DELAY_SECONDS, DELAYED_LABEL, LOST_LABEL, StateSpace
 
 __all__ = ["Reached", "successors", "case_of"]
 
@@ -70,7 +70,7 @@ def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Rea
         if not space.configs:  # the store phase failed: no configuration was built
             return space.case0, 0
         evicted = space.configs[reached.cfg or 0].evicted if reached.evicted is None else reached.evicted
-        return attrs.evolve(space.case0, faults=FaultPlan(evict_before_lookup=evicted)), 0
+        return attrs.evolve(space.case0, faults=FaultPlan.of(before_lookup=evicted)), 0
     depth = next(d for d in reversed(range(len(levels))) if reached.parent in levels[d])
     path = [reached.parent]
     for d in range(depth, 0, -1):
@@ -92,7 +92,7 @@ def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Rea
     before = (space.concrete_evicted(last[:space.n], decided_absent) if space.lazy
               else space.configs[last[space.n] // (space.max_faults + 1)].evicted)
     schedule: list[int] = []
-    evictions, lost, delayed = [], [], []
+    evictions, late = [], {}
     for st, (r, label) in steps:
         s = len(schedule)
         if label[0] == "eager-evict":
@@ -101,10 +101,10 @@ def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Rea
         if label[0] == "evict":
             evictions.append(Eviction(label[1], r, step=s))
         i = len(space.asyncs_of[space.unpack(st)[r]])
-        if "lost" in label:
-            lost.append((r, i))
-        if "delayed" in label:
-            delayed.append((r, i, DELAY_SECONDS))
+        if LOST_LABEL in label:
+            late[(r, i)] = NEVER
+        if DELAYED_LABEL in label:
+            late[(r, i)] = DELAY_SECONDS
         schedule.append(r)
-    plan = FaultPlan(evict_before_lookup=before, evict_during_load=evictions, lost=lost, delayed=delayed)
+    plan = FaultPlan.of(before_lookup=before, during_load=evictions, late=late)
     return attrs.evolve(space.case0, faults=plan, schedule=tuple(schedule)), len(steps)

@@ -151,7 +151,7 @@ class SetUp:
         shadow.others = self.store_shadow.others  # (other prompts' writes: what their evictions delete)
         for e in evicted:
             shadow.evict(e)
-        case = attrs.evolve(self.case0, faults=FaultPlan(evict_before_lookup=evicted))
+        case = attrs.evolve(self.case0, faults=FaultPlan.of(before_lookup=evicted))
         out = attrs.evolve(self.store_outcome, case=case, events=list(self.store_outcome.events), violations=[])
         lookup_phase(self.protocol, out, stores, shadow)
         return out, stores

@@ -66,6 +66,8 @@ DELAY_SECONDS = 1.0e6
 RUN, ARRIVED, HUNG = 0, 1, 2
 # an async completion's status
 OK, LOST, DELAYED = 0, 1, 2
+#: The labels of a lost and a delayed completion in a move (`engines.explore.reconstruct` reads them back).
+LOST_LABEL, DELAYED_LABEL = "completion-lost", "completion-delayed"
 # a global state packed into one int: the configuration-and-faults word in the low CF_BITS bits, then LID_BITS
 # bits per rank's local state id
 CF_BITS = LID_BITS = 24
@@ -240,9 +242,9 @@ class StateSpace:
         handle = Handle(node.rank, len(asyncs), eff.key)
         out = [(cost, self._to(node, handle, store, asyncs + ((store.data.get(eff.key), OK),)), label)]
         if cost < self.max_faults:
-            out.append((cost + 1, self._to(node, handle, store, asyncs + ((None, LOST),)), label + ("lost",)))
+            out.append((cost + 1, self._to(node, handle, store, asyncs + ((None, LOST),)), label + (LOST_LABEL,)))
             out.append((cost + 1, self._to(node, handle, store, asyncs + ((store.data.get(eff.key), DELAYED),)),
-                        label + ("delayed",)))
+                        label + (DELAYED_LABEL,)))
         return out
 
     def _wait(self, node: Node, store: Store, asyncs: tuple, eff: Wait) -> int | Violation:

@@ -16,7 +16,7 @@ import attrs
 
 from model.checks import check_outcome
 from model.effects import COLLECTIVES, Get, GetAsync, collective_signature
-from model.faults import Eviction, FaultPlan
+from model.faults import NEVER, Eviction, FaultPlan
 from model.interpreter import ARRIVE_NOTE, WAITS_FOREVER_NOTE, completed_note, stuck
 from model.outcome import Event, Outcome, SimResult, Violation
 
@@ -80,7 +80,7 @@ class Terminals:
         events, schedule, reads, sigs = self._load(nodes, flags)
         load = SimResult(results, events, schedule, violations, space.steps(st), reads, sigs)
         plan = self._plan(st[n] // (space.max_faults + 1), lids)
-        look = space.setup.lookup_outcome(plan.evict_before_lookup)
+        look = space.setup.lookup_outcome(plan.at("before-lookup"))
         return attrs.evolve(look, case=attrs.evolve(look.case, faults=plan), load=load,
                             events=look.events + events, violations=[])
 
@@ -100,7 +100,7 @@ class Terminals:
         completions."""
         space = self.space
         cfg = space.configs[ci]
-        evicted, lost, delayed = [], [], []
+        evicted, late = [], {}
         for r, x in enumerate(lids):
             key = (x, -1 if space.lazy else ci)
             got = self.rank_faults.get(key)
@@ -109,21 +109,20 @@ class Terminals:
                     self.rank_faults.clear()
                 got = self.rank_faults[key] = self._rank_faults(r, x, cfg)
             evicted += got[0]
-            lost += got[1]
-            delayed += got[2]
+            late.update(got[1])
         before = space.concrete_evicted(lids) if space.lazy else cfg.evicted
-        return FaultPlan(evict_before_lookup=before, evict_during_load=evicted, lost=lost,
-                         delayed=delayed)
+        return FaultPlan.of(before_lookup=before, during_load=evicted, late=late)
 
-    def _rank_faults(self, r: int, x: int, cfg: Config) -> tuple[list, list, list]:
-        """Rank r's part of `_plan` in local state x: its evictions during the load, its lost and delayed completions
-        (a function of x, and of the configuration unless the initial state is lazy)."""
+    def _rank_faults(self, r: int, x: int, cfg: Config) -> tuple[list, list]:
+        """Rank r's part of `_plan` in local state x: its evictions during the load, and how late each of its lost
+        (`NEVER`) and delayed completions is (a function of x, and of the configuration unless the initial state is
+        lazy)."""
         store = self.space.store_of[x]
         init = store.init if self.space.lazy else cfg.stores[r].chunks.keys()
         evicted = [Eviction(c, r) for c in sorted(set(init).difference(store.chunks))]
         statuses = [status for _, status in self.space.asyncs_of[x]]
-        return (evicted, [(r, i) for i, status in enumerate(statuses) if status == LOST],
-                [(r, i, DELAY_SECONDS) for i, status in enumerate(statuses) if status == DELAYED])
+        return evicted, [((r, i), NEVER if status == LOST else DELAY_SECONDS)
+                         for i, status in enumerate(statuses) if status in (LOST, DELAYED)]
 
     def signature(self, st: tuple) -> tuple:
         """A terminal state as (cfg, per rank (history, flag), whether a fault happened): everything the

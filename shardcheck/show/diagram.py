@@ -68,110 +68,46 @@ def _store_x(r: int) -> float:
     return _rank_x(r) + _STORE_DX
 
 
-def svg(trace: Trace) -> str:
-    """The trace as an SVG sequence diagram (well-formed XML; the violation in red, `class="violation"`)."""
-    p = picture(trace)
-    d = _Svg()
-    width = max(_LEFT + p.n * _COL + 120, 800)
-    d.text(12, 22, clip(f"shardcheck: {p.title}", int((width - 24) / 9.2)), class_="title")
-    y = 42
-    for line in wrap(p.summary, int((width - 24) / _CH))[:6]:
-        d.text(12, y, line, class_="head", font_style="italic")
-        y += 14
-    y += 4
-    for line in p.header:
-        d.text(12, y, clip(line, int((width - 24) / _CH)), class_="head")
-        y += 14
-    head_y = y + 10
-    for r in range(p.n):
-        d.el("rect", x=_rank_x(r) - 40, y=head_y, width=80, height=22, rx=4, fill="#e3f2fd", stroke=BLUE)
-        d.text(_rank_x(r), head_y + 15, f"rank {r}", text_anchor="middle", font_weight="bold")
-        d.el("rect", x=_store_x(r) - 40, y=head_y, width=80, height=22, rx=4, fill="#f5f5f5", stroke=GREY)
-        d.text(_store_x(r), head_y + 15, f"store {r}", text_anchor="middle")
-    top = head_y + 22
-    y = top + 16
-    lifelines = d.el("g", class_="lifelines")  # drawn first: everything else lies on top of the lifelines
-    ends: dict[int, float] = {}   # lifelines that end early (hung ranks): their y
-    arrive_y: dict[tuple[int, int | None], float] = {}
-    last_phase = None
-    bands = d.el("g", class_="collectives")
-    for i, row in enumerate(p.rows):
-        if row.phase != last_phase:
-            d.el("line", x1=8, x2=width - 8, y1=y, y2=y, stroke="#bbb", stroke_dasharray="6,4")
-            d.text(10, y + 12, f"{row.phase} phase", class_="phase")
-            last_phase = row.phase
-            y += 18
-        if row.phase != "lookup" and (row.step is not None or row.time is not None):
-            d.text(10, y + 14, ("" if row.step is None else f"step {row.step}")
-                   + ("" if not row.time else f" t={row.time:g}"), class_="phase")
-        marks = [v for v in p.violations if v.row == i]
-        if row.kind == "collective" or row.kind == "combine":
-            x0, x1 = _rank_x(0) - 50, _rank_x(p.n - 1) + 50 if row.kind == "collective" else _store_x(p.n - 1) + 50
-            x1 = max(x1, x0 + 260)
-            parent = d.violation(row.prop, None) if row.bad else bands
-            h = 30 if row.result else 20
-            d.el("rect", parent, x=x0, y=y, width=x1 - x0, height=h, rx=6,
-                 fill="#fdecea" if row.bad else ("#ede7f6" if row.kind == "collective" else "#e8f5e9"),
-                 stroke=RED if row.bad else ("#5e35b1" if row.kind == "collective" else "#2e7d32"),
-                 class_="collective" if row.kind == "collective" else "combine",
-                 data_collective="" if row.coll is None else row.coll)
-            d.text((x0 + x1) / 2, y + 13, row.text, parent, text_anchor="middle", font_weight="bold")
-            if row.result:
-                d.text((x0 + x1) / 2, y + 25, clip(row.result, int((x1 - x0) / _CH)), parent, text_anchor="middle")
-            y += h + 10
-        elif row.kind == "evict":
-            g = d.el("g", class_="evict")
-            hit = [r for r in row.ranks if 0 <= r < p.n]
-            for r in hit:
-                sx = _store_x(r)
-                d.el("path", g, d=f"M{sx - 6},{y + 4} L{sx + 6},{y + 16} M{sx + 6},{y + 4} L{sx - 6},{y + 16}",
-                     stroke=ORANGE, stroke_width=3)
-            if hit:  # one label, beside the first store it hits (left of it when that is the last store)
-                sx = _store_x(hit[0])
-                left = hit[0] == p.n - 1 and p.n > 1
-                d.text(sx - 10 if left else sx + 10, y + 14, row.text, g, fill=ORANGE,
-                       text_anchor="end" if left else "start")
-            y += 24
-        elif row.rank is not None:
-            rx, sx = _rank_x(row.rank), _store_x(row.rank)
-            parent = d.violation(row.prop, row.rank, data_row=i) if row.bad else d.el("g", class_=row.kind)
-            colour = RED if row.bad else INK
-            if row.kind == "arrive":
-                arrive_y[(row.rank, row.coll)] = y + 10
-                d.el("circle", parent, cx=rx, cy=y + 10, r=5, fill=RED if row.bad else "#5e35b1")
-                label = f"  <- mismatch {row.bad}" if row.prop == "desync" else f"  <- {row.bad}" if row.bad else ""
-                d.text(rx + 10, y + 14, row.text + label, parent,
-                       fill=colour, class_="bad" if row.bad else "op")
-                y += 24
-            elif row.kind == "report":
-                d.el("rect", parent, x=rx - 4, y=y + 2, width=8, height=16, fill="#2e7d32")
-                d.text(rx + 10, y + 14, row.text, parent)
-                y += 24
-            else:
-                d.text(rx + 6, y + 9, row.text, parent, fill=colour, class_="bad" if row.bad else "op")
-                d.el("line", parent, x1=rx, y1=y + 13, x2=sx, y2=y + 13, stroke=colour, stroke_width=1.3,
-                     marker_end="url(#arrow-red)" if row.bad else "url(#arrow)")
-                if row.hung:
-                    ends[row.rank] = y + 32
-                    d.el("path", parent, d=f"M{rx - 9},{y + 23} L{rx + 9},{y + 41} M{rx + 9},{y + 23} L{rx - 9},{y + 41}",
-                         stroke=RED, stroke_width=3.5)
-                    d.text(rx - 14, y + 36, "HUNG", parent, text_anchor="end", fill=RED, class_="bad")
-                    d.text(rx + 14, y + 36, row.hung, parent, fill=RED, class_="bad")
-                    y += 48
-                else:
-                    d.el("line", parent, x1=sx, y1=y + 29, x2=rx, y2=y + 29, stroke=colour, stroke_dasharray="4,3",
-                         marker_end="url(#arrow-red)" if row.bad else "url(#arrow)")
-                    d.text(rx + 6, y + 25, row.result or "-", parent, fill=colour if row.bad else "#555")
-                    if row.bad:
-                        d.text(sx + 8, y + 17, f"<- {row.bad}", parent, fill=RED, class_="bad")
-                    y += 38
-        y += 8 if marks else 0
-        for v in marks:
-            g = d.violation(v.prop, v.rank, data_note=i)
-            for line in wrap(v.text, int((width - _LEFT - 20) / _CH)):
-                d.text(_LEFT, y + 4, line, g, fill=RED)
-                y += 15
-            y += 4
+def _rank_row(d: "_Svg", row: Any, i: int, y: float, arrive_y: dict, ends: dict[int, float]) -> float:
+    """One row of a rank: an arrival, a report, or a store call and its answer (or its hang); the next row's y."""
+    rx, sx = _rank_x(row.rank), _store_x(row.rank)
+    parent = d.violation(row.prop, row.rank, data_row=i) if row.bad else d.el("g", class_=row.kind)
+    colour = RED if row.bad else INK
+    if row.kind == "arrive":
+        arrive_y[(row.rank, row.coll)] = y + 10
+        d.el("circle", parent, cx=rx, cy=y + 10, r=5, fill=RED if row.bad else "#5e35b1")
+        label = f"  <- mismatch {row.bad}" if row.prop == "desync" else f"  <- {row.bad}" if row.bad else ""
+        d.text(rx + 10, y + 14, row.text + label, parent,
+               fill=colour, class_="bad" if row.bad else "op")
+        y += 24
+    elif row.kind == "report":
+        d.el("rect", parent, x=rx - 4, y=y + 2, width=8, height=16, fill="#2e7d32")
+        d.text(rx + 10, y + 14, row.text, parent)
+        y += 24
+    else:
+        d.text(rx + 6, y + 9, row.text, parent, fill=colour, class_="bad" if row.bad else "op")
+        d.el("line", parent, x1=rx, y1=y + 13, x2=sx, y2=y + 13, stroke=colour, stroke_width=1.3,
+             marker_end="url(#arrow-red)" if row.bad else "url(#arrow)")
+        if row.hung:
+            ends[row.rank] = y + 32
+            d.el("path", parent, d=f"M{rx - 9},{y + 23} L{rx + 9},{y + 41} M{rx + 9},{y + 23} L{rx - 9},{y + 41}",
+                 stroke=RED, stroke_width=3.5)
+            d.text(rx - 14, y + 36, "HUNG", parent, text_anchor="end", fill=RED, class_="bad")
+            d.text(rx + 14, y + 36, row.hung, parent, fill=RED, class_="bad")
+            y += 48
+        else:
+            d.el("line", parent, x1=sx, y1=y + 29, x2=rx, y2=y + 29, stroke=colour, stroke_dasharray="4,3",
+                 marker_end="url(#arrow-red)" if row.bad else "url(#arrow)")
+            d.text(rx + 6, y + 25, row.result or "-", parent, fill=colour if row.bad else "#555")
+            if row.bad:
+                d.text(sx + 8, y + 17, f"<- {row.bad}", parent, fill=RED, class_="bad")
+            y += 38
+    return y
+
+
+def _ends(d: "_Svg", p: Picture, width: float, y: float, top: float, lifelines: Any, ends: dict[int, float],
+          arrive_y: dict) -> str:
+    """The end of every lifeline, the desync boxes, the wait-for graph, the violations in words; the SVG text."""
     # the end of every lifeline, the wait-for graph, the violations in words
     y += 8
     end_y = y
@@ -237,6 +173,82 @@ def svg(trace: Trace) -> str:
     title.text = _t(f"shardcheck: {p.title} - {p.summary}")
     d.root.insert(0, title)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(d.root, encoding="unicode") + "\n"
+
+
+def svg(trace: Trace) -> str:
+    """The trace as an SVG sequence diagram (well-formed XML; the violation in red, `class="violation"`)."""
+    p = picture(trace)
+    d = _Svg()
+    width = max(_LEFT + p.n * _COL + 120, 800)
+    d.text(12, 22, clip(f"shardcheck: {p.title}", int((width - 24) / 9.2)), class_="title")
+    y = 42
+    for line in wrap(p.summary, int((width - 24) / _CH))[:6]:
+        d.text(12, y, line, class_="head", font_style="italic")
+        y += 14
+    y += 4
+    for line in p.header:
+        d.text(12, y, clip(line, int((width - 24) / _CH)), class_="head")
+        y += 14
+    head_y = y + 10
+    for r in range(p.n):
+        d.el("rect", x=_rank_x(r) - 40, y=head_y, width=80, height=22, rx=4, fill="#e3f2fd", stroke=BLUE)
+        d.text(_rank_x(r), head_y + 15, f"rank {r}", text_anchor="middle", font_weight="bold")
+        d.el("rect", x=_store_x(r) - 40, y=head_y, width=80, height=22, rx=4, fill="#f5f5f5", stroke=GREY)
+        d.text(_store_x(r), head_y + 15, f"store {r}", text_anchor="middle")
+    top = head_y + 22
+    y = top + 16
+    lifelines = d.el("g", class_="lifelines")  # drawn first: everything else lies on top of the lifelines
+    ends: dict[int, float] = {}   # lifelines that end early (hung ranks): their y
+    arrive_y: dict[tuple[int, int | None], float] = {}
+    last_phase = None
+    bands = d.el("g", class_="collectives")
+    for i, row in enumerate(p.rows):
+        if row.phase != last_phase:
+            d.el("line", x1=8, x2=width - 8, y1=y, y2=y, stroke="#bbb", stroke_dasharray="6,4")
+            d.text(10, y + 12, f"{row.phase} phase", class_="phase")
+            last_phase = row.phase
+            y += 18
+        if row.phase != "lookup" and (row.step is not None or row.time is not None):
+            d.text(10, y + 14, ("" if row.step is None else f"step {row.step}")
+                   + ("" if not row.time else f" t={row.time:g}"), class_="phase")
+        marks = [v for v in p.violations if v.row == i]
+        if row.kind == "collective" or row.kind == "combine":
+            x0, x1 = _rank_x(0) - 50, _rank_x(p.n - 1) + 50 if row.kind == "collective" else _store_x(p.n - 1) + 50
+            x1 = max(x1, x0 + 260)
+            parent = d.violation(row.prop, None) if row.bad else bands
+            h = 30 if row.result else 20
+            d.el("rect", parent, x=x0, y=y, width=x1 - x0, height=h, rx=6,
+                 fill="#fdecea" if row.bad else ("#ede7f6" if row.kind == "collective" else "#e8f5e9"),
+                 stroke=RED if row.bad else ("#5e35b1" if row.kind == "collective" else "#2e7d32"),
+                 class_="collective" if row.kind == "collective" else "combine",
+                 data_collective="" if row.coll is None else row.coll)
+            d.text((x0 + x1) / 2, y + 13, row.text, parent, text_anchor="middle", font_weight="bold")
+            if row.result:
+                d.text((x0 + x1) / 2, y + 25, clip(row.result, int((x1 - x0) / _CH)), parent, text_anchor="middle")
+            y += h + 10
+        elif row.kind == "evict":
+            g = d.el("g", class_="evict")
+            hit = [r for r in row.ranks if 0 <= r < p.n]
+            for r in hit:
+                sx = _store_x(r)
+                d.el("path", g, d=f"M{sx - 6},{y + 4} L{sx + 6},{y + 16} M{sx + 6},{y + 4} L{sx - 6},{y + 16}",
+                     stroke=ORANGE, stroke_width=3)
+            if hit:  # one label, beside the first store it hits (left of it when that is the last store)
+                sx = _store_x(hit[0])
+                left = hit[0] == p.n - 1 and p.n > 1
+                d.text(sx - 10 if left else sx + 10, y + 14, row.text, g, fill=ORANGE,
+                       text_anchor="end" if left else "start")
+            y += 24
+        elif row.rank is not None:
+            y = _rank_row(d, row, i, y, arrive_y, ends)
+        y += 8 if marks else 0
+        for v in marks:
+            g = d.violation(v.prop, v.rank, data_note=i)
+            for line in wrap(v.text, int((width - _LEFT - 20) / _CH)):
+                d.text(_LEFT, y + 4, line, g, fill=RED)
+                y += 15
+            y += 4
+    return _ends(d, p, width, y, top, lifelines, ends, arrive_y)
 
 
 def _bad_prop(p: Picture, rank: int) -> str:

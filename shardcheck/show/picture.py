@@ -42,6 +42,75 @@ class Picture:
     kind: str
 
 
+def _mark_store_op(mark: Violation, prop: str, summary: str, detail: dict, rows: list[Row],
+                   bad_status: dict[int, str]) -> None:
+    """The failed op of a store-ops trace: the one the detail names, else the last one recorded (recording stops
+    there)."""
+    index = as_int(detail.get("index"))
+    at = [i for i, r in enumerate(rows) if index is None or r.step == index][-1:]
+    for i in at:
+        r = rows[i]
+        mark.row, mark.rank = i, r.rank
+        if prop == "store-hang" or r.hung:
+            r.hung = r.hung or "never returned"
+            r.result = "never returns"
+            r.bad = "HANG"
+            if r.rank is not None:
+                bad_status[r.rank] = "HUNG"
+        else:
+            r.bad = prop
+            if r.rank is not None:
+                bad_status[r.rank] = prop
+        r.prop = prop
+        mark.text = f"!! {prop} at op #{r.step} ({r.text} on rank {r.rank}): {summary}"
+
+
+def _mark_desync(mark: Violation, prop: str, detail: dict, rows: list[Row], bad_status: dict[int, str]) -> None:
+    """The arrivals of the collective the ranks disagree on."""
+    k = mark.coll = detail["collective"]
+    who = detail.get("ranks") if isinstance(detail.get("ranks"), dict) else {}
+    for i, r in enumerate(rows):
+        if r.kind == "arrive" and r.coll == k and (not who or r.rank in who):
+            others = [f"r{q} {sig}" for q, sig in who.items() if q != r.rank]
+            r.bad, r.prop = (f"vs {', '.join(others)}" if others else "mismatch"), prop
+            if mark.row is None or r.rank == max(who or [r.rank]):
+                mark.row, mark.rank = i, r.rank
+    if who:
+        mark.text = f"!! desync at collective #{k}: " + " vs ".join(
+            f"rank {q} {s}" for q, s in sorted(who.items(), key=lambda x: str(x[0])))
+    for q in who:
+        if isinstance(q, int):
+            bad_status[q] = f"desync in #{k}"
+
+
+def _mark_deadlock(mark: Violation, prop: str, detail: dict, rows: list[Row], bad_status: dict[int, str]) -> None:
+    """Each waiting rank's last arrival, who it waits for, who finished, the cycle."""
+    wf = detail.get("waits_for") if isinstance(detail.get("waits_for"), dict) else {}
+    mark.waits_for = {int(r): [int(q) for q in qs] for r, qs in wf.items()
+                      if as_int(r) is not None and isinstance(qs, list)}
+    finished = as_ints(detail.get("finished"))
+    parts = []
+    for r, qs in sorted(mark.waits_for.items()):
+        k = max((x.coll for x in rows if x.kind == "arrive" and x.rank == r and x.coll is not None),
+                default=None)
+        at = [i for i, x in enumerate(rows) if x.kind == "arrive" and x.rank == r and x.coll == k]
+        if at:
+            rows[at[-1]].bad, rows[at[-1]].prop = "stuck", prop
+            if mark.row is None:
+                mark.row, mark.rank = at[-1], r
+        parts.append(f"rank {r} waits{f' in collective #{k}' if k is not None else ''} for {plural(qs)}")
+        bad_status[r] = f"waits in #{k}" if k is not None else "waits"
+    if finished:
+        parts.append(f"{plural(finished)} finished without entering it")
+        for q in finished:
+            bad_status.setdefault(q, "finished")
+    cycle = as_ints(detail.get("cycle"))
+    if cycle:
+        parts.append("cycle " + " -> ".join(map(str, list(cycle) + [cycle[0]])))
+    if parts:
+        mark.text = "!! deadlock: " + "; ".join(parts)
+
+
 def _locate(trace: Trace, rows: list[Row], n: int) -> tuple[list[Violation], dict[int, str]]:
     """Every violation of the verdict, with the row and rank where it is marked."""
     out: list[Violation] = []
@@ -59,24 +128,7 @@ def _locate(trace: Trace, rows: list[Row], n: int) -> tuple[list[Violation], dic
         rank = as_int(detail.get("rank"))
         mark = Violation(prop, f"!! {prop}: {summary}", rank)
         if trace.kind == "store-ops" and prop != "hang":
-            # the op that failed: the one the detail names, else the last one recorded (recording stops there)
-            index = as_int(detail.get("index"))
-            at = [i for i, r in enumerate(rows) if index is None or r.step == index][-1:]
-            for i in at:
-                r = rows[i]
-                mark.row, mark.rank = i, r.rank
-                if prop == "store-hang" or r.hung:
-                    r.hung = r.hung or "never returned"
-                    r.result = "never returns"
-                    r.bad = "HANG"
-                    if r.rank is not None:
-                        bad_status[r.rank] = "HUNG"
-                else:
-                    r.bad = prop
-                    if r.rank is not None:
-                        bad_status[r.rank] = prop
-                r.prop = prop
-                mark.text = f"!! {prop} at op #{r.step} ({r.text} on rank {r.rank}): {summary}"
+            _mark_store_op(mark, prop, summary, detail, rows, bad_status)
         elif prop == "hang":
             at = [i for i, r in enumerate(rows) if r.hung and (rank is None or r.rank == rank)]
             index = as_int(detail.get("index", detail.get("op")))
@@ -97,45 +149,9 @@ def _locate(trace: Trace, rows: list[Row], n: int) -> tuple[list[Violation], dic
             elif rank is not None:
                 bad_status[rank] = "HUNG"
         elif prop == "desync" and as_int(detail.get("collective")) is not None:
-            k = mark.coll = detail["collective"]
-            who = detail.get("ranks") if isinstance(detail.get("ranks"), dict) else {}
-            for i, r in enumerate(rows):
-                if r.kind == "arrive" and r.coll == k and (not who or r.rank in who):
-                    others = [f"r{q} {sig}" for q, sig in who.items() if q != r.rank]
-                    r.bad, r.prop = (f"vs {', '.join(others)}" if others else "mismatch"), prop
-                    if mark.row is None or r.rank == max(who or [r.rank]):
-                        mark.row, mark.rank = i, r.rank
-            if who:
-                mark.text = f"!! desync at collective #{k}: " + " vs ".join(
-                    f"rank {q} {s}" for q, s in sorted(who.items(), key=lambda x: str(x[0])))
-            for q in who:
-                if isinstance(q, int):
-                    bad_status[q] = f"desync in #{k}"
+            _mark_desync(mark, prop, detail, rows, bad_status)
         elif prop == "deadlock":
-            wf = detail.get("waits_for") if isinstance(detail.get("waits_for"), dict) else {}
-            mark.waits_for = {int(r): [int(q) for q in qs] for r, qs in wf.items()
-                              if as_int(r) is not None and isinstance(qs, list)}
-            finished = as_ints(detail.get("finished"))
-            parts = []
-            for r, qs in sorted(mark.waits_for.items()):
-                k = max((x.coll for x in rows if x.kind == "arrive" and x.rank == r and x.coll is not None),
-                        default=None)
-                at = [i for i, x in enumerate(rows) if x.kind == "arrive" and x.rank == r and x.coll == k]
-                if at:
-                    rows[at[-1]].bad, rows[at[-1]].prop = "stuck", prop
-                    if mark.row is None:
-                        mark.row, mark.rank = at[-1], r
-                parts.append(f"rank {r} waits{f' in collective #{k}' if k is not None else ''} for {plural(qs)}")
-                bad_status[r] = f"waits in #{k}" if k is not None else "waits"
-            if finished:
-                parts.append(f"{plural(finished)} finished without entering it")
-                for q in finished:
-                    bad_status.setdefault(q, "finished")
-            cycle = as_ints(detail.get("cycle"))
-            if cycle:
-                parts.append("cycle " + " -> ".join(map(str, list(cycle) + [cycle[0]])))
-            if parts:
-                mark.text = "!! deadlock: " + "; ".join(parts)
+            _mark_deadlock(mark, prop, detail, rows, bad_status)
         elif prop in ("soundness", "completeness"):
             at = [i for i, r in enumerate(rows) if r.kind == "combine"]
             if at:
@@ -207,23 +223,12 @@ def _header(trace: Trace, n: int, keys: Keys) -> tuple[str, list[str]]:
 
 
 def _faults_text(faults: Any) -> str:
+    """Every fault of a trace's `faults` object in its kind's words (`FaultKind.text`), a malformed one as it is."""
     if not isinstance(faults, dict):
         return "-"
+    from model.faults import FAULT_KINDS
     parts = []
-    for name in ("evict_before_lookup", "evict_after_lookup", "evict_during_load"):
-        for e in faults.get(name, []) or []:
-            if isinstance(e, dict):
-                where = f"r{e['rank']}" if e.get("rank") is not None else "all"
-                at = f" @step {e['step']}" if e.get("step") is not None else ""
-                parts.append(f"{name} c{e.get('chunk')} ({where}){at}")
-    for x in faults.get("lost", []) or []:
-        if isinstance(x, list) and len(x) == 2:
-            parts.append(f"lost: rank {x[0]}'s GetAsync #{x[1]} never completes")
-    for x in faults.get("delayed", []) or []:
-        if isinstance(x, list) and len(x) == 3:
-            parts.append(f"delayed: rank {x[0]}'s GetAsync #{x[1]} by {x[2]}s")
-    from model.faults import SERVER_KINDS
-    for kind in SERVER_KINDS:  # real faults on the servers (the nemesis)
+    for kind in FAULT_KINDS:
         for raw in faults.get(kind.field, []) or []:
             try:
                 parts.append(kind.text(kind.from_json(raw)))

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from model.faults import FAULT_KINDS
 from model.trace import Trace
 from shardcheck.show.keys import Keys
 from shardcheck.show.text import as_int, as_num, brief, clip, nbytes, read_result
@@ -56,11 +57,13 @@ def protocol_rows(trace: Trace, keys: Keys, n: int) -> list[Row]:
     faults = trace.faults if isinstance(trace.faults, dict) else {}
     all_ranks = tuple(range(n))
 
-    def evictions(name: str, when: str, phase: str) -> None:
-        for e in faults.get(name, []) or []:
+    def evictions(when: str, words: str) -> None:
+        """The trace's evictions at `when` (`model.faults.FaultKind.when`), as rows of the lookup."""
+        kinds = [k for k in FAULT_KINDS if k.family == "harness" and k.when == when]
+        for e in (e for k in kinds for e in faults.get(k.field, []) or []):
             if isinstance(e, dict):
-                text, ranks = _eviction_text(e, when)
-                rows.append(Row("evict", phase, text=text, ranks=ranks or all_ranks))
+                text, ranks = _eviction_text(e, words)
+                rows.append(Row("evict", "lookup", text=text, ranks=ranks or all_ranks))
 
     phase_seen: set[str] = set()
     for ev in trace.events:
@@ -68,7 +71,7 @@ def protocol_rows(trace: Trace, keys: Keys, n: int) -> list[Row]:
             continue
         phase = str(ev.get("phase", ""))
         if phase == "lookup" and "lookup" not in phase_seen:
-            evictions("evict_before_lookup", "before lookup", "lookup")
+            evictions("before-lookup", "before lookup")
         phase_seen.add(phase)
         effect, res, note = ev.get("effect"), ev.get("result"), str(ev.get("note") or "")
         rank = as_int(ev.get("rank"))
@@ -85,7 +88,7 @@ def protocol_rows(trace: Trace, keys: Keys, n: int) -> list[Row]:
         elif name == "combine":
             row.kind, row.text = "combine", f"plan: combine({note or 'reports'}) -> {brief(res)}"
             rows.append(row)
-            evictions("evict_after_lookup", "after lookup", "lookup")
+            evictions("after-lookup", "after lookup")
             continue
         elif name in ("AllReduceMin", "AllGather", "Broadcast") and isinstance(effect, dict):
             val = brief(effect.get("value"), 24)
@@ -145,7 +148,7 @@ def protocol_rows(trace: Trace, keys: Keys, n: int) -> list[Row]:
                 row.result += f" ({clip(note, 30)})"
         rows.append(row)
     if "lookup" not in phase_seen:
-        evictions("evict_before_lookup", "before lookup", "lookup")
+        evictions("before-lookup", "before lookup")
     return _collapse(rows)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from engines.concurrency import make_layout, measure
 from model.contract import declared_paths
-from engines.racy import ConcurrencyCoverage, minimise, search
+from engines.concurrency_engine import ConcurrencyCoverage, minimise, search
 from engines.replay import ReplayOn, judge
 from model.finding import Rate, lower_bound, runs_within
 from model.trace import Trace, TraceError

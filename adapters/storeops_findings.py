@@ -209,7 +209,7 @@ def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counte
                 raise RuntimeError(f"{name} is not minimal on {t.client}: without ops{kept} it still shows "
                                    f"its violation; shorten FINDINGS[{name!r}]")
         t.expect = expect
-        t.notes = "Measured with adapters.replay on real Valkey servers: " + " | ".join(notes)
+        t.notes = "Measured with adapters.storeops_findings on real Valkey servers: " + " | ".join(notes)
         traces[name] = t
         if write:
             t.save(out_dir / f"lmcache-{name}.json", overwrite=True)
@@ -219,7 +219,7 @@ def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counte
 CHILD = """
 import json, os, sys
 sys.path.insert(0, {root!r})
-from adapters.replay import run, trace_of, _factory
+from adapters.storeops_findings import run, trace_of, _factory
 t = trace_of({name!r})
 records, violations = run(t, _factory({client!r}))
 print(json.dumps([records, [v.to_json() for v in violations]]), flush=True)

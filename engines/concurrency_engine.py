@@ -1,5 +1,5 @@
-"""Racy findings: searched for, minimised and written as `concurrent` traces with their measured rate; the
-concurrent layer's engine of `check` (`Concurrency`).
+"""The concurrent layer's engine of `check` (`Concurrency`): racy findings searched for, minimised and written as
+`concurrent` traces with their measured rate (the runs themselves: `engines.concurrency`).
 
 A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs on fresh stores
 (`model.finding.Rate`); its replay is judged by that rate (`engines.replay.judge`).
