@@ -160,9 +160,10 @@ class _StoreBase:
         """The server's newest client id before this store's client exists (None: its connections are not waited for)."""
         return None if self.connections_per_worker is None else _client_ids(self.host, self.port, self.password)[0]
 
-    def _await_connections(self, after: int | None, timeout: float) -> None:
-        """Return once the client holds all its connections: a fault struck at its first op (CLIENT KILL) meets every
-        one of them, not only the workers that happened to connect first."""
+    def await_connections(self, timeout: float = 10.0) -> None:
+        """Return once the client holds all its connections (`adapters.nemesis` asks before it strikes: CLIENT KILL
+        at a trace's first op must meet every one of them, not only the workers that happened to connect first)."""
+        after = getattr(self, "_connected_after", None)
         if after is not None:
             await_new_clients(self.host, self.port, self.password, after=after, timeout=timeout,
                               want=self.num_workers * int(self.connections_per_worker or 0), who=self.client_name)
@@ -291,14 +292,13 @@ class BackendStore(_StoreBase):
             self.num_workers, extra_config)
         self.cpu = LocalCPUBackend(self.config, self.metadata)
         setup_timeout = max(10.0, self.op_timeout)
-        newest = self._newest_client_id()
+        self._connected_after = self._newest_client_id()
         self.backend = self.bounded.call(
             "connect", f"{self.scheme}://{self.host}:{self.port}",
             lambda: RemoteBackend(self.config, self.metadata, self.bounded.loop, self.cpu),
             timeout=setup_timeout)
         if self.backend.connection is None:
             raise ConnectionError(f"LMCache could not connect to {self.scheme}://{self.host}:{self.port}")
-        self._await_connections(newest, setup_timeout)
         conn = self.backend.connection
         inner = getattr(conn, "_connector", conn)
         self.full_chunk_size_bytes = inner.full_chunk_size_bytes
@@ -422,12 +422,11 @@ class NativeStore(_StoreBase):
         from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
 
         try:
-            newest = self._newest_client_id()
+            self._connected_after = self._newest_client_id()
             self.client = self.bounded.on_loop(
                 lambda: RESPClient(self.host, self.port, self.num_workers, self.bounded.loop,
                                    "", self.password or ""),
                 timeout=max(10.0, self.op_timeout))
-            self._await_connections(newest, max(10.0, self.op_timeout))
         except BaseException:
             self.bounded.stop()
             raise

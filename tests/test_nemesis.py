@@ -259,8 +259,8 @@ def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
 def test_a_native_lmcache_store_is_built_once_all_its_connections_are_made():
     """CLIENT KILL struck at a trace's first op must meet every connection of stock lmcache's native client: its
     workers connect on threads of their own after the constructor returns, and one that connected after the strike
-    made the client work again (a `recovery` finding that missed under load). The store waits for them
-    (`adapters.resp.await_new_clients`): it returns once connections newer than the id it was given exist, and
+    made the client work again (a `recovery` finding that missed under load). The nemesis has each store wait for
+    them (`adapters.resp.await_new_clients`): it returns once connections newer than the id it was given exist, and
     names the shortfall after its bound."""
     import threading
 
@@ -287,6 +287,7 @@ def test_a_native_lmcache_store_is_built_once_all_its_connections_are_made():
         for client in ("lmcache", "lmcache-native"):
             stores = resolve_client(client).stores(1, urls=ss.urls)
             try:
+                nemesis.Nemesis.for_stores(stores, user_servers=True)  # (what a strike's control is made by)
                 own, ids = client_ids("127.0.0.1", port, None)
                 assert len([i for i in ids if i > after]) >= stores[0].num_workers, (client, ids)
             finally:
