@@ -68,6 +68,13 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    good, and so does `RemoteBackend.close` (and the engine's close, and an interpreter exit waiting for the
    storage manager's non-daemon loop thread). Fix: the close awaits `shutdown_async(wait=False)` itself.
 
+13. Fix 10 retried on the client that had just lost its connection (finding `store-error`, found by the store
+   machine's nemesis in shardcheck's own patch): a renewal was held back for half a GET bound after the last one,
+   also after a lost connection, so when the connections were dropped again within 0.2 s of a renewal (or of the
+   store's setup) both attempts ran on the dead client: a put raised "did not land (lost: socket recv failed)" and a
+   read of a present key answered a miss (19 of 20 rounds of drop, read, drop, put). Fix: a lost connection
+   always renews the client (still once per failed client: concurrent callers share one renewal).
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1, fix 7, fix 11 and fix 3:
 
@@ -103,8 +110,8 @@ _connector_class: Any = None
 
 
 def patched_resp_connector_class() -> type:
-    """`RESPConnector` with fixes 2, 4-6, 8-10, 12 (`adapters.patched_connector`), built on first use so importing this
-    module does not import torch."""
+    """`RESPConnector` with fixes 2, 4-6, 8-10, 12, 13 (`adapters.patched_connector`), built on first use so importing
+    this module does not import torch."""
     global _connector_class
     if _connector_class is not None:
         return _connector_class

@@ -1,5 +1,5 @@
-"""The mixins of `adapters.patched`'s RESP connector (fixes 2, 4-6, 8-10, 12), kept apart from LMCache's classes so that
-importing them imports neither torch nor LMCache: `adapters.patched.patched_resp_connector_class` mixes them into
+"""The mixins of `adapters.patched`'s RESP connector (fixes 2, 4-6, 8-10, 12, 13), kept apart from LMCache's classes so
+that importing them imports neither torch nor LMCache: `adapters.patched.patched_resp_connector_class` mixes them into
 `RESPConnector` and `RESPClient` on first use. Each method says which fix it is (the fixes: `adapters.patched`)."""
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ class GuardedConnector:
     recycled: int = 0
     _renewed_at: float = float("-inf")
 
-    def _renew_client(self, failed: Any = None) -> None:
-        """A new native client in place of `failed` (the current one by default), at most every half GET bound:
-        fix 2 (a stuck GET), fix 9 (a stuck call), fix 10 (a lost connection: the native workers never reconnect)."""
+    def _renew_client(self, failed: Any = None, lost: bool = False) -> None:
+        """A new native client in place of `failed` (the current one by default): fix 2 (a stuck GET), fix 9 (a stuck
+        call), fix 10 (a lost connection: the native workers never reconnect). After a stuck call at most every half
+        GET bound; after a `lost` connection always (fix 13: the client cannot answer again, whenever it was made)."""
         old = self.client
         if failed is not None and failed is not old:
             return  # another caller renewed it already
         now = self.loop.time()
-        if now - self._renewed_at < self.get_timeout / 2:
+        if now - self._renewed_at < self.get_timeout / 2 and not lost:
             return
         self._renewed_at = now
         try:
@@ -96,7 +97,7 @@ class GuardedConnector:
         except Exception as exc:
             if not connection_lost(exc):
                 raise
-            self._renew_client(client)
+            self._renew_client(client, lost=True)
             return "gone", exc
 
     async def _again(self, make: Any, late: Any = None) -> tuple[str, Any]:

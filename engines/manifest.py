@@ -4,7 +4,6 @@ distinct-state count, checked in CI (`tests/test_explore.py`), in the manner of 
 """
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from engines.explore import explore
 from model.outcome import OtherPrompt
+from runtime.registry import load_attr
 
 __all__ = ["MANIFEST", "SCHEMA", "VERSION", "REGENERATE", "REFERENCE", "REFERENCE_CONFIGS", "VARIANT_CONFIGS",
            "VARIANTS_FULL", "VARIANT_OTHERS", "resolve", "entry_name", "default_entries", "run_entry", "observed", "load", "update",
@@ -54,8 +54,7 @@ VARIANTS_FULL = ("EarlyExitOnMiss", "SkipEmptyGather", "UnboundedWaitAsync", "Gi
 
 def resolve(ref: str) -> Any:
     """`MOD:ATTR` -> a protocol instance (a class is instantiated with no arguments)."""
-    mod, _, attr = ref.partition(":")
-    obj = getattr(importlib.import_module(mod), attr)
+    obj = load_attr(ref, "protocol")
     return obj() if isinstance(obj, type) else obj
 
 

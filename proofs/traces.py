@@ -6,7 +6,6 @@ the demo protocol class from ``model.variants`` then must report the same violat
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
 from model.store import MEMORY_CLIENT
 from model.trace import Trace
-from runtime.registry import protocol_bug_expect
+from runtime.registry import load_attr, protocol_bug_expect
 
 from .flawed import FLAWED, KMAX, NMAX, VARIANTS
 from .runner import TheoremReport, run_theorem
@@ -30,8 +29,7 @@ def protocol_ref(variant: str) -> str:
 
 
 def protocol_of(variant: str) -> Any:
-    mod, attr = protocol_ref(variant).split(":")
-    return getattr(importlib.import_module(mod), attr)()
+    return load_attr(protocol_ref(variant), "protocol")()
 
 
 def case_of(witness: dict[str, Any]) -> Case:

@@ -299,16 +299,18 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(rank=s.store_rank, key=s.keys, client=s.store_client)
     def read_every_path(self, rank: int, key: str, client: int = 0) -> None:
-        """A key reads the same through every read path the client declares (`paths`)."""
+        """A key reads the same through every read path the client declares (`paths`). Each path is held to the
+        register as the reads before it left it: of a key a fault may have lost, the first read settles whether it
+        survived (`_expect`), and every later path must agree with that, not with the value from before the fault."""
         RULE_STEPS["store"] += 1
         client = self._client(client)
-        value = self.oracle[rank].get(key)
         self._record("get", rank, client, key=key)
         got = self._call(rank, "get", key, self.ns + key, client=client)
-        self._expect(rank, f"get({key!r})", got, [value], key, client)
+        self._expect(rank, f"get({key!r})", got, [self.oracle[rank].get(key)], key, client)
         for path in self.paths[rank]:
             if path == "get":
                 continue
+            value = self.oracle[rank].get(key)
             if path == "get_async":
                 self._record("get_async", rank, client, key=key)
                 future = self._call(rank, "get_async", key, self.ns + key, client=client)
@@ -345,7 +347,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(which=s.fault_kind_index, rank=s.store_rank, key=s.keys)
     def strike(self, which: int, rank: int, key: str) -> None:
         """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
-        value, a miss or an error), and once the server is back the client passes the recovery probe."""
+        value, a miss or an error; an async read still in flight when it strikes may miss too), and once the server
+        is back the client passes the recovery probe."""
         from engines.nemesis import fault_seconds
         RULE_STEPS["store"] += 1
         kind = self.plan.kinds[which % len(self.plan.kinds)]
@@ -359,13 +362,14 @@ class StoreMachine(RuleBasedStateMachine):
         fault = ServerFault(rank, "op", None, fault_seconds(kind, self.timeout))
         event(f"strike {kind.field}")
         self.ops.append({"op": "fault", "fault": kind.field, "rank": rank, "seconds": fault.seconds})
+        in_flight = [p for p in self.pending if p.rank == rank and not p.future.done()]
         try:
             kind.strike(control, fault)
             if kind.loses in ("all", "any"):
                 self.maybe_lost[rank] |= set(self.oracle[rank])
-                for p in self.pending:
-                    if p.rank == rank:
-                        p.allowed.append(None)
+            for p in (self.pending if kind.loses in ("all", "any") else in_flight):
+                if p.rank == rank:
+                    p.allowed.append(None)
             self._record("get", rank, key=key)
             try:
                 got = call_bounded(self.timeout, "get", key, self.stores[rank].get, self.ns + key)

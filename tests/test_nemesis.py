@@ -215,6 +215,29 @@ def test_store_machine_strikes_real_faults():
     assert _store_machine_properties(reference_factory, "pause,restart-empty,evict") == set()
 
 
+@pytest.mark.parametrize("kind", ["restart-empty", "evict"])
+def test_every_read_path_agrees_with_the_first_read_of_a_key_a_real_fault_lost(kind: str):
+    """A real fault that loses the key (restart-empty; evict, which the filler makes lose it), then
+    `read_every_path`: the first read's miss settles the loss and every later path is held to it (it was held to
+    the value from before the fault: `get_async returned None, expected ... bytes` on a client that was right)."""
+    from properties import config
+    from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
+    with config.using(client=reference_factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                      nemesis_spec=kind):
+        machine = StoreMachine()
+        machine.put(rank=1, key="-", value=b"v" * 4088)
+        machine.strike(which=0, rank=1, key="other")
+        assert any(op["op"] == "fault" for op in machine.ops), machine.ops  # it struck
+        lost = machine.stores[1].get(machine.ns + "-") is None
+        assert lost or kind == "evict", "restart-empty kept the key"
+        machine.read_every_path(rank=1, key="-")
+        assert machine.oracle[1].get("-") == (None if lost else b"v" * 4088)
+        machine.teardown()
+
+
 def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_trace_replays(tmp_path):
     """`check --nemesis pause` reports `recovery` on the never-reconnecting client with a trace whose replay strikes
     the fault again (reproduces) and that the reference client fixes; `--nemesis` on the in-memory client is exit 2."""
@@ -256,7 +279,54 @@ def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
     assert trace.property in {v.property for v in violations}, [v.summary for v in violations]
 
 
-def test_a_native_lmcache_store_is_built_once_all_its_connections_are_made():
+def test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_twice_in_a_row():
+    """Fix 13: a proxy that drops every connection, the patched client renews its native client on the next call,
+    and the proxy drops them again at once: the next put and get_async still land (`_again` retried on the very
+    client that had just lost its connection, as the renewal was held back for half a GET bound: the put raised
+    "did not land (lost: ...)", store-error in the store machine, and the read answered a miss)."""
+    from adapters.patched import patched_factory
+    from adapters.valkey_servers import start_servers
+    with start_servers(1) as servers:
+        (store,) = patched_factory(1, urls=list(servers.urls), op_timeout=2.0)
+        try:
+            store.put("k", b"v" * 100)
+            for attempt in range(3):
+                nemesis.kill_connections(servers.servers[0])
+                assert store.get("k") == b"v" * 100, attempt  # lost, renewed, answered
+                nemesis.kill_connections(servers.servers[0])  # the renewed client's connections too
+                store.put("k", b"v" * 100)
+                nemesis.kill_connections(servers.servers[0])
+                assert store.get_async("k").result(5) == b"v" * 100, attempt
+        finally:
+            store.close()
+
+
+def test_an_async_read_in_flight_when_a_fault_strikes_may_miss_and_one_done_before_may_not():
+    """A `get_async` still in flight when a fault strikes is a read while it lasts: it may answer a miss (the
+    patched client's read in flight at CLIENT KILL does: the native GET fails on the dead socket), as the strike's
+    own read may; one that completed before the strike is held to the register."""
+    import concurrent.futures
+    from properties import config
+    from properties.machines import StoreMachine
+    from properties.store_machine import DECIDED, STRUCK, Pending
+    STRUCK.clear()  # (each kind strikes once per session)
+    DECIDED.clear()
+    with config.using(client=reference_factory, op_timeout=0.5, write_traces=False, minimise_seconds=0,
+                      nemesis_spec="kill-connections"):
+        machine = StoreMachine()
+        machine.put(rank=0, key="k", value=b"v")
+        in_flight, done_before = concurrent.futures.Future(), concurrent.futures.Future()
+        done_before.set_result(None)
+        machine.pending += [Pending(0, "k", in_flight, [b"v"]), Pending(0, "k", done_before, [b"v"])]
+        machine.strike(which=0, rank=0, key="k")
+        assert any(op["op"] == "fault" for op in machine.ops), machine.ops  # it struck
+        in_flight.set_result(None)
+        machine.wait(machine.pending[0])
+        with pytest.raises(AssertionError, match="store-roundtrip: rank 0: get_async\\('k'\\) returned None"):
+            machine.wait(machine.pending[1])
+
+
+def test_a_strike_waits_until_a_native_lmcache_client_holds_all_its_connections():
     """CLIENT KILL struck at a trace's first op must meet every connection of stock lmcache's native client: its
     workers connect on threads of their own after the constructor returns, and one that connected after the strike
     made the client work again (a `recovery` finding that missed under load). The nemesis has each store wait for

@@ -86,3 +86,21 @@ def test_a_client_that_expires_what_it_writes_passes_the_machine(name, tmp_path)
     """Every case of the machine uses fresh keys and ends in milliseconds: a 1 s TTL passes it (retention is
     checked by ageing a sample, `engines.retention`)."""
     assert _caught(BAD_STORES[name][0], tmp_path) == set()
+
+
+@pytest.mark.parametrize("survived", [False, True])
+def test_every_read_path_is_held_to_what_the_first_read_settled_of_a_key_a_fault_may_have_lost(survived):
+    """After a fault that may have lost a key (`maybe_lost`), `read_every_path`'s first read settles it: a miss
+    says the server lost it, and every later path must then miss too (it was held to the value from before the
+    fault: `get_async('-') returned None, expected 4088 bytes` on lmcache-patched after `server_restart_empty`);
+    a hit says it survived, and every later path must answer it."""
+    with config.using(client=resolve_client("model"), op_timeout=OP_TIMEOUT, write_traces=False):
+        machine = StoreMachine()
+        machine.put(rank=1, key="-", value=b"v" * 64)
+        if not survived:
+            machine.stores[1].delete(machine.ns + "-")  # the server lost it; the oracle does not know yet
+        machine.maybe_lost[1].add("-")  # what `strike` records after a fault that may lose keys
+        machine.read_every_path(rank=1, key="-")
+        assert machine.oracle[1].get("-") == (b"v" * 64 if survived else None)
+        assert "-" not in machine.maybe_lost[1]
+        machine.teardown()

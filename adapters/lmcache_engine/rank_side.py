@@ -8,7 +8,6 @@ integration turns a request into LMCache's arguments (`tokens_of`, `request_conf
 """
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import os
 import threading
@@ -18,6 +17,7 @@ from adapters.lmcache_engine.closing import WAKE_ID, close_all, quiet_loop, unst
 from adapters.lmcache_engine.connector import KV_HIDDEN, KV_LAYERS, chunk_bytes_of, connector_class, kv_tensor
 from adapters.lmcache_engine.zmq_paths import use_private_rpc_dir
 from model.contract import EngineRequest, EngineRetrieve
+from runtime.registry import load_attr
 
 os.environ["LMCACHE_TRACK_USAGE"] = "false"
 if not os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
@@ -148,8 +148,7 @@ class RankSide:
 
     def apply(self, spec: str, **options: Any) -> None:
         """Call `MOD:ATTR(self, **options)` here (the patched engine's rank-side fixes, in whatever process this is)."""
-        module, _, attr = spec.partition(":")
-        getattr(importlib.import_module(module), attr)(self, **options)
+        load_attr(spec, "engine fix")(self, **options)
 
     def ready(self) -> bool:
         return True
