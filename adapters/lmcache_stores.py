@@ -162,8 +162,9 @@ class _StoreBase:
 
     def await_connections(self, timeout: float = 10.0) -> None:
         """Return once the client holds all its connections (`adapters.nemesis` asks before it strikes: CLIENT KILL
-        at a trace's first op must meet every one of them, not only the workers that happened to connect first)."""
-        after = getattr(self, "_connected_after", None)
+        at a trace's first op must meet every one of them, not only the workers that happened to connect first). Once:
+        a client that lost its connections to a fault makes them again on its next call, not before a strike."""
+        after, self._connected_after = getattr(self, "_connected_after", None), None
         if after is not None:
             await_new_clients(self.host, self.port, self.password, after=after, timeout=timeout,
                               want=self.num_workers * int(self.connections_per_worker or 0), who=self.client_name)
