@@ -47,6 +47,7 @@ import time
 from typing import Any, Sequence
 
 from adapters.lmcache_runtime import Bounded, _resp_command, _Servers, _then  # noqa: F401  (Bounded: public)
+from adapters.resp import await_new_clients, client_ids as _client_ids
 from adapters.valkey_servers import ServerSet
 
 from model.calls import DEFAULT_OP_TIMEOUT
@@ -151,6 +152,23 @@ class _StoreBase:
         self._closed = False
         self._lookup_ids = itertools.count()
 
+    #: The connections the client makes to its server per worker (LMCache's native RESP client: one, when the worker
+    #: starts, on a thread of its own); None when not known (then a store does not wait for them).
+    connections_per_worker: int | None = None
+
+    def _newest_client_id(self) -> int | None:
+        """The server's newest client id before this store's client exists (None: its connections are not waited for)."""
+        return None if self.connections_per_worker is None else _client_ids(self.host, self.port, self.password)[0]
+
+    def await_connections(self, timeout: float = 10.0) -> None:
+        """Return once the client holds all its connections (`adapters.nemesis` asks before it strikes: CLIENT KILL
+        at a trace's first op must meet every one of them, not only the workers that happened to connect first). Once:
+        a client that lost its connections to a fault makes them again on its next call, not before a strike."""
+        after, self._connected_after = getattr(self, "_connected_after", None), None
+        if after is not None:
+            await_new_clients(self.host, self.port, self.password, after=after, timeout=timeout,
+                              want=self.num_workers * int(self.connections_per_worker or 0), who=self.client_name)
+
     # key naming
     def lmcache_key(self, key: str):
         return lmcache_key(key, self.rank, self.n_ranks)
@@ -249,6 +267,7 @@ class BackendStore(_StoreBase):
     """One rank's store over LMCache's `RemoteBackend` (the remote tier the engine uses)."""
 
     scheme = "resp"
+    connections_per_worker = 1
     client_name = "lmcache"
     paths = ("get", "get_async", "get_batch", "get_prefix", "contains", "contains_batch", "contains_async")
 
@@ -274,6 +293,7 @@ class BackendStore(_StoreBase):
             self.num_workers, extra_config)
         self.cpu = LocalCPUBackend(self.config, self.metadata)
         setup_timeout = max(10.0, self.op_timeout)
+        self._connected_after = self._newest_client_id()
         self.backend = self.bounded.call(
             "connect", f"{self.scheme}://{self.host}:{self.port}",
             lambda: RemoteBackend(self.config, self.metadata, self.bounded.loop, self.cpu),
@@ -382,6 +402,7 @@ class BackendStore(_StoreBase):
 
 class ValkeyBackendStore(BackendStore):
     scheme = "valkey"
+    connections_per_worker = None  # (valkey-glide's own: not waited for)
     client_name = "lmcache-valkey"
 
 
@@ -389,6 +410,8 @@ class ValkeyBackendStore(BackendStore):
 
 class NativeStore(_StoreBase):
     """One rank's store over LMCache's native RESP client class (what RESPConnector wraps)."""
+
+    connections_per_worker = 1
 
     client_name = "lmcache-native"
     paths = ("get", "get_async", "get_batch", "get_sync", "contains", "contains_batch")
@@ -400,6 +423,7 @@ class NativeStore(_StoreBase):
         from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient
 
         try:
+            self._connected_after = self._newest_client_id()
             self.client = self.bounded.on_loop(
                 lambda: RESPClient(self.host, self.port, self.num_workers, self.bounded.loop,
                                    "", self.password or ""),

@@ -283,6 +283,11 @@ class Nemesis:
                                          "(--nemesis given explicitly faults it: destructive)")
             pw = getattr(store, "password", None) or getattr(getattr(store, "inner", None), "password", None)
             targets.append(server if server is not None else Endpoint(ep[0], ep[1], pw or password))
+        for store in stores:  # a client whose workers connect after it was built: every connection made first
+            settle = getattr(store, "await_connections", None) or getattr(getattr(store, "inner", None),
+                                                                          "await_connections", None)
+            if callable(settle):
+                settle()
         return cls(targets)
 
     def supports(self, needs_process: bool) -> bool:

@@ -8,7 +8,9 @@ ready once it answers PING. Servers are always stopped and reaped:
 - interpreter exit: an `atexit` hook stops every server still running;
 - SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
   signal is re-delivered with its previous disposition, so the process still dies of it;
-- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs);
+- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs); one that lands
+  inside a start (writing the config, while the spawner thread spawns, before PING answers) stops what that start
+  made: a server is in `_LIVE` before its dir exists, and a spawn its caller gave up waiting for is killed;
 - the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
   wrapper, `_DEATHSIG_EXEC`) from one long-lived spawner thread, so the kernel kills the servers when this process
   goes away.
@@ -109,6 +111,8 @@ class _Spawner:
         self._thread: threading.Thread | None = None
 
     def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+        """The process spawned from the spawner thread. Interrupted while waiting for it (Ctrl-C), the caller
+        abandons the job: the process it made, if any, is killed and reaped here or by the spawner thread."""
         box: list = []
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
@@ -117,8 +121,15 @@ class _Spawner:
                 self._thread.start()
             self._jobs.append((argv, kw, box))
             self._cond.notify_all()
-            while not box:
-                self._cond.wait()
+            try:
+                while not box:
+                    self._cond.wait()
+            except BaseException:
+                if box:
+                    _kill_spawned(box[0])
+                else:
+                    box.append(_ABANDONED)
+                raise
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
@@ -130,12 +141,26 @@ class _Spawner:
                     self._cond.wait()
                 argv, kw, box = self._jobs.pop(0)
             try:
-                result: object = subprocess.Popen(_with_deathsig(argv), **kw)
+                result: object = None if box else subprocess.Popen(_with_deathsig(argv), **kw)
             except BaseException as e:  # handed back to the caller
                 result = e
             with self._cond:
-                box.append(result)
+                if box:  # the caller gave up waiting: nobody owns this process
+                    _kill_spawned(result)
+                else:
+                    box.append(result)
                 self._cond.notify_all()
+
+
+#: What an interrupted caller leaves in its job's box: the spawner kills what it spawns for it.
+_ABANDONED = object()
+
+
+def _kill_spawned(result: object) -> None:
+    if result is not None and result is not _ABANDONED and not isinstance(result, BaseException):
+        with contextlib.suppress(ProcessLookupError):
+            result.kill()  # type: ignore[attr-defined]
+        result.wait()  # type: ignore[attr-defined]
 
 
 _SPAWNER = _Spawner()
@@ -266,18 +291,24 @@ class ValkeyServer:
         _install_cleanup_hooks()
         if self.port is None:
             self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
         self._stopped = False
-        self._spawn(self._write_config(), timeout)
+        with _LIVE_LOCK:  # registered before its dir exists: every stop path (atexit too) removes the dir
+            _LIVE.add(self)
+        self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
+        try:
+            self._spawn(self._write_config(), timeout)
+        except BaseException:  # Ctrl-C or a failure at any point of the start: nothing of it stays
+            self.stop()
+            raise
 
     def _spawn(self, conf: str, timeout: float) -> None:
         t0 = time.monotonic()
         self.paused = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self.proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, close_fds=True)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
         deadline = t0 + timeout
         while True:
             if ping(int(self.port), self.password, timeout=0.5):  # type: ignore[arg-type]
@@ -357,11 +388,11 @@ class ValkeyServer:
                     proc.wait()
             else:
                 proc.wait()
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
-        if self.dir is not None:
+        if self.dir is not None:  # (removed before the server leaves _LIVE: interrupted here, atexit removes it)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -438,13 +469,14 @@ def start_servers(n: int, *, password: str | None = None, attempts: int = 3) -> 
         for _ in range(n):
             for attempt in range(attempts):
                 server = ValkeyServer(password=password)
+                started.append(server)  # (a start that fails or is interrupted stops itself; stop is idempotent)
                 try:
                     server.start()
                     break
                 except ServerStartError:
+                    started.pop()
                     if attempt == attempts - 1:
                         raise
-            started.append(server)
     except BaseException:
         for s in started:
             s.stop()

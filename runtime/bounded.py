@@ -2,7 +2,9 @@
 `StoreCallTimeout` when it does not return in time; `BoundedStore` wraps a whole `RankStore` that way.
 
 A call stuck forever inside a client abandons its worker (a new one serves later calls); being a daemon,
-it can never block the run or the interpreter's exit.
+it can never block the run or the interpreter's exit. A bounded call made from inside a bounded call (a
+`BoundedStore`'s method bounded again) runs inline on the worker: queued behind the call that waits for it, it
+could only time out. The outer call's bound covers it.
 """
 from __future__ import annotations
 
@@ -18,12 +20,17 @@ from model.history import MULTI_KEY_READS
 __all__ = ["call_bounded", "BoundedStore"]
 
 
+#: `_on_worker.active` is True on a worker thread (any, an abandoned one too).
+_on_worker = threading.local()
+
+
 class _Worker:
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._loop, name="shardcheck-bounded-call", daemon=True).start()
 
     def _loop(self) -> None:
+        _on_worker.active = True
         while True:
             fn, args, box, done = self.jobs.get()
             try:
@@ -38,8 +45,11 @@ _worker_lock = threading.Lock()
 
 
 def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, or `StoreCallTimeout(op, key, seconds)` when it takes longer than `seconds`."""
+    """`fn(*args)`, or `StoreCallTimeout(op, key, seconds)` when it takes longer than `seconds` (inline when
+    called from inside a bounded call: that call's bound holds)."""
     global _worker
+    if getattr(_on_worker, "active", False):
+        return fn(*args)
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()

@@ -7,6 +7,7 @@ that blocked and could not be interrupted (see `runtime.watchdog`), reported on 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         # (see shardcheck.supervise); an in-process call (main([...])) runs unsupervised
         return supervise.supervise(sys.argv[1:], supervise.deadline(args.budget), args.command)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if argv is None and os.environ.get(supervise.SUPERVISED) == "1":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt_once)
     from model.calls import Stalled
     from runtime.registry import ResolveError
     from runtime.watchdog import watching
@@ -140,6 +144,15 @@ def _in_memory(spec: str | None) -> bool:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """A supervised child's first Ctrl-C or SIGTERM unwinds it; later ones are ignored, so that its clean-up (closing
+    engines, stopping servers, removing their dirs) is not cut short: the supervisor passes a Ctrl-C on, which may
+    be the second one, and kills a child whose clean-up overruns `shardcheck.supervise.STOP_SECONDS`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

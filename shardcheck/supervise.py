@@ -5,7 +5,8 @@ that holds the interpreter in C (a catastrophic regular expression, a C extensio
 handler runs either. The parent here needs nothing from the child: at `deadline(budget)` it asks the child for its
 stack (faulthandler on `DUMP_SIGNAL`, which works without the interpreter), kills it (its Valkey servers die with it:
 PDEATHSIG), and exits `EXIT_UNINTERRUPTIBLE` with one line saying why. Output passes straight through; Ctrl-C and
-SIGTERM are passed on to the child, which ends cleanly, or is killed after `STOP_SECONDS`.
+SIGTERM are passed on to the child, which ends cleanly, or is killed after `STOP_SECONDS`. Only the first Ctrl-C
+counts, here and in the child (`shardcheck.cli`): a second one never cuts the clean-up short.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ __all__ = ["SUPERVISED", "DUMP_SIGNAL", "deadline", "supervise", "in_child"]
 SUPERVISED = "SHARDCHECK_SUPERVISED"
 #: Extra seconds past `--budget` before the parent ends the child (`SHARDCHECK_SUPERVISOR_GRACE` overrides).
 GRACE_SECONDS = 30.0
-STOP_SECONDS = 5.0
+#: Seconds a child may take to end after Ctrl-C before it is killed (its servers then die with it, but their dirs
+#: stay): more than its own bounded clean-up (an engine deployment's close, 4 s, then its servers' stops).
+STOP_SECONDS = 15.0
 DUMP_SIGNAL = signal.SIGUSR1
 
 
@@ -56,6 +59,8 @@ def supervise(argv: list[str], seconds: float, command: str) -> int:
             except subprocess.TimeoutExpired:
                 break
             except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the child too: give it a moment, then pass it on
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # (until exit: a second Ctrl-C must not cut the child's
+                #                                                clean-up short, nor end this process before it)
                 try:
                     return child.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:

@@ -197,3 +197,54 @@ def test_no_orphan_servers_when_the_owner_dies(mode: str):
     assert not any(running(p) for p in pids), f"orphan valkey-server(s) after {mode}: {pids}"
     if mode in ("SIGTERM", "SIGHUP"):
         assert child.returncode == -getattr(signal, mode)  # the signal still ends the process
+
+
+@pytest.mark.parametrize("point", ["config", "spawning", "ready-wait", "second-server"])
+def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, monkeypatch):
+    """Ctrl-C while `start_servers(2)` runs (writing a config, while the spawner thread spawns, before a server
+    answers PING, before the second server is ready): KeyboardInterrupt, and no server process, dir or `_LIVE`
+    entry of it stays (the caller holds nothing to stop)."""
+    import threading
+
+    from adapters import valkey_servers as vs
+    monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
+    spawned: list[subprocess.Popen] = []
+    real_popen, real_ping, real_config = vs.subprocess.Popen, vs.ping, vs.ValkeyServer._write_config
+    main = threading.get_ident()
+    pings: list[int] = []
+
+    def popen(argv, **kw):
+        if point == "spawning" and argv[:3] == vs._with_deathsig([])[:3]:
+            signal.pthread_kill(main, signal.SIGINT)  # arrives while the caller waits for the spawner
+        p = real_popen(argv, **kw)
+        spawned.append(p)
+        return p
+
+    def ping(port, password=None, timeout=0.5):
+        pings.append(port)
+        if (point == "ready-wait" and len(pings) == 1) or (point == "second-server" and len(set(pings)) == 2):
+            raise KeyboardInterrupt
+        return real_ping(port, password, timeout=timeout)
+
+    def config(self):
+        path = real_config(self)
+        if point == "config":
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(vs.subprocess, "Popen", popen)
+    monkeypatch.setattr(vs, "ping", ping)
+    monkeypatch.setattr(vs.ValkeyServer, "_write_config", config)
+    before = set(vs._LIVE)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            vs.start_servers(2)
+            time.sleep(5)  # (a signal from the spawner thread is handled at the main thread's next bytecode)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.setattr(vs.subprocess, "Popen", real_popen)
+    vs.spawn_tied(["true"]).wait(10)  # queued behind the interrupted spawn: the spawner has finished with it
+    assert point == "config" or spawned
+    assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
+    assert set(vs._LIVE) == before and list(tmp_path.iterdir()) == []

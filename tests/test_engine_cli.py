@@ -48,10 +48,12 @@ def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("runner", ["in-process", "processes"])
-def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner, request):
-    """Ctrl-C (SIGINT to the process group) during `check --engine lmcache`: exit 130, no process of the run left
-    (servers, rank processes, the forkserver), nothing left in its temp dir (sockets, server dirs)."""
+@pytest.mark.parametrize("runner, presses", [("in-process", 1), ("processes", 1), ("in-process", 2)])
+def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner, presses, request):
+    """Ctrl-C (SIGINT to the process group, once, or twice 0.3 s apart: a second one lands in the clean-up) during
+    `check --engine lmcache`: exit 130, no process of the run left (servers, rank processes, the forkserver),
+    nothing left in its temp dir (sockets, server dirs). (A Ctrl-C at each point of a server's start:
+    tests/test_adapters_servers.py.)"""
     import os
     import signal
     import subprocess
@@ -75,6 +77,10 @@ def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner, requ
             if line.startswith("[engine]"):
                 break
         os.killpg(p.pid, signal.SIGINT)
+        for _ in range(presses - 1):
+            time.sleep(0.3)
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGINT)
         code = p.wait(30)
         assert code == 130, "".join(said)[-2000:] + p.stderr.read()[-2000:]
     finally:

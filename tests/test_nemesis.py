@@ -324,3 +324,43 @@ def test_an_async_read_in_flight_when_a_fault_strikes_may_miss_and_one_done_befo
         machine.wait(machine.pending[0])
         with pytest.raises(AssertionError, match="store-roundtrip: rank 0: get_async\\('k'\\) returned None"):
             machine.wait(machine.pending[1])
+
+
+def test_a_strike_waits_until_a_native_lmcache_client_holds_all_its_connections():
+    """CLIENT KILL struck at a trace's first op must meet every connection of stock lmcache's native client: its
+    workers connect on threads of their own after the constructor returns, and one that connected after the strike
+    made the client work again (a `recovery` finding that missed under load). The nemesis has each store wait for
+    them (`adapters.resp.await_new_clients`): it returns once connections newer than the id it was given exist, and
+    names the shortfall after its bound."""
+    import threading
+
+    from adapters.resp import await_new_clients, client_ids
+    with valkey_servers(1) as ss:
+        port = ss.ports[0]
+        after = client_ids("127.0.0.1", port, None)[0]
+        socks: list[socket.socket] = []
+
+        def connect_late() -> None:
+            time.sleep(0.3)
+            socks.extend(socket.create_connection(("127.0.0.1", port)) for _ in range(3))
+        late = threading.Thread(target=connect_late)
+        late.start()
+        try:
+            await_new_clients("127.0.0.1", port, None, after=after, want=3, timeout=30.0)
+            assert len([i for i in client_ids("127.0.0.1", port, None)[1] if i > after]) >= 3  # (made, not awaited)
+            with pytest.raises(ConnectionError, match="made 3 of its 4 connections"):
+                await_new_clients("127.0.0.1", port, None, after=after, want=4, timeout=0.2, who="it")
+        finally:
+            late.join()
+            for s in socks:
+                s.close()
+        for client in ("lmcache", "lmcache-native"):
+            stores = resolve_client(client).stores(1, urls=ss.urls)
+            try:
+                nemesis.Nemesis.for_stores(stores, user_servers=True)  # (what a strike's control is made by)
+                own, ids = client_ids("127.0.0.1", port, None)
+                assert len([i for i in ids if i > after]) >= stores[0].num_workers, (client, ids)
+            finally:
+                for s in stores:
+                    s.close()
+            after = own

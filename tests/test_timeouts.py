@@ -35,3 +35,21 @@ def test_one_default_op_timeout():
                           lmcache_stores.NativeStore.__init__, patched.PatchedBackendStore.__init__)]
     assert set(defaults) == {DEFAULT_OP_TIMEOUT} and rank_process.WAIT_BOUND == DEFAULT_OP_TIMEOUT
     assert not hasattr(bounded, "DEFAULT_OP_TIMEOUT") or bounded.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT
+
+
+def test_a_bounded_call_inside_a_bounded_call_runs_inline():
+    """A `BoundedStore` call bounded again (a store-ops run's clean-up does so) returns its value: queued behind the
+    call waiting for it, it used to time out, and every store-ops replay waited its op timeout per key put."""
+    inner = bounded.BoundedStore(resolve_client("model").stores(1)[0], 30.0)
+    inner.put("k", b"v")
+    assert bounded.call_bounded(5.0, "get", "k", inner.get, "k") == b"v" and inner.broken is None
+
+
+def test_a_bounded_call_inside_a_bounded_call_is_bounded_by_the_outer_one():
+    import threading
+    import pytest
+    from model.contract import StoreCallTimeout
+    never = threading.Event()
+    with pytest.raises(StoreCallTimeout):
+        bounded.call_bounded(0.2, "get", "k", bounded.call_bounded, 30.0, "get", "k", never.wait, 30.0)
+    never.set()

@@ -76,17 +76,17 @@ class LMCacheDeployment:
         self.close_errors: list[str] = []
         self._closed = False
         self.owned: ServerSet | None = None
-        if urls is None:
-            self.owned = start_servers(n_ranks)
-            self.endpoints = [("127.0.0.1", p) for p in self.owned.ports]
-            self.faults: ServerFaults | None = ServerFaults(self.owned.servers)
-        else:
-            self.endpoints = _endpoints(urls, n_ranks)
-            self.faults = None  # servers shardcheck did not start are never paused or killed
+        self.faults: ServerFaults | None = None  # servers shardcheck did not start are never paused or killed
         self.engine_ids = [f"sc{uuid.uuid4().hex[:10]}" for _ in self.models]
         self.rank_sides: list[Any] = []
         self.clients: list[Any] = []
-        try:
+        if urls is not None:
+            self.endpoints = _endpoints(urls, n_ranks)
+        try:  # (the servers too: a Ctrl-C just after they started still closes them)
+            if urls is None:
+                self.owned = start_servers(n_ranks)
+                self.endpoints = [("127.0.0.1", p) for p in self.owned.ports]
+                self.faults = ServerFaults(self.owned.servers)
             use_private_rpc_dir()
             quiet_lmcache()
             self.rank_sides = self._rank_sides()

@@ -37,17 +37,31 @@ DIR_ENV = "SHARDCHECK_LMCACHE_RPC_DIR"
 
 
 def rpc_dir() -> str:
-    """This process's socket directory (created on first use, removed at exit; a rank process uses its parent's)."""
+    """This process's socket directory (created on first use, removed at exit; a rank process uses its parent's).
+    Once removed at exit it is never made again: an LMCache close still running on a daemon thread names its
+    sockets here after the interpreter's exit began (then they cannot be made, and nothing is left behind)."""
     global _DIR
     with _LOCK:
+        if _REMOVED and _DIR is not None:
+            return _DIR
         inherited = os.environ.get(DIR_ENV)
         if inherited and os.path.isdir(inherited):
             _DIR = inherited
         if _DIR is None or not os.path.isdir(_DIR):
             _check_short_enough(tempfile.gettempdir())
             _DIR = tempfile.mkdtemp(prefix="shardcheck-zmq-")
-            atexit.register(shutil.rmtree, _DIR, True)
+            atexit.register(_remove_at_exit, _DIR)
         return _DIR
+
+
+_REMOVED = False
+
+
+def _remove_at_exit(path: str) -> None:
+    global _REMOVED
+    with _LOCK:
+        _REMOVED = True
+        shutil.rmtree(path, ignore_errors=True)
 
 
 #: The longest socket file name LMCache falls back to (`lmcache_rpc_<16 hex>`), and the temp dir's suffix.
