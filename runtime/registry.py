@@ -83,7 +83,7 @@ CLIENTS: dict[str, ClientEntry] = {
     "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
                            about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True,
                            expect="violated"),
-    "lmcache-native": ClientEntry(ref="adapters.lmcache_stores:native_factory", self_bounded=True,
+    "lmcache-native": ClientEntry(ref="adapters.lmcache_native:native_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
     "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
                                   options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),

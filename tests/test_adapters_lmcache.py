@@ -15,7 +15,6 @@ from adapters.lmcache_stores import (
     CHUNK_BYTES,
     MAX_VALUE,
     StoreCallTimeout,
-    native_factory,
     resp_factory,
     valkey_factory,
 )
@@ -23,6 +22,7 @@ from adapters.patched import patched_factory, patched_valkey_factory
 from adapters.valkey_servers import ServerSet, ping
 from engines.scenarios import SCENARIOS, run_scenarios
 from model.trace import Trace
+from adapters.lmcache_native import native_factory
 from runtime.registry import resolve_client
 
 pytestmark = pytest.mark.real

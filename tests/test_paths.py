@@ -6,14 +6,16 @@ import inspect
 
 import pytest
 
-from adapters import lmcache_stores, patched
+from adapters import lmcache_native, lmcache_stores, patched
 from model.contract import declared_paths
 from model.history import READ_PATHS
 from properties import bad_stores
 
-#: Public members that are not read/lookup operations: the contract's writes and close, key naming, diagnostics.
-NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_key", "server_keys", "servers"}
-ADAPTERS = [lmcache_stores.BackendStore, lmcache_stores.ValkeyBackendStore, lmcache_stores.NativeStore,
+#: Public members that are not read/lookup operations: the contract's writes and close, key naming, diagnostics, the
+#: nemesis's wait for a client's connections.
+NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_key", "server_keys", "servers",
+             "await_connections"}
+ADAPTERS = [lmcache_stores.BackendStore, lmcache_stores.ValkeyBackendStore, lmcache_native.NativeStore,
             patched.PatchedBackendStore, patched.PatchedValkeyStore]
 
 
@@ -44,7 +46,7 @@ def test_every_declared_path_is_driven_by_the_concurrent_layer(cls):
 
 def test_an_undeclared_operation_is_caught():
     """The check itself fails for an adapter that offers a read the declaration omits."""
-    class Sneaky(lmcache_stores.NativeStore):
+    class Sneaky(lmcache_native.NativeStore):
         def scan_prefix(self, keys):
             return 0
     assert undeclared(Sneaky) == {"scan_prefix"}

@@ -1,7 +1,7 @@
 """One op timeout reaches every wait: regression tests for the bounds that used to differ per engine."""
 import inspect
 
-from adapters import lmcache_stores, patched
+from adapters import lmcache_native, lmcache_stores, patched
 from engines.scenarios import run_scenarios
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case
@@ -32,7 +32,7 @@ def test_one_default_op_timeout():
     from adapters import processes, rank_process
     defaults = [inspect.signature(f).parameters["op_timeout"].default
                 for f in (ClientPool.__init__, lmcache_stores.BackendStore.__init__, processes.ProcessRunner.__init__,
-                          lmcache_stores.NativeStore.__init__, patched.PatchedBackendStore.__init__)]
+                          lmcache_native.NativeStore.__init__, patched.PatchedBackendStore.__init__)]
     assert set(defaults) == {DEFAULT_OP_TIMEOUT} and rank_process.WAIT_BOUND == DEFAULT_OP_TIMEOUT
     assert not hasattr(bounded, "DEFAULT_OP_TIMEOUT") or bounded.DEFAULT_OP_TIMEOUT == DEFAULT_OP_TIMEOUT
 
