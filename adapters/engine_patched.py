@@ -352,8 +352,7 @@ def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
         backend = engine.storage_manager.storage_backends["RemoteBackend"]
         inner = getattr(backend.connection, "_connector", backend.connection)
         inner.__class__ = connector_cls
-        inner.get_timeout = 0.5
-        inner._auth = ("", "")
+        inner.adopt(0.5, ("", ""))  # also the per-key-result native client (fix 10): the stock one answers None
         backend.__class__ = backend_cls
         backend.put_wait = 0.5
 

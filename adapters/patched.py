@@ -170,12 +170,10 @@ class PatchedBackendStore(BackendStore):
         # Fix 2: the connector RemoteBackend built is re-classed to the guarded subclass (same
         # object, same native client and executor); only its read methods change.
         inner.__class__ = cls
-        # a read may take one stuck GET and two more attempts (fix 6): all of it must fit in op_timeout
-        inner.get_timeout = max(0.05, min(1.0, self.op_timeout / 5))
-        inner._auth = ("", self.password or "")
-        # fix 10: the native client RemoteBackend built drops the per-key results of a GET: replace it (no op is in
-        # flight yet) by one that hands them back
-        self.bounded.on_loop(lambda: inner._renew_client(), timeout=max(10.0, self.op_timeout))
+        # a read may take one stuck GET and two more attempts (fix 6): all of it must fit in op_timeout; fix 10: the
+        # native client RemoteBackend built (no op is in flight yet) is replaced by one that hands back per-key results
+        inner.adopt(max(0.05, min(1.0, self.op_timeout / 5)), ("", self.password or ""),
+                    timeout=max(10.0, self.op_timeout))
         # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
         self.backend.__class__ = patched_remote_backend_class()
         self.backend.put_wait = max(0.05, self.op_timeout / 2)

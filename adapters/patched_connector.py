@@ -36,6 +36,18 @@ class GuardedConnector:
     recycled: int = 0
     _renewed_at: float = float("-inf")
 
+    def adopt(self, get_timeout: float, auth: tuple[str, str], timeout: float = 10.0) -> None:
+        """Finish re-classing a stock connector into this one (every deployment that swaps the class calls it): set
+        the GET bound and credentials, and replace the stock native client, which drops the per-key results of a GET
+        (fix 10), by `client_class`, on the connector's loop (the native client binds to it), bounded by `timeout`."""
+        self.get_timeout, self._auth = get_timeout, auth
+
+        async def renew() -> None:
+            self._renew_client()
+        asyncio.run_coroutine_threadsafe(renew(), self.loop).result(timeout)
+        if not isinstance(self.client, self.client_class):
+            raise ConnectionError(f"could not replace the native client of {self.host}:{self.port} (fix 10)")
+
     def _renew_client(self, failed: Any = None, gone: bool = False) -> None:
         """A new native client in place of `failed` (the current one by default): fix 2 (a stuck GET), fix 9 (a stuck
         call), fix 10 (a lost connection: the native workers never reconnect). After a stuck call at most every half
@@ -128,6 +140,9 @@ class GuardedConnector:
             if status == "gone":
                 free()
             return False, []
+        if not isinstance(flags, list):  # a stock client answers None: its buffers may be unfilled (fix 10)
+            free()
+            raise TypeError(f"{type(self.client).__name__}.batch_get gave no per-key results: call adopt() first")
         out: List[Optional[Any]] = []
         for mo, ok in zip(mos, flags):
             if ok:

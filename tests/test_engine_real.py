@@ -60,6 +60,49 @@ def test_isolation_under_the_engines_key_scheme():
     assert _run("lmcache-patched", cases["isolation-adapter"]).violations == []
 
 
+def test_patched_retrieves_a_chunk_another_deployment_stored():
+    """Regression: the engine path re-classed the connector but kept LMCache's native client, whose GET answers no
+    per-key results (fix 10), so every remote read of the patched engine failed: a second deployment of the same model
+    found the first one's chunk on the shared Valkey and loaded 0 of it. Stock loads it; so must the patched engine."""
+    case = EngineCase(n_ranks=1, lookup="sync", models=("m", "m"),
+                      prompts=(EnginePrompt(name="p0", chunks=1),
+                               EnginePrompt(name="p1", chunks=1, stem="p0", shared=1, deployment=1)),
+                      steps=(Step(kind="store", prompt="p0"), Step(kind="lookup", request="q1", prompt="p1"),
+                             Step(kind="retrieve", request="q1")))
+    assert "engine-integrity" not in _run("lmcache", case).violated()  # (stock's close does not return: E6)
+    assert _run("lmcache-patched", case).violations == []
+
+
+def test_patched_connector_rejects_a_client_without_per_key_results():
+    """The guarded connector's GET refuses a native client that answers no per-key results, rather than reading it
+    as all misses (the regression above, made loud): its buffers are freed and the error names the fix."""
+    import asyncio
+
+    from adapters.patched_connector import GuardedConnector
+
+    class Buffer:
+        byte_array, freed = bytearray(8), 0
+
+        def ref_count_down(self):
+            Buffer.freed += 1
+
+    class StockLikeClient:
+        async def batch_get(self, keys, bufs):
+            return None
+
+    class Connector(GuardedConnector):
+        def _allocate(self):
+            return Buffer()
+
+    async def read():
+        conn = Connector()
+        conn.client, conn.loop = StockLikeClient(), asyncio.get_running_loop()
+        with pytest.raises(TypeError, match="per-key results"):
+            await conn._read([type("Key", (), {"to_string": lambda self: "k"})()])
+    asyncio.run(read())
+    assert Buffer.freed == 1
+
+
 #: Per demo patch: a case on lmcache-patched (which holds on it unpatched) that shows the demo's property.
 DEMO_CASES = {
     "take_max": _case("sync", STORE, {"kind": "evict", "prompt": "p0", "rank": 1, "chunk": 1, "tier": "both"}, LOOK,
