@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
@@ -187,6 +187,8 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tu
                 orders[probe] = [cut[j] for j in order]
             learn(probe, found)
             step = 1 if hi < probe else step * 2  # the evidence moved: look right next to it first
+        hi, lo = _confirmed(hi, len(events) - 1, lambda p: _cut_linearizable(p, ops, events, keys, model, orders,
+                                                                              max_states, deadline), (lo, hi))
         if lo not in orders:
             cut = _cut(ops, events[lo])
             ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
@@ -194,6 +196,33 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tu
     except (SweepStopped, _Rejected):
         pass  # not narrowed further: the op at `hi` is one whose cut is not linearizable
     return Verdict(False, 0, keys, [op.id for op in orders.get(lo, [])], ops[events[hi][1]].id)
+
+
+def _cut_linearizable(p: int, ops: list[Op], events: list, keys: tuple[str, ...], model: Model,
+                      orders: dict[int, list[Op]], max_states: int, deadline: float | None) -> bool:
+    """Whether the cut at return event `p` is linearizable, decided on its own (its order kept in `orders`)."""
+    cut = _cut(ops, events[p])
+    ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
+    if ok:
+        orders[p] = [cut[j] for j in order]
+    return ok
+
+
+def _confirmed(hi: int, last: int, linearizable: Callable[[int], bool], known: tuple[int, int]) -> tuple[int, int]:
+    """(hi, lo) with the cut at `hi` decided not linearizable on its own: the sweep's bounds ("by", "after") narrow
+    the search, but a bound that was too early named an op whose cut is linearizable; then the first bad return
+    is bisected between it and `last` (whose cut the verdict says is not linearizable) on direct decisions only."""
+    lo = known[0]
+    if hi >= last or not linearizable(hi):
+        return hi, lo
+    lo, top = hi, last
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if linearizable(mid):
+            lo = mid
+        else:
+            top = mid
+    return top, lo
 
 
 @attrs.define
