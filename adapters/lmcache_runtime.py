@@ -193,3 +193,17 @@ class _Servers:
             self.owned.stop()
 
 
+def stores_over(servers: _Servers, n_ranks: int, make: Callable[[int], Any]) -> list:
+    """`make(rank)` for every rank over `servers`; when one raises, the stores made are closed and the servers the
+    rest would have held are released."""
+    stores: list = []
+    try:
+        for rank in range(n_ranks):
+            stores.append(make(rank))
+    except BaseException:
+        for s in stores:
+            s.close()
+        for _ in range(n_ranks - len(stores)):
+            servers.release()
+        raise
+    return stores

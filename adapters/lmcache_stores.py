@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from adapters.lmcache_runtime import Bounded, _resp_command, _Servers, _then  # noqa: F401  (Bounded: public)
+from adapters.lmcache_runtime import Bounded, _resp_command, _Servers, _then, stores_over  # noqa: F401  (Bounded: public)
 from adapters.resp import await_new_clients, client_ids as _client_ids
 from adapters.valkey_servers import ServerSet
 
@@ -414,18 +414,8 @@ def _make(cls: type, n_ranks: int, *, topology: str = "per-rank", use_mla: bool 
     if n_ranks < 1:
         raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
     servers = _Servers(n_ranks, topology, urls, password)
-    stores: list = []
-    try:
-        for rank in range(n_ranks):
-            stores.append(cls(rank, n_ranks, servers, use_mla=use_mla, op_timeout=op_timeout,
-                              num_workers=num_workers, **extra))
-    except BaseException:
-        for s in stores:
-            s.close()
-        for _ in range(n_ranks - len(stores)):
-            servers.release()
-        raise
-    return stores
+    return stores_over(servers, n_ranks, lambda rank: cls(rank, n_ranks, servers, use_mla=use_mla,
+                                                          op_timeout=op_timeout, num_workers=num_workers, **extra))
 
 
 def resp_factory(n_ranks: int, **options: Any) -> list[BackendStore]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Any, Callable, Sequence
 
-from adapters.lmcache_runtime import _Servers
+from adapters.lmcache_runtime import _Servers, stores_over
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.checks import CATALOG
 
@@ -161,17 +161,7 @@ def _factory(cls: type, *, self_bounded: bool = True) -> Callable[..., list]:
         if n_ranks < 1:
             raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
         servers = _Servers(n_ranks, topology, urls, password)
-        stores: list = []
-        try:
-            for rank in range(n_ranks):
-                stores.append(cls(rank, n_ranks, servers, op_timeout=op_timeout))
-        except BaseException:
-            for s in stores:
-                s.close()
-            for _ in range(n_ranks - len(stores)):
-                servers.release()
-            raise
-        return stores
+        return stores_over(servers, n_ranks, lambda rank: cls(rank, n_ranks, servers, op_timeout=op_timeout))
 
     factory.__name__ = factory.__qualname__ = f"{cls.__name__}_factory"
     factory.__doc__ = f"`{cls.__name__}` per rank (see the module doc)."
