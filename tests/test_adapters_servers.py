@@ -173,10 +173,12 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("mode", ["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL", "exception"])
-def test_no_orphan_servers_when_the_owner_dies(mode: str):
-    """A process that started servers dies (signal or exception): its servers die with it."""
+def test_no_orphan_servers_when_the_owner_dies(mode: str, tmp_path):
+    """A process that started servers dies (signal or exception): its servers die with it. (Its temp dir is the
+    test's: a SIGKILLed owner cannot remove its servers' directories.)"""
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), mode=mode)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = child.stdout.readline()
         assert line, child.stderr.read()
