@@ -81,8 +81,10 @@ def test_pytest_properties_on_real_clients(tmp_path):
     # fresh servers may not see again in time: such a trace says it stopped before it was 1-minimal.
     store_ops = [t for t in traces if t.kind == "store-ops"]
     assert any(t.origin == "scenario:miss-prompt" and len(t.ops) == 1 for t in store_ops), [t.ops for t in store_ops]
-    # (a trace through a real fault also holds its fault op, the recovery and the probes around them)
+    # (the bound is the state machine's: a fixed scenario's 1-minimal cut may be longer (the server's own evictions
+    # around a racy lost completion); a trace through a real fault also holds its fault op and the recovery)
     assert all(len(t.ops) <= 5 for t in store_ops if ("(1-minimal)" in t.notes or "by construction" in t.notes)
+               and not t.origin.startswith("scenario:")
                and not any(op.get("op") in ("fault", "recover") for op in t.ops)), \
         [(t.origin, t.notes, len(t.ops)) for t in store_ops]
     assert all(t.config["n_ranks"] <= 2 for t in traces if t.kind == "protocol"), [t.config for t in traces]
