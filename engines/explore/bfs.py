@@ -57,6 +57,7 @@ from model.harness import run_case
 from model.interpreter import step_bound
 from model.outcome import Violation
 
+from engines.explore.halves import ALL, FIRST, NONE, SLOW, Halves
 from engines.explore.reconstruct import Reached, case_of
 from engines.explore.result import ExploreError, ExploreResult
 from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, LAST_MOVE, LID_MASK, RUN, StateSpace
@@ -78,6 +79,8 @@ class Search:
         self.space = StateSpace(protocol, n, k, **options)
         self.setup = self.space.setup
         self.terminal = Terminals(self.space)
+        self.halves = Halves(self.space)
+        self.budgets: list[int] = []  # the fault budget left, per cf (set once the configurations are known)
         self.properties = properties
         self.shard: tuple[int, int] | None = options.get("shard")
         self.terminal_signatures: set | None = set() if record_terminals else None
@@ -215,6 +218,7 @@ class Search:
     def _bfs(self, should_stop, progress, t0) -> str:
         """Expand level after level (in slices of `_CHECK_EVERY` states, polling `should_stop` between them)."""
         self._initial()
+        self.budgets = self.halves.budgets()
         frontier = list(self.levels[0]) if self.levels else []
         self.phase = 1
         record = self.shard is not None
@@ -242,7 +246,40 @@ class Search:
 
     def _expand(self, states: list[int], seen: dict[int, int | None], d1: int) -> int:
         """Expand `states` (of depth d1 - 1) into `seen` (the states of depth d1: their parents); the transitions
-        generated. The hot loop (see Speed)."""
+        generated. The hot loop (see Speed): a state whose two halves' entries (`engines.explore.halves`) say its
+        successors are plain is the state plus their deltas; any other takes `_expand_slow`."""
+        space = self.space
+        if d1 >= space.bound:  # near the step bound every new state is checked
+            return self._expand_slow(states, seen, d1)
+        halves, dead, slow, trans = self.halves, self.dead, self._expand_slow, 0
+        memo0, memo1, mask0, shift1 = halves.memo[0], halves.memo[1], halves.mask0, halves.shift1
+        budgets = self.budgets
+        for st in states:
+            if dead and st in dead:
+                continue
+            budget = budgets[st & CF_MASK]
+            moves0, evictions0, first = memo0[budget][(st >> CF_BITS) & mask0]
+            moves1, evictions1, row = memo1[budget][st >> shift1]
+            how = row[first]
+            if how == ALL:
+                deltas = moves0 + moves1 + evictions0 + evictions1
+            elif how == NONE:
+                continue
+            elif how == SLOW:
+                trans += slow((st,), seen, d1)
+                continue
+            else:
+                deltas = moves0 if how == FIRST else moves1
+            trans += len(deltas)
+            for delta in deltas:
+                ns = st + delta
+                if ns not in seen:
+                    seen[ns] = st
+        return trans
+
+    def _expand_slow(self, states: list[int] | tuple, seen: dict[int, int | None], d1: int) -> int:
+        """`_expand` of states whose successors are not all plain: every branch kind, arrivals that complete their
+        collective or desync, and the checks of new states near the step bound."""
         space = self.space
         n, reduction, near = space.n, space.reduction, d1 >= space.bound  # only then can a state reach the bound
         dead, check_new, trans, mask = self.dead, self._check_new, 0, LID_MASK
