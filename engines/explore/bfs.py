@@ -251,15 +251,16 @@ class Search:
         space = self.space
         if d1 >= space.bound:  # near the step bound every new state is checked
             return self._expand_slow(states, seen, d1)
-        halves, dead, slow, trans = self.halves, self.dead, self._expand_slow, 0
-        memo0, memo1, mask0, shift1 = halves.memo[0], halves.memo[1], halves.mask0, halves.shift1
+        halves, slow, trans, mask, cf_bits = self.halves, self._expand_slow, 0, CF_MASK, CF_BITS
+        memo0, memo1, mask0, shift1, entry = halves.memo[0], halves.memo[1], halves.mask0, halves.shift1, halves.entry
         budgets = self.budgets
+        # (no state here is dead: a state at the step bound is only ever expanded near it)
         for st in states:
-            if dead and st in dead:
-                continue
-            budget = budgets[st & CF_MASK]
-            moves0, evictions0, first = memo0[budget][(st >> CF_BITS) & mask0]
-            moves1, evictions1, row = memo1[budget][st >> shift1]
+            budget = budgets[st & mask]
+            bits = (st >> cf_bits) & mask0
+            moves0, evictions0, first = memo0[budget].get(bits) or entry(0, bits, budget)
+            bits = st >> shift1
+            moves1, evictions1, row = memo1[budget].get(bits) or entry(1, bits, budget)
             how = row[first]
             if how == ALL:
                 deltas = moves0 + moves1 + evictions0 + evictions1

@@ -35,33 +35,10 @@ def _merge_sig(a: int, b: int) -> int:
     return a if b == -1 else _MIXED
 
 
-class _Memo(dict):
-    """One half's entries at one budget: packed local ids -> (move deltas, eviction deltas, class or row)."""
-
-    def __init__(self, halves: "Halves", half: int, budget: int) -> None:
-        super().__init__()
-        self.halves, self.half, self.budget = halves, half, budget
-
-    def __missing__(self, bits: int) -> tuple:
-        got = self[bits] = self.halves.entry(self.half, bits, self.budget)
-        return got
-
-
-class _Row(dict):
-    """The second half's class's row of the decision table: the first half's class -> `how`."""
-
-    def __init__(self, halves: "Halves", second: tuple) -> None:
-        super().__init__()
-        self.halves, self.second = halves, second
-
-    def __missing__(self, first: int) -> int:
-        got = self[first] = self.halves.decide(self.halves.classes[first], self.second)
-        return got
-
-
 class Halves:
     """Per half (0: ranks [0, h), 1: ranks [h, n)) and fault budget b, `memo[half][b]`: the half's packed local
-    ids -> (move deltas, eviction deltas, its class: an id for the first half, the decision row for the second)."""
+    ids -> (move deltas, eviction deltas, its class: an id for the first half, for the second its row of the
+    decision table, a list: the first half's class id -> `how`). Every row is always complete (classes are few)."""
 
     def __init__(self, space: StateSpace) -> None:
         self.space = space
@@ -69,12 +46,12 @@ class Halves:
         self.mask0 = (1 << (LID_BITS * h)) - 1
         self.shift1 = CF_BITS + LID_BITS * h
         budgets = range(space.max_faults + 1)
-        self.memo = ([_Memo(self, 0, b) for b in budgets], [_Memo(self, 1, b) for b in budgets])
+        self.memo: tuple[list[dict], list[dict]] = ([{} for _ in budgets], [{} for _ in budgets])
         # a class: (plain: no failure nor last move, arrivals expanded, ranks able to move, ranks arrived,
         # signature summary of the arrived ranks and expanded arrivals)
         self.class_ids: dict[tuple, int] = {}
         self.classes: list[tuple] = []
-        self.rows: dict[tuple, _Row] = {}
+        self.rows: dict[tuple, list[int]] = {}
 
     def entry(self, half: int, bits: int, budget: int) -> tuple:
         """The entry of half `half` with packed local ids `bits` (that half's, from its first rank) at `budget`."""
@@ -109,11 +86,14 @@ class Halves:
             if got is None:
                 got = self.class_ids[cls] = len(self.classes)
                 self.classes.append(cls)
+                for second, row in self.rows.items():
+                    row.append(self.decide(cls, second))
         else:
             got = self.rows.get(cls)
             if got is None:
-                got = self.rows[cls] = _Row(self, cls)
-        return tuple(moves), tuple(evictions), got
+                got = self.rows[cls] = [self.decide(first, cls) for first in self.classes]
+        entry = self.memo[half][budget][bits] = (tuple(moves), tuple(evictions), got)
+        return entry
 
     def decide(self, first: tuple, second: tuple) -> int:
         """`how` for a state whose halves have classes `first` and `second`."""
