@@ -38,7 +38,8 @@ def test_corpus_replays_as_expected_on_real_client(client):
 
 def test_check_stock_client_finds_a_violation_that_the_patch_fixes(tmp_path):
     """check --client lmcache is violated; its saved counterexample reproduces on stock, not on patched."""
-    r = run("-m", "shardcheck", "check", "--client", "lmcache", "--budget", "30", "--json", "--out", str(tmp_path))
+    r = run("-m", "shardcheck", "check", "--client", "lmcache", "--budget", "15", "--op-timeout", "0.5", "--json",
+            "--out", str(tmp_path))
     assert r.returncode == 1, r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert data["verdict"] == "violated"
