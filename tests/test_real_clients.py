@@ -103,7 +103,9 @@ from model.trace import Trace
 t = Trace.load(sys.argv[1])
 name = t.client
 if name == "lmcache-valkey":  # a failed glide connect leaves retrying threads: one child process per replay
-    runs = [_in_child(sys.argv[1].rsplit("lmcache-", 1)[1][:-5], name)[:2] for _ in range(10)]
+    from concurrent.futures import ThreadPoolExecutor  # (five at once: each child mostly waits on its connect)
+    with ThreadPoolExecutor(5) as pool:
+        runs = list(pool.map(lambda _: _in_child(sys.argv[1].rsplit("lmcache-", 1)[1][:-5], name)[:2], range(10)))
 else:
     runs = [replay(t, _factory(name)) for _ in range(10)]
 print(json.dumps(runs), flush=True)
