@@ -276,5 +276,7 @@ NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
 
 
 def check_outcome(o: Outcome) -> list[Violation]:
-    """Every violation of every check, in the order of `CHECKS`."""
+    """Every violation of every check, in the order of `CHECKS`. (The explorer memoises it on exactly the fields of
+    the outcome the checks read, `engines.explore.terminal.Terminals.violations`: a check that reads another field
+    must be named there too.)"""
     return [v for check in CHECKS for v in check(o)]

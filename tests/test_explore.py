@@ -10,6 +10,7 @@ import pytest
 from model.effects import TIMED_OUT, GetAsync, Wait
 from engines.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
                            terminal_signatures)
+from model.checks import check_outcome
 from model.faults import Eviction, FaultPlan
 from engines.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, VARIANT_OTHERS, entry_name, load, observed,
                               resolve, run_entry)
@@ -334,3 +335,40 @@ def test_every_state_has_one_depth(reduction):
             faults = st[space.n] % (space.max_faults + 1)
             lost_or_delayed = sum(status != OK for x in st[:space.n] for _, status in space.asyncs_of[x])
             assert depth == space.steps(st) + (0 if reduction else faults - lost_or_delayed)
+
+
+def _terminal_memo_agrees(search) -> tuple[int, int]:
+    """Every terminal state of a finished search: its memoised verdict is `check_outcome` of its own outcome.
+    (terminal states, violating ones)."""
+    terminal, space = search.terminal, search.space
+    states = violating = 0
+    for packed in search.reached_states():
+        st = space.unpack(packed)
+        if any(space.can_move[x] for x in st[:space.n]):
+            continue
+        expected = check_outcome(terminal.outcome(st))
+        assert terminal.violations(st) == expected, (space.name, st)
+        states += 1
+        violating += bool(expected)
+    return states, violating
+
+
+@pytest.mark.parametrize("cls", EVERY_CLASS, ids=lambda c: c.__name__)
+def test_the_terminal_memo_keys_on_everything_the_checks_read(cls):
+    """`Terminals.violations` is memoised across configurations (its key leaves the configuration out): on every
+    terminal state of every variant (eager with its other prompts, lazy without), unreduced and reduced, the memoised
+    violations equal the checks of the state's own outcome, and the memo is shared."""
+    from engines.explore.bfs import Search
+    n, k = _config(cls)
+    runs = [dict(reduction=False, others=tuple(_others(cls))), dict(reduction=True, others=tuple(_others(cls)))]
+    if cls.__name__ not in VARIANT_OTHERS:
+        runs.append(dict(reduction=False, lazy=True))
+    states = violating = keys = 0
+    for options in runs:
+        search = Search(cls(), n, k, max_faults=2, properties=frozenset(), **options)
+        search.run(None, None)
+        got = _terminal_memo_agrees(search)
+        states, violating, keys = states + got[0], violating + got[1], keys + len(search.terminal.memo)
+    assert keys < states  # terminal states of several configurations shared an answer
+    # a variant's property is seen in its terminal states unless it is one of a transition (desync, termination)
+    assert (violating > 0) == (DEMO_VARIANTS.get(cls) not in (None, "desync", "termination"))

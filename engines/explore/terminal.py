@@ -34,33 +34,74 @@ class Terminals:
 
     def __init__(self, space: StateSpace) -> None:
         self.space = space
-        self.memo: dict[tuple, list[Violation]] = {}  # (cfg, a fault happened, each rank's `part`) -> violations
-        self.parts: dict[int, tuple] = {}  # local id -> `part(lid)`
-        self.fault_ids: dict[tuple, int] = {}  # a rank's faults (see `part`) -> a small id
+        self.memo: dict[tuple, list[Violation]] = {}  # (lookup view, a fault happened, each rank's part) -> violations
+        self.parts: dict[int, int] = {}  # local id -> `part(lid)`
+        self.part_ids: dict[tuple, int] = {}  # (trie node, flag) -> a small id
+        self.config_views: dict[int, int] = {}  # configuration -> `_view` (eager initial state)
+        self.evicted_views: dict[tuple, int] = {}  # units evicted before lookup -> `_view` (lazy initial state)
+        self.view_ids: dict[tuple, int] = {}  # what the checks read of a lookup outcome -> a small id
         self.load_memo: dict[tuple, tuple] = {}  # (nodes, flags) -> `_load_events` (many states share them)
         self.rank_faults: dict[tuple[int, int], tuple] = {}  # (lid, cfg or -1 if lazy) -> `_rank_faults`
 
     def violations(self, st: tuple) -> list[Violation]:
-        """Every violation of a state (unpacked) where no rank can move."""
-        n = self.space.n
-        cfg, faults = divmod(st[n], self.space.max_faults + 1)
-        key = (cfg, faults > 0) + tuple(self.part(x) for x in st[:n])
+        """Every violation of a state (unpacked) where no rank can move: `check_outcome(self.outcome(st))`, memoised
+        on exactly what `check_outcome` reads of that outcome, which is not the configuration (terminal states of
+        many configurations share an answer):
+        - of the lookup outcome (a function of the units evicted before lookup): `lcp`, `planned`, `reports`,
+          `stale`, `before_other_evictions`, and `cached` only when `before_other_evictions` is set (isolation-
+          eviction); `kv`, `written` and `foreign` are the store phase's, the same for every lookup: `_view`;
+        - of the fault plan: only `after_lookup()` (maximality; `striking` and `server_faults` are a real server's,
+          never in the explorer's plans), which is `faults > 0`: every fault the counter counts leaves its mark in
+          the plan (an eviction takes its chunk's keys out of `present` for good, a lost or delayed completion keeps
+          its status) and every mark was counted;
+        - of the load: the results, the reads and the hang/deadlock diagnosis, all functions of each rank's trie node
+          and flag (a node is named by the results its rank received: `part`). The step count, the schedule, the
+          events and the collective signatures are read by no check.
+        `tests/test_explore.py` compares this with the unmemoised checks on every terminal state of many searches."""
+        space = self.space
+        n = space.n
+        ci, faults = divmod(st[n], space.max_faults + 1)
+        key = (self._view(ci, st[:n]), faults > 0) + tuple(self.part(x) for x in st[:n])
         got = self.memo.get(key)
         if got is None:
             got = self.memo[key] = check_outcome(self.outcome(st))
         return got
 
-    def part(self, lid: int) -> tuple:
-        """What the terminal outcome reads of one rank-local state: its trie node, its flag, and its faults
-        (which units are present, known or undecided; each completion's status). Store values and completed
-        values are not read: the results and reads are the node's."""
+    def _view(self, ci: int, lids: Sequence[int]) -> int:
+        """The id of what the checks read of the lookup outcome a state (of configuration `ci`, local states `lids`)
+        starts from (see `violations`); an unhashable one gets an id of its own."""
+        space = self.space
+        if not space.lazy:
+            got = self.config_views.get(ci)
+            if got is None:
+                got = self.config_views[ci] = self._view_of(space.configs[ci].evicted)
+            return got
+        before = space.concrete_evicted(lids)
+        got = self.evicted_views.get(before)
+        if got is None:
+            got = self.evicted_views[before] = self._view_of(before)
+        return got
+
+    def _view_of(self, before: tuple) -> int:
+        look = self.space.setup.lookup_outcome(before)
+        boe = look.before_other_evictions
+        read = (look.lcp, look.planned, None if look.reports is None else tuple(look.reports), look.stale, boe,
+                None if boe is None else look.cached)
+        try:
+            key = (read, repr(read))  # equal values written alike (1 and 1.0 and True are equal keys, not texts)
+            return self.view_ids.setdefault(key, len(self.view_ids))
+        except TypeError:  # (a protocol's unhashable report)
+            self.view_ids[(object(),)] = len(self.view_ids)
+            return len(self.view_ids) - 1
+
+    def part(self, lid: int) -> int:
+        """What the terminal checks read of one rank-local state: the id of its trie node and flag (see
+        `violations`; its store and completions matter only through the fault count)."""
         got = self.parts.get(lid)
         if got is None:
             space = self.space
-            store = space.store_of[lid]
-            faults = (store.init, frozenset(store.chunks), store.undecided, tuple(s for _, s in space.asyncs_of[lid]))
-            got = self.parts[lid] = (space.node_of[lid], space.flag_of[lid],
-                                     self.fault_ids.setdefault(faults, len(self.fault_ids)))
+            got = self.parts[lid] = self.part_ids.setdefault((space.node_of[lid], space.flag_of[lid]),
+                                                             len(self.part_ids))
         return got
 
     def outcome(self, st: tuple) -> Outcome:
