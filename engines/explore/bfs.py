@@ -49,7 +49,7 @@ the first 300k states). What is left is the loop itself (int add, dict membershi
 Then (states 53k..809k of the same run: 14.8k -> 7.5k per state) the deltas of each half of the ranks are memoised
 per (half's local states, budget) with a class per half, and a table over pairs of classes says whether a state's
 successors are all plain (`engines.explore.halves`; 97% of states): such a state is two dict look-ups, a list look-up
-and the loop over its deltas; any other takes `_expand_slow`, the loop above. A level is built one configuration at
+and the loop over its deltas; any other takes the loop above (`engines.explore.slow`). A level is built one configuration at
 a time (a state's successors keep its configuration, and a level is ordered by configuration): the duplicate check
 is in that configuration's small dict (`pending`), moved into the level's dict once done, so the same order. What is
 left is the dict and int work of the loop (about 2/3 of the instructions), the slow path at completions, and the
@@ -68,7 +68,8 @@ from model.outcome import Violation
 from engines.explore.halves import ALL, FIRST, NONE, SLOW, Halves
 from engines.explore.reconstruct import Reached, case_of
 from engines.explore.result import ExploreError, ExploreResult
-from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, LAST_MOVE, LID_MASK, RUN, StateSpace
+from engines.explore.slow import slow_expander
+from engines.explore.state import CF_BITS, CF_MASK, LID_MASK, RUN, StateSpace
 from engines.explore.terminal import Terminals
 from engines.explore.tries import RAISED
 
@@ -105,6 +106,7 @@ class Search:
         self.pending: dict[int, int | None] = {}  # its new states of the configuration being expanded (see Speed)
         self.reached: Reached | None = None  # the violation the search reached (its own words; run_case replays it)
         self.found_key: tuple[int, int, int] | None = None
+        self._expand_slow: Callable[[Any, dict, int], int] | None = None  # `engines.explore.slow` (set once in `_bfs`)
 
     def run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
         t0 = time.perf_counter()
@@ -230,6 +232,7 @@ class Search:
         states of the level (polling `should_stop` between them; a slice's transitions count once it is done)."""
         self._initial()
         self.budgets = self.halves.budgets()
+        self._expand_slow = slow_expander(self)
         frontier = self._by_config(list(self.levels[0])) if self.levels else []
         self.phase = 1
         record = self.shard is not None
@@ -289,7 +292,7 @@ class Search:
     def _expand(self, states: list[int], seen: dict[int, int | None], d1: int) -> int:
         """Expand `states` (of depth d1 - 1) into `seen` (the states of depth d1: their parents); the transitions
         generated. The hot loop (see Speed): a state whose two halves' entries (`engines.explore.halves`) say its
-        successors are plain is the state plus their deltas; any other takes `_expand_slow`."""
+        successors are plain is the state plus their deltas; any other takes `engines.explore.slow`'s path."""
         space = self.space
         if d1 >= space.bound:  # near the step bound every new state is checked
             return self._expand_slow(states, seen, d1)
@@ -318,99 +321,6 @@ class Search:
                 ns = st + delta
                 if ns not in seen:
                     seen[ns] = st
-        return trans
-
-    def _expand_slow(self, states: list[int] | tuple, seen: dict[int, int | None], d1: int) -> int:
-        """`_expand` of states whose successors are not all plain: every branch kind, arrivals that complete their
-        collective or desync, and the checks of new states near the step bound."""
-        space = self.space
-        n, reduction, near = space.n, space.reduction, d1 >= space.bound  # only then can a state reach the bound
-        dead, check_new, trans, mask = self.dead, self._check_new, 0, LID_MASK
-        can_move, plain_deltas, packed_branches, packed = space.can_move, space.plain_deltas, space.packed_branches, \
-            space.packed
-        status_code, arrived_sig, shifts, eviction_deltas = space.status_code, space.arrived_sig, space.shifts, \
-            space.eviction_deltas
-        max_faults1 = space.max_faults + 1
-        budgets = [space.max_faults - f % max_faults1 for f in range(max_faults1)]
-        for st in states:
-            if dead and st in dead:
-                continue
-            budget = budgets[(st & CF_MASK) % max_faults1]
-            runnable = False
-            here = []  # the ranks' local states (rank r's is here.index(lid))
-            for sh in shifts:
-                here.append((st >> sh) & mask)
-            waits = None  # at the state's first arrival: the collective ranks wait in (-3: several), how many
-            for lid in here:
-                if not can_move[lid]:
-                    continue
-                runnable = True
-                plain = plain_deltas[lid]
-                if plain is None:
-                    packed(lid)
-                    plain = plain_deltas[lid]
-                if plain:  # every branch a plain move: only the deltas affordable within the budget
-                    deltas = plain[budget]
-                    trans += len(deltas)
-                    for delta in deltas:
-                        ns = st + delta
-                        if ns not in seen:
-                            seen[ns] = st
-                            if near:
-                                check_new(ns, d1)
-                    if reduction:
-                        break
-                    continue
-                branches = packed_branches[lid]
-                for cost, delta, nl, kind in branches:
-                    if cost > budget:
-                        continue
-                    trans += 1
-                    ns = st + delta
-                    if kind == ARRIVE:
-                        sig = arrived_sig[nl]
-                        if waits is None:
-                            waits, waiting, movers = -1, 0, 0  # ranks arrived / able to move, in st
-                            for x in here:
-                                c = status_code[x]
-                                if c == -1:
-                                    movers += 1
-                                elif c >= 0:
-                                    waits = c if waits in (-1, c) else -3
-                                    waiting += 1
-                        if movers > 1 and waiting < n - 1 and (waits == sig or waits == -1) and not near:
-                            # another rank is still to arrive (no desync, not complete) and another rank can
-                            # move (not terminal); not near the step bound: nothing to check
-                            if ns not in seen:
-                                seen[ns] = st
-                            continue
-                        ns = self._arrival(st, ns, here.index(lid), sig)
-                        if ns is None or ns in seen:
-                            continue
-                        seen[ns] = st
-                        check_new(ns, d1)
-                    elif kind != FAIL:  # PLAIN, or LAST_MOVE: the rank cannot move after it (maybe terminal)
-                        if ns not in seen:
-                            seen[ns] = st
-                            if near or kind == LAST_MOVE:
-                                check_new(ns, d1)
-                    else:
-                        label = space.branches(lid)[branches.index((cost, delta, nl, kind))][2]
-                        self._found(st, (here.index(lid), label), nl)
-                if reduction:
-                    break
-            if budget and runnable and not reduction:
-                for lid in here:
-                    evs = eviction_deltas[lid]
-                    if evs is None:
-                        evs = space.packed_evictions(lid)
-                    trans += len(evs)
-                    for delta in evs:
-                        ns = st + delta
-                        if ns not in seen:
-                            seen[ns] = st
-                            if near:
-                                check_new(ns, d1)
         return trans
 
     def _arrival(self, st: int, ns: int, r: int, sig: int) -> int | None:

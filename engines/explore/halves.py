@@ -8,7 +8,7 @@ of what the two halves' classes make of it, and the state plus each delta. The s
 (5 ranks x 10 chunks, 2 faults: 27k entries for the first 1.5M states).
 
 A half's class says whether its deltas are the whole story: every expanded branch a plain move or an arrival, no
-failure nor last move, and the summary of its ranks that decides an arrival (`Search._expand_slow`: an arrival is a
+failure nor last move, and the summary of its ranks that decides an arrival (`engines.explore.slow`: an arrival is a
 plain successor when another rank can still move, another rank is still to arrive, and no rank waits in another
 collective). A pair of classes decides the state (`how`): its successors are plain (which deltas), it has none (no
 rank can move), or it takes the general path (`SLOW`).
