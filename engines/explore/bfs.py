@@ -69,7 +69,7 @@ from engines.explore.halves import ALL, FIRST, NONE, SLOW, Halves
 from engines.explore.reconstruct import Reached, case_of
 from engines.explore.result import ExploreError, ExploreResult
 from engines.explore.slow import slow_expander
-from engines.explore.state import CF_BITS, CF_MASK, LID_MASK, RUN, StateSpace
+from engines.explore.state import CF_BITS, CF_MASK, RUN, StateSpace
 from engines.explore.terminal import Terminals
 from engines.explore.tries import RAISED
 
@@ -322,28 +322,3 @@ class Search:
                 if ns not in seen:
                     seen[ns] = st
         return trans
-
-    def _arrival(self, st: int, ns: int, r: int, sig: int) -> int | None:
-        """The state after rank r's arrival (signature id `sig`) took `st` to `ns`: `ns`, or the state after the
-        collective completed (memoised per the ranks' local states); a desync is reported (None: the run ends)."""
-        space = self.space
-        complete = True
-        for sh in space.shifts:
-            other = space.arrived_sig[(ns >> sh) & LID_MASK]
-            if other != sig:
-                if other >= 0:  # a different collective: desync
-                    complete = None
-                    break
-                complete = False
-        if complete is False:
-            return ns
-        high = ns >> CF_BITS
-        got = space.completions.get(high)
-        if got is None:
-            lids = space.unpack(ns)
-            got = space.arrive(lids[:space.n], r)
-            if type(got) is not tuple:
-                self._found(st, (r, ("arrive",)), got)
-                return None  # (only other properties are searched for)
-            got = space.completions[high] = space.pack(got, 0) >> CF_BITS
-        return (got << CF_BITS) | (ns & CF_MASK)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engines.explore.state import ARRIVE, CF_MASK, FAIL, LAST_MOVE, LID_MASK
+from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, LAST_MOVE, LID_MASK
 
-__all__ = ["slow_expander"]
+__all__ = ["slow_expander", "arrival_of"]
 
 
 def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
@@ -18,7 +18,7 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
     collective, or lie near the step bound; a failing branch or a desync is reported (`search._found`)."""
     space = search.space
     n, reduction, bound, budgets, dead = space.n, space.reduction, space.bound, search.budgets, search.dead
-    check_new, arrival, found, branches_of = search._check_new, search._arrival, search._found, space.branches
+    check_new, arrival, found, branches_of = search._check_new, arrival_of(search), search._found, space.branches
     can_move, plain_deltas, packed_branches, packed = space.can_move, space.plain_deltas, space.packed_branches, \
         space.packed
     status_code, arrived_sig, shifts, eviction_deltas, packed_evictions = space.status_code, space.arrived_sig, \
@@ -31,7 +31,9 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
                 continue
             budget = budgets[st & CF_MASK]
             runnable = False
-            here = [(st >> sh) & LID_MASK for sh in shifts]  # the ranks' local states (rank r's: here.index(lid))
+            here = []  # the ranks' local states (rank r's is here.index(lid))
+            for sh in shifts:
+                here.append((st >> sh) & LID_MASK)
             waits = None  # at the state's first arrival: the collective ranks wait in (-3: several), how many
             for lid in here:
                 if not can_move[lid]:
@@ -106,3 +108,35 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
         return trans
 
     return expand
+
+
+def arrival_of(search: Any) -> Callable[[int, int, int, int], int | None]:
+    """`arrival(st, ns, r, sig)`: the state after rank r's arrival (signature id `sig`) took `st` to `ns`: `ns`, or
+    the state after the collective completed (memoised per the ranks' local states); a desync is reported
+    (`search._found`; None: the run ends)."""
+    space, found = search.space, search._found
+    n, shifts, arrived_sig, completions, unpack, pack, arrive = space.n, space.shifts, space.arrived_sig, \
+        space.completions, space.unpack, space.pack, space.arrive
+
+    def arrival(st: int, ns: int, r: int, sig: int) -> int | None:
+        complete = True
+        for sh in shifts:
+            other = arrived_sig[(ns >> sh) & LID_MASK]
+            if other != sig:
+                if other >= 0:  # a different collective: desync
+                    complete = None
+                    break
+                complete = False
+        if complete is False:
+            return ns
+        high = ns >> CF_BITS
+        got = completions.get(high)
+        if got is None:
+            got = arrive(unpack(ns)[:n], r)
+            if type(got) is not tuple:
+                found(st, (r, ("arrive",)), got)
+                return None  # (only other properties are searched for)
+            got = completions[high] = pack(got, 0) >> CF_BITS
+        return (got << CF_BITS) | (ns & CF_MASK)
+
+    return arrival
