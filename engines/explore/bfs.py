@@ -49,11 +49,13 @@ the first 300k states). What is left is the loop itself (int add, dict membershi
 Then (states 53k..809k of the same run: 14.8k -> 7.5k per state) the deltas of each half of the ranks are memoised
 per (half's local states, budget) with a class per half, and a table over pairs of classes says whether a state's
 successors are all plain (`engines.explore.halves`; 97% of states): such a state is two dict look-ups, a list look-up
-and the loop over its deltas; any other takes the loop above (`engines.explore.slow`). A level is built one configuration at
-a time (a state's successors keep its configuration, and a level is ordered by configuration): the duplicate check
-is in that configuration's small dict (`pending`), moved into the level's dict once done, so the same order. What is
-left is the dict and int work of the loop (about 2/3 of the instructions), the slow path at completions, and the
-terminal checks (`check_outcome` on each terminal state: a third of a full 5 x 10 run).
+and the loop over its deltas; any other takes the loop above (`engines.explore.slow`, its tables bound once per
+search). A level is built one configuration at a time (a state's successors keep its configuration, and a level is
+ordered by configuration): the duplicate check is in that configuration's small dict (`pending`), moved into the
+level's dict once done, so the same order. Terminal checks are memoised on what `check_outcome` reads, not on the
+configuration (`Terminals.violations`): on the full 5 x 10 space, 24,779 terminal states cost 3.9 CPU s of 11.6
+with the configuration in the key, 0.6 s without (1,613 misses). What is left is the dict and int work of the loop
+(about 2/3 of the instructions) and the slow path at completions.
 """
 from __future__ import annotations
 
