@@ -63,15 +63,22 @@ def test_check_patched_client_holds(tmp_path):
     assert data["stats"]["coverage"]["hypothesis"]["rule_steps"] > 0 and data["stats"]["cases"] > 0
 
 
-def test_pytest_properties_on_real_clients(tmp_path):
-    """`pytest properties/ --client lmcache-patched` passes; with stock lmcache both layers fail."""
-    common = ["-m", "pytest", "properties/", "-p", "no:cacheprovider", "-q", "--found-dir", str(tmp_path)]
-    patched = run(*common, "--client", "lmcache-patched")
+def _pytest_properties(found_dir, *args):
+    return run("-m", "pytest", "properties/", "-p", "no:cacheprovider", "-q", "--found-dir", str(found_dir), *args)
+
+
+def test_pytest_properties_pass_on_the_patched_client(tmp_path):
+    """`pytest properties/ --client lmcache-patched` passes."""
+    patched = _pytest_properties(tmp_path, "--client", "lmcache-patched")
     assert patched.returncode == 0, patched.stdout[-3000:]
+
+
+def test_pytest_properties_fail_on_stock_lmcache_with_minimal_traces(tmp_path):
+    """With stock lmcache both layers fail, and what they write is minimal."""
     # (on stock, the two layers and one scenario: each other failing test minimises on fresh servers, 5-15 s each,
     # and the scenarios' own tests run them on stock lmcache)
-    stock = run(*common, "--client", "lmcache", "--op-timeout", "0.5",
-                "-k", "TestProtocolLayer or TestStoreLayer or miss-prompt")
+    stock = _pytest_properties(tmp_path, "--client", "lmcache", "--op-timeout", "0.5",
+                               "-k", "TestProtocolLayer or TestStoreLayer or miss-prompt")
     failed = {line.split("::")[-1].split(" ")[0] for line in stock.stdout.splitlines() if line.startswith("FAILED")}
     assert stock.returncode == 1 and {"runTest", "test_store_client_scenario[miss-prompt]"} <= failed, stock.stdout[-3000:]
     assert sum("TestProtocolLayer" in line or "TestStoreLayer" in line for line in stock.stdout.splitlines()
