@@ -20,6 +20,7 @@ import pytest
 
 from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
+from runtime.options import ENGINE_FLAGS, NEMESIS_FLAGS, add_options
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
@@ -50,31 +51,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how long a failing run of a non-model client may be minimised on fresh stores (store ops "
                          "dropped, ranks/chunks/faults shrunk, while it still fails) before its trace is written "
                          "(default: 30; 0: write it as found)")
-    group.addoption("--client-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="an option of the client's factory, repeatable (urls=a,b; password=...; a value that parses "
-                         "as JSON is taken as JSON) (default: none)")
+    add_options(group.addoption, "--client-option")
     group.addoption("--max-ranks", default=None, type=int, metavar="N",
                     help="no machine uses more than N ranks (default: as many as --client-option urls names, else 4)")
-    group.addoption("--engine", default=None, metavar="NAME|MOD:ATTR",
-                    help="a serving engine whose own lookup-and-load path the engine layer checks: lmcache, "
-                         "lmcache-patched or MOD:ATTR of a deployment factory (default: none: the engine layer "
-                         "does not run)")
-    group.addoption("--lookup", default="both", choices=("sync", "async", "both"),
-                    help="the engine's scheduler-side lookup clients to drive (default: both)")
-    group.addoption("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="an option of the engine's factory (urls=..., lookup_timeout_ms=...) or ranks=N, repeatable "
-                         "(default: none)")
-    group.addoption("--engine-patch", action="append", default=[], metavar="MOD:ATTR",
-                    help="a function called before any engine is built, which may patch the engine's classes, "
-                         "repeatable (default: none)")
-    group.addoption("--nemesis", default=None, metavar="KINDS|all|none",
-                    help="real faults on the servers in the store and concurrent layers: all, none, or kinds "
-                         "(pause, kill-connections, restart-empty, restart-data, debug-sleep, client-pause, evict) "
-                         "(default: all on servers shardcheck started; given explicitly, servers passed with urls "
-                         "too: DESTRUCTIVE)")
-    group.addoption("--recovery-seconds", default=None, type=float, metavar="SECONDS",
-                    help="once a faulted server is back, calls must succeed again within this bound "
-                         "(default: twice the op timeout)")
+    add_options(group.addoption, *ENGINE_FLAGS, *NEMESIS_FLAGS)
     group.addoption("--retention", default=DEFAULT_RETENTION, type=float, metavar="SECONDS",
                     help="the least age a value put and never deleted is read back at (a client's own `retention` "
                          f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, ContextManager, Iterator
 
+from runtime.options import ENGINE_FLAGS, NEMESIS_FLAGS, add_options
 from shardcheck.errors import UsageError
 
 __all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
@@ -19,9 +20,7 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
                        "MOD:ATTR (default: paper)")
     p.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
                    "lmcache-patched, or MOD:ATTR of a factory (default: model)")
-    p.add_argument("--client-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the client's factory, repeatable (urls=a,b; password=...; a value that parses "
-                        "as JSON is taken as JSON) (default: none)")
+    add_options(p.add_argument, "--client-option")
     p.add_argument("--runner", choices=("sim", "processes"), default="sim",
                    help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
                         "(torch.distributed, gloo) (default: sim)")
@@ -29,16 +28,7 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
 
 def add_nemesis_arguments(p: Any) -> None:
     """`--nemesis` and `--recovery-seconds` (check, replay)."""
-    from model.faults import SERVER_KIND_NAMES
-    p.add_argument("--nemesis", default=None, metavar="KINDS|all|none",
-                   help="real faults on the servers: all, none, or a comma-separated list of "
-                        f"{', '.join(SERVER_KIND_NAMES)} (default: all on servers shardcheck started, none on servers "
-                        "passed with urls; given explicitly it faults those too: DESTRUCTIVE, they are paused, their "
-                        "connections killed, their memory filled and their keys evicted -- process faults need "
-                        "servers shardcheck started)")
-    p.add_argument("--recovery-seconds", type=float, default=None, metavar="SECONDS",
-                   help="once a faulted server is back, the client's calls must succeed again within this bound "
-                        "(default: twice the op timeout)")
+    add_options(p.add_argument, *NEMESIS_FLAGS)
 
 
 def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
@@ -62,17 +52,7 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
 
 def add_engine_arguments(p: Any) -> None:
     """The options that put a serving engine's own lookup-and-load path under test (CONTRACT.md, "Engines")."""
-    p.add_argument("--engine", default=None, metavar="NAME|MOD:ATTR",
-                   help="check a serving engine's own lookup-and-load path instead of a protocol and a client: "
-                        "lmcache, lmcache-patched or MOD:ATTR of a deployment factory (default: none)")
-    p.add_argument("--lookup", choices=("sync", "async", "both"), default="both",
-                   help="the engine's scheduler-side lookup clients to drive (default: both)")
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the engine's factory (urls=a,b; lookup_timeout_ms=...) or ranks=N (the most "
-                        "ranks of a case), repeatable (default: none)")
-    p.add_argument("--engine-patch", action="append", default=[], metavar="MOD:ATTR",
-                   help="a function with no arguments called in every process before any engine is built, which may "
-                        "patch the engine's classes (a fork or a fix), repeatable (default: none)")
+    add_options(p.add_argument, *ENGINE_FLAGS)
 
 
 class NotUnderTest:
