@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from engines.linearizability_greedy import greedy_linearizes
 from engines.linearizability_register import decide_register
@@ -43,7 +43,7 @@ from engines.linearizability_replay import replay_order
 from engines.linearizability_search import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
 from model.history import KV_MODEL, History, Model, Op, split_per_key
 
-__all__ = ["Verdict", "check", "partitions", "per_key", "search_part", "DEFAULT_MAX_STATES"]
+__all__ = ["Verdict", "check", "partitions", "split_parts", "per_key", "search_part", "DEFAULT_MAX_STATES"]
 
 #: Kept as the name it always had: the KV model's split of multi-key reads.
 per_key = split_per_key
@@ -84,6 +84,26 @@ def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
     for k in parent:
         keys_of.setdefault(find(k), []).append(k)
     return [(tuple(sorted(keys_of[r])), groups[r]) for r in sorted(groups)]
+
+
+def split_parts(ops: Sequence[Op], split: Callable[[Sequence[Op]], list[Op]]) -> list[tuple[tuple[str, ...], list[Op]]]:
+    """`partitions(split(ops))` in one pass over `ops`, for a model's `split` (which leaves a one-key op as it is and
+    cuts each multi-key op on its own): only the multi-key ops are split, one at a time."""
+    by_key: dict[str, list[Op]] = {}
+    for op in ops:
+        keys = op.keys
+        if len(keys) == 1:
+            part = by_key.get(keys[0])
+            if part is None:
+                by_key[keys[0]] = [op]
+            else:
+                part.append(op)
+            continue
+        for piece in split((op,)):
+            if len(piece.keys) != 1:  # a piece of several keys (a multi-key write): the general way
+                return partitions(split(ops))
+            by_key.setdefault(piece.keys[0], []).append(piece)
+    return [((k,), by_key[k]) for k in sorted(by_key)]
 
 
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
@@ -130,9 +150,7 @@ def check(history: History | Sequence[Op], model: Model = KV_MODEL, *, max_state
 def _check(history: History | Sequence[Op], model: Model, *, max_states: int, seconds: float | None, snapshot: bool,
            fast: bool) -> Verdict:
     ops = history.ops if isinstance(history, History) else list(history)
-    if not snapshot and model.split is not None:
-        ops = model.split(ops)
-    parts = partitions(ops)
+    parts = split_parts(ops, model.split) if not snapshot and model.split is not None else partitions(ops)
     deadline = None if seconds is None else time.monotonic() + seconds
     steps = 0
     undecided: list[tuple[str, ...]] = []

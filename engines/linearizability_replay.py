@@ -16,7 +16,8 @@ Each is a new order of a segment of the ops, which must keep real time (no op of
 it was called; the segment holds every op whose relative order changes) and be accepted by the model from the state
 before it up to r (the ops after r in it are replayed, and repaired, as the rest). So an order this pass ends with
 is a linearization: the part's ops (less some that may never have taken effect: every op that completed without
-error is in it), in an order that keeps real time, accepted by the model step by step."""
+error is in it), in an order that keeps real time, accepted by the model step by step. A replay that needs more
+repairs than about one per 24 ops gives up: they would cost more than an exact path."""
 from __future__ import annotations
 
 import math
@@ -31,6 +32,11 @@ INF = math.inf
 #: How many of the last state-changing ops a repair looks back over, and how far ahead it looks for an op to pull.
 _BACK = 8
 _AHEAD = 64
+#: The repairs a replay may make: `_FREE_REPAIRS`, and one more per `_OPS_PER_REPAIR` ops replayed so far. A repair
+#: replays a few hundred ops of candidate segments; past that rate the repairs cost more than an exact path spends
+#: on the whole part (measured on the side-by-side histories of `engines.concurrency_bench`), so the replay gives up.
+_FREE_REPAIRS = 4
+_OPS_PER_REPAIR = 24
 
 
 def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list[Op] | None:
@@ -40,22 +46,28 @@ def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
     step = model.step
     state = model.init(keys)
     recent: list[tuple[int, Any]] = []  # (position, state before) of the last ops that changed the state
-    p = 0
-    while p < len(order):
-        ok, new = step(keys, state, order[p])
-        if ok:
-            if new != state:
+    p = repairs = 0
+    n = len(order)
+    while True:
+        for p in range(p, n):
+            ok, new = step(keys, state, order[p])
+            if not ok:
+                break
+            if new is not state and new != state:
                 recent.append((p, state))
                 if len(recent) > _BACK:
                     del recent[0]
                 state = new
-            p += 1
-            continue
+        else:
+            return order
+        repairs += 1
+        if repairs > _FREE_REPAIRS + p // _OPS_PER_REPAIR:
+            return None  # cheaper decided exactly
         got = _repair(keys, order, p, recent, state, model)
         if got is None:
             return None
         p, state = got
-    return order
+        n = len(order)  # a repair may leave an op out
 
 
 def _writes(view: Any, op: Op) -> bool:
