@@ -234,3 +234,34 @@ def test_splitting_while_partitioning_is_partitioning_the_split():
     ops.append(Op(10_000, "z", "delete", ("k0", "k1"), invoked=1.0, completed=2.0, completions=1))
     parts = split_parts(ops, KV_MODEL.split)
     assert shape(parts) == shape(partitions(KV_MODEL.split(ops))) and any(len(k) > 1 for k, _ in parts)
+
+
+
+def test_the_sweep_budget_counts_only_the_steps_going_back():
+    """`over_budget` is asked once the sweep has spent `budget` steps beyond the deepest decision it reached (going
+    back, or trying a second choice), not after `budget` steps in all: a long linearizable part whose sweep goes
+    back a few steps here and there is not asked about with a budget of those few; a violation late in a part is,
+    once the sweep goes back there, and the part is still decided (by the zones)."""
+    [(_, ops)] = split_parts(synthetic_history(1, n_ops=2_000, n_keys=1, n_callers=8).ops, KV_MODEL.split)
+    inst = linearizability_sweep.build(ops, KV_MODEL.register_view)
+    chosen, deepest, steps = linearizability_sweep.sweep(inst, max_states=100_000)
+    extra = steps - deepest
+    assert chosen is not None and 0 < extra < steps // 10
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    assert linearizability_sweep.sweep(inst, max_states=100_000, budget=extra, over_budget=stop)[0] is not None
+    assert not asked
+    ops = []
+    for i in range(60):
+        ops.append(op(2 * i, "a", "put", "k", 4 * i, 4 * i + 1, value=f"v{i}".encode()))
+        ops.append(op(2 * i + 1, "b", "get", "k", 4 * i + 2, 4 * i + 3, f"v{i}".encode()))
+    ops[-1].result = b"v57"  # overwritten by v58 before this read was called
+    inst = linearizability_sweep.build(ops, KV_MODEL.register_view)
+    with pytest.raises(linearizability_sweep.OverBudget) as stopped:
+        linearizability_sweep.sweep(inst, max_states=10_000, budget=5, over_budget=stop)
+    assert asked == [1] and stopped.value.steps > len(inst.T) - 10
+    assert check(ops).linearizable is False and check(ops).unplaceable == ops[-1].id
