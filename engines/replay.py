@@ -207,7 +207,7 @@ def clean_runs(trace: Trace, on: ReplayOn) -> tuple[int, str]:
     if trace.kind == "engine" and rate.runs_to_clear() > ENGINE_MAX_RUNS:
         return ENGINE_MAX_RUNS, (f"recorded {rate.k}/{rate.n}: 99% would take {rate.runs_to_clear()} runs of a real "
                                  f"deployment; capped at {ENGINE_MAX_RUNS}")
-    return rate.runs_to_clear(), (f"recorded {rate.k}/{rate.n}: a bug still at that rate shows within "
+    return rate.runs_to_clear(), (f"recorded {rate.k}/{rate.n}: a bug still at a quarter of that rate shows within "
                                   f"{rate.runs_to_clear()} runs at 99%")
 
 

@@ -16,10 +16,16 @@ from model.outcome import Case, Outcome, Violation
 from model.trace import Trace
 from model.trace_validate import rate_problem
 
-__all__ = ["CONFIDENCE", "Rate", "Finding", "lower_bound", "runs_within"]
+__all__ = ["CONFIDENCE", "RATE_DRIFT", "Rate", "Finding", "lower_bound", "runs_within"]
 
 #: The confidence of every statistical verdict (a racy finding's replay, its minimisation).
 CONFIDENCE = 0.99
+
+#: How far a racy rate may fall between the runs that measured it and a later replay: runs are not independent of
+#: the machine's load (a stale-cache race measured at 13 of 20 showed in none of 10 fresh runs in 21 of 200 replays
+#: on a loaded 2-core machine, and its runs until the first showing reached 43 under three busy processes). A
+#: replay says `fixed` only after the runs that would show a bug at a quarter of its rate's lower bound.
+RATE_DRIFT = 4
 
 
 @attrs.frozen
@@ -42,9 +48,11 @@ class Rate:
         return 1 if self.deterministic else runs_within(lower_bound(self.k, self.n, confidence), confidence)
 
     def runs_to_clear(self, confidence: float = CONFIDENCE) -> int:
-        """Clean runs after which a replay says `fixed`: had the bug kept its rate (at least the lower bound of
-        k/n, with `confidence`), one of them would have shown it, with probability `confidence`."""
-        return self.runs_to_show(confidence)
+        """Clean runs after which a replay says `fixed`: had the bug kept a `RATE_DRIFT`th of its rate (of the lower
+        bound of k/n, with `confidence`), one of them would have shown it, with probability `confidence`."""
+        if self.deterministic:
+            return 1
+        return runs_within(lower_bound(self.k, self.n, confidence) / RATE_DRIFT, confidence)
 
     def text(self) -> str:
         if self.deterministic:
