@@ -3,7 +3,9 @@ repaired locally where the model refuses an op. It either ends with a linearizat
 linearizable) or gives up, and the other paths decide; giving up says nothing about the part.
 
 The ops go in the order of one instant inside each op's interval (its midpoint; an op that never completed: its
-call), which keeps real time: an op that returned before another was called has the earlier instant. The model's
+call, and for a register a put that never completed: just before the first get of its value, or nowhere -- left
+out, as it may never have taken effect -- when none returned it), which keeps real time: an op that returned before
+another was called has the earlier instant. The model's
 `step` replays them; where it refuses op r, a few rearrangements of the ops around r are tried, in this order,
 the first that works taken (the "recent writes": the last ops that changed the state, and for a register model
 the writes among them that changed nothing):
@@ -42,7 +44,8 @@ _OPS_PER_REPAIR = 24
 def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list[Op] | None:
     """The linearization the repaired replay of the module doc ends with (the ops, in order), or None."""
     mids = [op.invoked if op.completed is None else (op.invoked + op.completed) / 2 for op in ops]
-    order = [ops[j] for j in sorted(range(len(ops)), key=mids.__getitem__)]
+    out = _place_pending_puts(ops, mids, model.register_view) if model.register_view is not None else None
+    order = [ops[j] for j in sorted(range(len(ops)), key=mids.__getitem__) if not out or j not in out]
     step = model.step
     state = model.init(keys)
     recent: list[tuple[int, Any]] = []  # (position, state before) of the last ops that changed the state
@@ -68,6 +71,34 @@ def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
             return None
         p, state = got
         n = len(order)  # a repair may leave an op out
+
+
+def _place_pending_puts(ops: Sequence[Op], mids: list[float], view: Any) -> set[int] | None:
+    """For a register: each put that never completed at an instant of its interval where the reads want it -- just
+    before the earliest midpoint of a get of its value (not before its call), or, when no get returned its value,
+    nowhere: the indices of those left out (they may never have taken effect)."""
+    pending = {}
+    for j, op in enumerate(ops):
+        if op.completed is None and op.path == "put":
+            v = view(op)
+            if v is not None and v[0] == "write" and v[1] is not None:
+                pending[v[1]] = j
+    if not pending:
+        return None
+    first: dict[Any, float] = {}
+    for j, op in enumerate(ops):
+        if op.completed is not None and op.error is None and op.path != "put":
+            v = view(op)
+            if v is not None and v[0] == "read" and v[1] in pending and mids[j] < first.get(v[1], INF):
+                first[v[1]] = mids[j]
+    out = set()
+    for value, j in pending.items():
+        at = first.get(value)
+        if at is None:
+            out.add(j)
+        else:
+            mids[j] = max(ops[j].invoked, at - 1e-9 * (1 + abs(at)))
+    return out
 
 
 def _writes(view: Any, op: Op) -> bool:

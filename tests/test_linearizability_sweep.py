@@ -265,3 +265,20 @@ def test_the_sweep_budget_counts_only_the_steps_going_back():
         linearizability_sweep.sweep(inst, max_states=10_000, budget=5, over_budget=stop)
     assert asked == [1] and stopped.value.steps > len(inst.T) - 10
     assert check(ops).linearizable is False and check(ops).unplaceable == ops[-1].id
+
+
+def test_the_replay_puts_a_pending_put_where_its_reads_want_it():
+    """A put that never completed goes, in the replay's first order, right before the earliest get of its value (not
+    before its call), and is left out when no get returned its value: no repair is needed for either. Demo: with the
+    placement off, the same histories need a repair (with repairs off, the replay gives up)."""
+    seen = [op(0, "a", "put", "k", 0, None, value=b"v1"), op(1, "b", "put", "k", 1, 2, value=b"v2"),
+            op(2, "c", "get", "k", 3, 4, b"v1")]
+    unseen = [op(0, "a", "put", "k", 0, None, value=b"v9"), op(1, "b", "get", "k", 1, 2, None)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linearizability_replay, "_repair", lambda *args: None)
+        for h in (seen, unseen):
+            order = replay_order(("k",), h, KV_MODEL)
+            assert order is not None and linearization_holds(("k",), h, [h.index(o) for o in order], KV_MODEL)
+        assert replay_order(("k",), unseen, KV_MODEL) == [unseen[1]]
+        mp.setattr(linearizability_replay, "_place_pending_puts", lambda *args: None)
+        assert replay_order(("k",), seen, KV_MODEL) is None and replay_order(("k",), unseen, KV_MODEL) is None
