@@ -109,14 +109,16 @@ def split_parts(ops: Sequence[Op], split: Callable[[Sequence[Op]], list[Op]]) ->
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
                  fast: bool) -> tuple[Verdict, str]:
     if fast and len(ops) <= _REPLAY_AT_MOST and replay_order(keys, ops, model) is not None:
-        return Verdict(True, 0, keys), "replay"
+        return _LINEARIZED, "replay"
     if fast and model.register_view is not None and len(keys) == 1:
         if len(ops) <= _GREEDY_AT_MOST and greedy_linearizes(keys, ops, model):
-            return Verdict(True, 0, keys), "greedy"
+            return _LINEARIZED, "greedy"
         return decide_register(keys, ops, model, max_states=max_states, deadline=deadline)
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
 
 
+#: What a first try that linearized a part answers (one record for all: only its `linearizable` and `steps` are read).
+_LINEARIZED = Verdict(True, 0)
 #: Parts longer than this are not tried greedily: after a failed replay, the greedy pass rarely gets to the end of one.
 _GREEDY_AT_MOST = 1024
 #: Parts longer than this are not replayed first: on a long part the replay rarely gets to the end, even repaired.
