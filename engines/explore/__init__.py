@@ -10,6 +10,7 @@ Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modu
   effect's meaning taken from `model.interpreter`), and lazy eviction placement with its soundness argument;
 - `terminal`: the real `Outcome` of a terminal state and its checks (`Terminals`);
 - `reconstruct`: a violating state's BFS path as a `Case`;
+- `halves`: the search loop's memo of each half of the ranks' successor deltas, and when they are the whole story;
 - `bfs`: the search loop (`Search`, over one `StateSpace`), partial-order reduction (with its soundness argument)
   and what is checked where;
 - `api`: `explore`, `bench` and the test hooks;
