@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from engines.linearizability_greedy import greedy_linearizes
 from engines.linearizability_register import decide_register
@@ -43,7 +43,7 @@ from engines.linearizability_replay import replay_order
 from engines.linearizability_search import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
 from model.history import KV_MODEL, History, Model, Op, split_per_key
 
-__all__ = ["Verdict", "check", "partitions", "per_key", "search_part", "DEFAULT_MAX_STATES"]
+__all__ = ["Verdict", "check", "partitions", "split_parts", "per_key", "search_part", "DEFAULT_MAX_STATES"]
 
 #: Kept as the name it always had: the KV model's split of multi-key reads.
 per_key = split_per_key
@@ -86,17 +86,39 @@ def partitions(ops: Sequence[Op]) -> list[tuple[tuple[str, ...], list[Op]]]:
     return [(tuple(sorted(keys_of[r])), groups[r]) for r in sorted(groups)]
 
 
+def split_parts(ops: Sequence[Op], split: Callable[[Sequence[Op]], list[Op]]) -> list[tuple[tuple[str, ...], list[Op]]]:
+    """`partitions(split(ops))` in one pass over `ops`, for a model's `split` (which leaves a one-key op as it is and
+    cuts each multi-key op on its own): only the multi-key ops are split, one at a time."""
+    by_key: dict[str, list[Op]] = {}
+    for op in ops:
+        keys = op.keys
+        if len(keys) == 1:
+            part = by_key.get(keys[0])
+            if part is None:
+                by_key[keys[0]] = [op]
+            else:
+                part.append(op)
+            continue
+        for piece in split((op,)):
+            if len(piece.keys) != 1:  # a piece of several keys (a multi-key write): the general way
+                return partitions(split(ops))
+            by_key.setdefault(piece.keys[0], []).append(piece)
+    return [((k,), by_key[k]) for k in sorted(by_key)]
+
+
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
                  fast: bool) -> tuple[Verdict, str]:
     if fast and len(ops) <= _REPLAY_AT_MOST and replay_order(keys, ops, model) is not None:
-        return Verdict(True, 0, keys), "replay"
+        return _LINEARIZED, "replay"
     if fast and model.register_view is not None and len(keys) == 1:
         if len(ops) <= _GREEDY_AT_MOST and greedy_linearizes(keys, ops, model):
-            return Verdict(True, 0, keys), "greedy"
+            return _LINEARIZED, "greedy"
         return decide_register(keys, ops, model, max_states=max_states, deadline=deadline)
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
 
 
+#: What a first try that linearized a part answers (one record for all: only its `linearizable` and `steps` are read).
+_LINEARIZED = Verdict(True, 0)
 #: Parts longer than this are not tried greedily: after a failed replay, the greedy pass rarely gets to the end of one.
 _GREEDY_AT_MOST = 1024
 #: Parts longer than this are not replayed first: on a long part the replay rarely gets to the end, even repaired.
@@ -130,9 +152,7 @@ def check(history: History | Sequence[Op], model: Model = KV_MODEL, *, max_state
 def _check(history: History | Sequence[Op], model: Model, *, max_states: int, seconds: float | None, snapshot: bool,
            fast: bool) -> Verdict:
     ops = history.ops if isinstance(history, History) else list(history)
-    if not snapshot and model.split is not None:
-        ops = model.split(ops)
-    parts = partitions(ops)
+    parts = split_parts(ops, model.split) if not snapshot and model.split is not None else partitions(ops)
     deadline = None if seconds is None else time.monotonic() + seconds
     steps = 0
     undecided: list[tuple[str, ...]] = []

@@ -85,7 +85,7 @@ def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Mod
             ) -> tuple[bool, list[int] | None, list[tuple[str, tuple]], int]:
     """(linearizable, the order of the op indices found, for a violation where it is known from: ("by", event) --
     the cut at that return event is not linearizable -- or ("after", event) -- no cut before it is not; steps).
-    The zones' necessary condition is checked once the sweep takes longer than a linearizable part would (or
+    The zones' necessary condition is checked once the sweep goes back more than a linearizable part would (or
     first, with `zones_first`, where a violation is likely)."""
     dead = first_dead_end(inst)
     if dead is not None:
@@ -93,7 +93,7 @@ def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Mod
     evidence = conflict(inst) if zones_first else None
     if evidence is not None:
         return False, None, [("by", evidence)], 0
-    budget = len(inst.T) + len(inst.T) // 4 + 500  # linearizable parts backtrack little (about 10% more steps)
+    budget = len(inst.T) // 8 + 200  # steps going back: linearizable parts backtrack little (1-8% more steps)
     found: list = []
 
     def zones_say_stop() -> bool:
@@ -103,8 +103,8 @@ def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Mod
     try:
         chosen, deepest, steps = sweep(inst, max_states=max_states, deadline=deadline, budget=budget,
                                        over_budget=zones_say_stop)
-    except OverBudget:
-        return False, None, [("by", found[0])], budget
+    except OverBudget as over:
+        return False, None, [("by", found[0])], over.steps
     if chosen is None:
         evidence = found[0] if found else conflict(inst)
         return False, None, [("after", inst.event(deepest))] + ([("by", evidence)] if evidence else []), steps
@@ -200,9 +200,10 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tu
 
 def _cut_linearizable(p: int, ops: list[Op], events: list, keys: tuple[str, ...], model: Model,
                       orders: dict[int, list[Op]], max_states: int, deadline: float | None) -> bool:
-    """Whether the cut at return event `p` is linearizable, decided on its own (its order kept in `orders`)."""
+    """Whether the cut at return event `p` is linearizable, decided on its own (its order kept in `orders`); the
+    zones first, as the cut is likely not (it is one a bound named)."""
     cut = _cut(ops, events[p])
-    ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
+    ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline, zones_first=True)
     if ok:
         orders[p] = [cut[j] for j in order]
     return ok

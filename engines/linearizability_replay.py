@@ -3,7 +3,9 @@ repaired locally where the model refuses an op. It either ends with a linearizat
 linearizable) or gives up, and the other paths decide; giving up says nothing about the part.
 
 The ops go in the order of one instant inside each op's interval (its midpoint; an op that never completed: its
-call), which keeps real time: an op that returned before another was called has the earlier instant. The model's
+call, and for a register a put that never completed: just before the first get of its value, or nowhere -- left
+out, as it may never have taken effect -- when none returned it), which keeps real time: an op that returned before
+another was called has the earlier instant. The model's
 `step` replays them; where it refuses op r, a few rearrangements of the ops around r are tried, in this order,
 the first that works taken (the "recent writes": the last ops that changed the state, and for a register model
 the writes among them that changed nothing):
@@ -16,7 +18,8 @@ Each is a new order of a segment of the ops, which must keep real time (no op of
 it was called; the segment holds every op whose relative order changes) and be accepted by the model from the state
 before it up to r (the ops after r in it are replayed, and repaired, as the rest). So an order this pass ends with
 is a linearization: the part's ops (less some that may never have taken effect: every op that completed without
-error is in it), in an order that keeps real time, accepted by the model step by step."""
+error is in it), in an order that keeps real time, accepted by the model step by step. A replay that needs more
+repairs than about one per 24 ops gives up: they would cost more than an exact path."""
 from __future__ import annotations
 
 import math
@@ -31,31 +34,71 @@ INF = math.inf
 #: How many of the last state-changing ops a repair looks back over, and how far ahead it looks for an op to pull.
 _BACK = 8
 _AHEAD = 64
+#: The repairs a replay may make: `_FREE_REPAIRS`, and one more per `_OPS_PER_REPAIR` ops replayed so far. A repair
+#: replays a few hundred ops of candidate segments; past that rate the repairs cost more than an exact path spends
+#: on the whole part (measured on the side-by-side histories of `engines.concurrency_bench`), so the replay gives up.
+_FREE_REPAIRS = 4
+_OPS_PER_REPAIR = 24
 
 
 def replay_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list[Op] | None:
     """The linearization the repaired replay of the module doc ends with (the ops, in order), or None."""
     mids = [op.invoked if op.completed is None else (op.invoked + op.completed) / 2 for op in ops]
-    order = [ops[j] for j in sorted(range(len(ops)), key=mids.__getitem__)]
+    out = _place_pending_puts(ops, mids, model.register_view) if model.register_view is not None else None
+    order = [ops[j] for j in sorted(range(len(ops)), key=mids.__getitem__) if not out or j not in out]
     step = model.step
     state = model.init(keys)
     recent: list[tuple[int, Any]] = []  # (position, state before) of the last ops that changed the state
-    p = 0
-    while p < len(order):
-        ok, new = step(keys, state, order[p])
-        if ok:
-            if new != state:
+    p = repairs = 0
+    n = len(order)
+    while True:
+        for p in range(p, n):
+            ok, new = step(keys, state, order[p])
+            if not ok:
+                break
+            if new is not state and new != state:
                 recent.append((p, state))
                 if len(recent) > _BACK:
                     del recent[0]
                 state = new
-            p += 1
-            continue
+        else:
+            return order
+        repairs += 1
+        if repairs > _FREE_REPAIRS + p // _OPS_PER_REPAIR:
+            return None  # cheaper decided exactly
         got = _repair(keys, order, p, recent, state, model)
         if got is None:
             return None
         p, state = got
-    return order
+        n = len(order)  # a repair may leave an op out
+
+
+def _place_pending_puts(ops: Sequence[Op], mids: list[float], view: Any) -> set[int] | None:
+    """For a register: each put that never completed at an instant of its interval where the reads want it -- just
+    before the earliest midpoint of a get of its value (not before its call), or, when no get returned its value,
+    nowhere: the indices of those left out (they may never have taken effect)."""
+    pending = {}
+    for j, op in enumerate(ops):
+        if op.completed is None and op.path == "put":
+            v = view(op)
+            if v is not None and v[0] == "write" and v[1] is not None:
+                pending[v[1]] = j
+    if not pending:
+        return None
+    first: dict[Any, float] = {}
+    for j, op in enumerate(ops):
+        if op.completed is not None and op.error is None and op.path != "put":
+            v = view(op)
+            if v is not None and v[0] == "read" and v[1] in pending and mids[j] < first.get(v[1], INF):
+                first[v[1]] = mids[j]
+    out = set()
+    for value, j in pending.items():
+        at = first.get(value)
+        if at is None:
+            out.add(j)
+        else:
+            mids[j] = max(ops[j].invoked, at - 1e-9 * (1 + abs(at)))
+    return out
 
 
 def _writes(view: Any, op: Op) -> bool:

@@ -1,4 +1,18 @@
-"""The search of `engines.linearizability`: Wing & Gong's, with Lowe's memo, constant-time per step (see there)."""
+"""The search of `engines.linearizability`: Wing & Gong's, with Lowe's memo, constant-time per step (see there).
+
+What a caller of `search_part` may add about the ops of a part:
+- `returns[i]`: op i's return time, when not the op's own (+inf for an op that may or may not take effect).
+- `reads[i]`: op i never changes the state; such an op is linearized as soon as its call is reached in a
+  state where it is legal, with no alternative tried (every linearization from there can move it first:
+  nothing that must precede it is left, it changes nothing, and all after it stays after it).
+- `classes[i]`: -1, or the class of op i among ops that never return and have the same effect (the caller
+  vouches for it). These optional ops are kept out of the event list: within a class they are linearized in
+  call order only (two of them can always swap), each only right before a read (one whose effect no read
+  sees next can be left out: it may never take effect), and only once every other op callable there has been
+  tried (the same alternatives, in another order). The memo counts how many of each class are used instead of
+  which, and a state reached with one more of a class used than one already tried is not tried again (the
+  unused ones are interchangeable, so it can do nothing the other could not).
+"""
 from __future__ import annotations
 
 import math
@@ -54,53 +68,14 @@ def search_part(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, max_s
                 deadline: float | None = None, classes: Sequence[int] | None = None,
                 returns: Sequence[float] | None = None, reads: Sequence[bool] | None = None,
                 witness: bool = False) -> Verdict:
-    """Decide one part by search (see the module doc). Raises `SearchStopped` when a bound is reached.
-
-    `returns[i]`: op i's return time, when not the op's own (+inf for an op that may or may not take effect).
-    `reads[i]`: op i never changes the state; such an op is linearized as soon as its call is reached in a
-    state where it is legal, with no alternative tried (every linearization from there can move it first:
-    nothing that must precede it is left, it changes nothing, and all after it stays after it).
-    `classes[i]`: -1, or the class of op i among ops that never return and have the same effect (the caller
-    vouches for it). These optional ops are kept out of the event list: within a class they are linearized in
-    call order only (two of them can always swap), each only right before a read (one whose effect no read
-    sees next can be left out: it may never take effect), and only once every other op callable there has been
-    tried (the same alternatives, in another order). The memo counts how many of each class are used instead of
-    which, and a state reached with one more of a class used than one already tried is not tried again (the
-    unused ones are interchangeable, so it can do nothing the other could not).
-    `witness`: a linearizable verdict carries the linearization found as its `prefix`."""
+    """Decide one part by search (see the module doc for `returns`, `reads` and `classes`). Raises
+    `SearchStopped` when a bound is reached. `witness`: a linearizable verdict carries the linearization found
+    as its `prefix`."""
     n = len(ops)
     cls = list(classes) if classes is not None and any(c >= 0 for c in classes) else [-1] * n
-    events = []
-    for i, op in enumerate(ops):
-        ret = returns[i] if returns is not None else (math.inf if unknown(op) else op.completed)
-        events.append((op.invoked, 0, i))
-        if cls[i] < 0:
-            events.append((ret, 1, i))
-    events.sort()
-    m = len(events)
-    is_call = [e[1] == 0 for e in events]
-    op_of = [e[2] for e in events]
-    pos_ret, pos_call = [0] * n, [0] * n
-    for p, (_, kind, i) in enumerate(events):
-        if kind == 1:
-            pos_ret[i] = p
-        else:
-            pos_call[i] = p
-    by_class: list[list[int]] = [[] for _ in range(max(cls, default=-1) + 1)]
-    for p, (_, kind, i) in enumerate(events):
-        if kind == 0 and cls[i] >= 0:
-            by_class[cls[i]].append(i)
+    events, is_call, op_of, pos_ret, pos_call, by_class, nxt, prv = _event_list(ops, cls, returns)
     n_cls = len(by_class)
-    head = m  # sentinel; END is -1
-    nxt = list(range(1, m)) + [-1, 0]
-    prv = [head] + list(range(0, m - 1)) + [-1]
-    for c in by_class:  # the optional ops' calls are not in the list
-        for i in c:
-            p = pos_call[i]
-            a, b = prv[p], nxt[p]
-            nxt[a] = b
-            if b != -1:
-                prv[b] = a
+    head = len(events)  # sentinel; END is -1
     rng = random.Random(0x5EED ^ n)
     zob = [rng.getrandbits(128) for _ in range(n)]
     forced = bytes(bool(r) for r in reads) if reads is not None else bytes(n)
@@ -154,30 +129,11 @@ def search_part(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, max_s
         if try_class < 0:
             try_class = 0
         if n_cls and (frame is None or frame[5] < 0):  # an optional write (then a read) at the window's end
-            pushed = False
-            while try_class < n_cls:
-                c = try_class
-                try_class += 1
-                if used[c] >= len(by_class[c]):
-                    continue
-                i = by_class[c][used[c]]
-                if pos_call[i] > entry:
-                    continue
-                ok, new_state = step(keys, state, ops[i])
-                if not ok:
-                    continue
-                used[c] += 1
-                memo = (h, new_state, tuple(used), True)
-                if memo in seen or _covered(seen, h, new_state, used, True):
-                    used[c] -= 1
-                    continue
-                seen.add(memo)
-                frame = (entry, state, h, frame, 0, c, i)
+            pushed = _push_optional(keys, ops, step, seen, by_class, pos_call, used, try_class, entry, state, h,
+                                    frame)
+            if pushed is not None:
+                frame, state = pushed
                 depth += 1
-                state = new_state
-                pushed = True
-                break
-            if pushed:
                 try_class = -1
                 entry = nxt[head]
                 continue
@@ -206,6 +162,69 @@ def search_part(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, max_s
                 entry = nxt[entry]
                 break
     return Verdict(True, steps, keys, _ids(ops, frame) if witness else [])
+
+
+def _event_list(ops: Sequence[Op], cls: list[int], returns: Sequence[float] | None) -> tuple:
+    """(the events sorted: (time, 0 call / 1 return, op); whether each is a call; its op; each op's return and
+    call position; the optional ops of each class in call order; the events' doubly linked list: the next and
+    the previous of each position, the sentinel head at position len(events), END -1). The optional ops' calls
+    are not in the list, nor their returns in the events."""
+    n = len(ops)
+    events = []
+    for i, op in enumerate(ops):
+        ret = returns[i] if returns is not None else (math.inf if unknown(op) else op.completed)
+        events.append((op.invoked, 0, i))
+        if cls[i] < 0:
+            events.append((ret, 1, i))
+    events.sort()
+    m = len(events)
+    pos_ret, pos_call = [0] * n, [0] * n
+    for p, (_, kind, i) in enumerate(events):
+        if kind == 1:
+            pos_ret[i] = p
+        else:
+            pos_call[i] = p
+    by_class: list[list[int]] = [[] for _ in range(max(cls, default=-1) + 1)]
+    for p, (_, kind, i) in enumerate(events):
+        if kind == 0 and cls[i] >= 0:
+            by_class[cls[i]].append(i)
+    nxt = list(range(1, m)) + [-1, 0]
+    prv = [m] + list(range(0, m - 1)) + [-1]
+    for c in by_class:
+        for i in c:
+            p = pos_call[i]
+            a, b = prv[p], nxt[p]
+            nxt[a] = b
+            if b != -1:
+                prv[b] = a
+    return events, [e[1] == 0 for e in events], [e[2] for e in events], pos_ret, pos_call, by_class, nxt, prv
+
+
+def _push_optional(keys: tuple[str, ...], ops: Sequence[Op], step, seen: set, by_class: list[list[int]],
+                   pos_call: list[int], used: list[int], try_class: int, entry: int, state: object, h: int,
+                   frame: tuple | None) -> tuple[tuple, object] | None:
+    """At a window's end (`entry` a return), the next optional write from class `try_class` on that can go there:
+    (its frame, the state after it), with `used` and `seen` updated; None when none can."""
+    n_cls = len(by_class)
+    while try_class < n_cls:
+        c = try_class
+        try_class += 1
+        if used[c] >= len(by_class[c]):
+            continue
+        i = by_class[c][used[c]]
+        if pos_call[i] > entry:
+            continue
+        ok, new_state = step(keys, state, ops[i])
+        if not ok:
+            continue
+        used[c] += 1
+        memo = (h, new_state, tuple(used), True)
+        if memo in seen or _covered(seen, h, new_state, used, True):
+            used[c] -= 1
+            continue
+        seen.add(memo)
+        return (entry, state, h, frame, 0, c, i), new_state
+    return None
 
 
 def _covered(seen: set, h: int, state: object, used: list[int], after_optional: bool) -> bool:

@@ -209,7 +209,11 @@ def first_dead_end(inst: Instance) -> tuple[float, int] | None:
 
 
 class OverBudget(Exception):
-    """The sweep took more steps than it was given, and `over_budget` said to stop."""
+    """The sweep took more steps than it was given (`steps`), and `over_budget` said to stop."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(f"over budget after {steps:,} steps")
+        self.steps = steps
 
 
 def sweep(inst: Instance, *, max_states: int, deadline: float | None = None, budget: int | None = None,
@@ -220,8 +224,8 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None, bud
     when the other kind was last seen). A configuration is remembered once every choice from it failed (then any
     it dominates -- the same but for fewer optional writes used or the other kind seen later -- is not tried again);
     the likeliest choice is tried first, the others only when it fails. Raises `SweepStopped` at a bound
-    (`max_states`: configurations remembered). After `budget` steps `over_budget()` is asked once whether to stop
-    (then `OverBudget`) or go on."""
+    (`max_states`: configurations remembered). After `budget` steps beyond the deepest decision reached (steps spent
+    going back and trying again) `over_budget()` is asked once whether to stop (then `OverBudget`) or go on."""
     n = len(inst.T)
     T, DT, DR, NEW = inst.T, inst.DT, inst.DR, inst.new
     w_hold, w_kind, r_kind, r_call = inst.w_hold, inst.w_kind, inst.r_kind, inst.r_call
@@ -270,9 +274,9 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None, bud
                 cfg, i = nxt, i + 1
                 continue
         # decision i's next choice not tried yet, or back to the decision before it
-        if budget is not None and steps > budget:
+        if budget is not None and steps - deepest > budget:
             if over_budget is None or over_budget():
-                raise OverBudget()
+                raise OverBudget(steps)
             budget = None
         if deadline is not None and not steps & 1023 and time.monotonic() > deadline:
             raise SweepStopped(f"the time bound ran out in the sweep after {steps:,} steps", steps)

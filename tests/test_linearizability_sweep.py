@@ -4,10 +4,12 @@ both ways, puts and deletes that never completed; and the violation it names."""
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engines import linearizability_register, linearizability_sweep
-from engines.linearizability import check
+from engines import linearizability_register, linearizability_replay, linearizability_sweep
+from engines.concurrency_bench import synthetic_history
+from engines.linearizability import check, partitions, split_parts
 from engines.linearizability_greedy import greedy_order
 from engines.linearizability_register import REJECTED, decide_register, linearization_holds
 from engines.linearizability_replay import replay_order
@@ -198,3 +200,85 @@ def test_a_replay_in_midpoint_order_that_the_model_accepts_decides():
     v = check(h, model)
     assert v.linearizable is False and v.methods == {"search": 1} and v.unplaceable == 3 and v.prefix == [0, 1, 2]
     assert check(h).unplaceable == 3 and check(h).methods == {"register": 1}
+
+
+def test_a_replay_that_needs_many_repairs_gives_up():
+    """Repairs cost more than an exact path past about one per 24 ops, so a replay that needs more gives up. Demo:
+    pairs (put v_i, a short get of v_i called right after it): each get's midpoint comes before its put's, one
+    repair per pair. The replay gives up, the part is still decided (linearizable, by another path); with the
+    allowance raised the same replay ends with a linearization (so the allowance is what stopped it)."""
+    h = []
+    for i in range(24):
+        h.append(op(2 * i, "a", "put", "k", 10 * i, 10 * i + 8, value=f"v{i}".encode()))
+        h.append(op(2 * i + 1, "b", "get", "k", 10 * i + 0.5, 10 * i + 1, f"v{i}".encode()))
+    assert replay_order(("k",), h, KV_MODEL) is None
+    v = check(h)
+    assert v.linearizable is True and "replay" not in v.methods
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linearizability_replay, "_FREE_REPAIRS", 1_000)
+        order = replay_order(("k",), h, KV_MODEL)
+    assert order is not None and linearization_holds(("k",), h, [h.index(o) for o in order], KV_MODEL)
+
+
+def test_splitting_while_partitioning_is_partitioning_the_split():
+    """`split_parts` (one pass) gives the parts `partitions(split(ops))` gives: the same keys, the same ops (the
+    multi-key reads cut into the same pieces) in the same order; a multi-key write, which the split keeps whole and
+    which joins keys, takes the general way."""
+    def shape(parts):
+        return [(keys, [(o.id, o.path, o.keys, o.result) for o in ops]) for keys, ops in parts]
+
+    for seed in range(3):
+        ops = synthetic_history(seed, n_ops=400, n_keys=6, n_callers=4, pending=0.05).ops
+        assert any(len(o.keys) > 1 for o in ops)
+        assert shape(split_parts(ops, KV_MODEL.split)) == shape(partitions(KV_MODEL.split(ops)))
+    ops.append(Op(10_000, "z", "delete", ("k0", "k1"), invoked=1.0, completed=2.0, completions=1))
+    parts = split_parts(ops, KV_MODEL.split)
+    assert shape(parts) == shape(partitions(KV_MODEL.split(ops))) and any(len(k) > 1 for k, _ in parts)
+
+
+
+def test_the_sweep_budget_counts_only_the_steps_going_back():
+    """`over_budget` is asked once the sweep has spent `budget` steps beyond the deepest decision it reached (going
+    back, or trying a second choice), not after `budget` steps in all: a long linearizable part whose sweep goes
+    back a few steps here and there is not asked about with a budget of those few; a violation late in a part is,
+    once the sweep goes back there, and the part is still decided (by the zones)."""
+    [(_, ops)] = split_parts(synthetic_history(1, n_ops=2_000, n_keys=1, n_callers=8).ops, KV_MODEL.split)
+    inst = linearizability_sweep.build(ops, KV_MODEL.register_view)
+    chosen, deepest, steps = linearizability_sweep.sweep(inst, max_states=100_000)
+    extra = steps - deepest
+    assert chosen is not None and 0 < extra < steps // 10
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    assert linearizability_sweep.sweep(inst, max_states=100_000, budget=extra, over_budget=stop)[0] is not None
+    assert not asked
+    ops = []
+    for i in range(60):
+        ops.append(op(2 * i, "a", "put", "k", 4 * i, 4 * i + 1, value=f"v{i}".encode()))
+        ops.append(op(2 * i + 1, "b", "get", "k", 4 * i + 2, 4 * i + 3, f"v{i}".encode()))
+    ops[-1].result = b"v57"  # overwritten by v58 before this read was called
+    inst = linearizability_sweep.build(ops, KV_MODEL.register_view)
+    with pytest.raises(linearizability_sweep.OverBudget) as stopped:
+        linearizability_sweep.sweep(inst, max_states=10_000, budget=5, over_budget=stop)
+    assert asked == [1] and stopped.value.steps > len(inst.T) - 10
+    assert check(ops).linearizable is False and check(ops).unplaceable == ops[-1].id
+
+
+def test_the_replay_puts_a_pending_put_where_its_reads_want_it():
+    """A put that never completed goes, in the replay's first order, right before the earliest get of its value (not
+    before its call), and is left out when no get returned its value: no repair is needed for either. Demo: with the
+    placement off, the same histories need a repair (with repairs off, the replay gives up)."""
+    seen = [op(0, "a", "put", "k", 0, None, value=b"v1"), op(1, "b", "put", "k", 1, 2, value=b"v2"),
+            op(2, "c", "get", "k", 3, 4, b"v1")]
+    unseen = [op(0, "a", "put", "k", 0, None, value=b"v9"), op(1, "b", "get", "k", 1, 2, None)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linearizability_replay, "_repair", lambda *args: None)
+        for h in (seen, unseen):
+            order = replay_order(("k",), h, KV_MODEL)
+            assert order is not None and linearization_holds(("k",), h, [h.index(o) for o in order], KV_MODEL)
+        assert replay_order(("k",), unseen, KV_MODEL) == [unseen[1]]
+        mp.setattr(linearizability_replay, "_place_pending_puts", lambda *args: None)
+        assert replay_order(("k",), seen, KV_MODEL) is None and replay_order(("k",), unseen, KV_MODEL) is None
