@@ -4,8 +4,9 @@ Recurring prompts are the norm: every case looks a prompt up again after other p
 engine's tier sees a system prompt again and again.
 
 - `enumeration(max_ranks, lookups)`: level by level, every (ranks, lookup mode) in turn: the recurring episode
-  (store, look up, retrieve, end; another prompt stored; the first looked up again), the isolation shapes (a prompt
-  with the same tokens from another tenant, adapter, image, model, or another deployment of the same model), then
+  (store, look up, retrieve, end; another prompt stored; the first looked up again) and, next to it, the isolation
+  shapes (a prompt with the same tokens from another tenant, adapter, image, model, or another deployment of the
+  same model), then
   the recurring episode with one disturbance at every position: a chunk evicted (each rank, first and last chunk,
   each tier), a rank's server paused across a lookup (past the lookup timeout), restarted or killed, the lookup
   repeated, left unscheduled and asked again, or left in flight while another lookup runs; and with every pair of
@@ -129,9 +130,8 @@ def _evolve(step: Step, **changes: object) -> Step:
 def enumeration(max_ranks: int, lookups: tuple[str, ...]) -> Iterator[tuple[str, EngineCase]]:
     """The enumeration, smallest shapes first (see the module docstring)."""
     shapes = [(n, mode) for n in range(1, max_ranks + 1) for mode in lookups]
-    for n, mode in shapes:
+    for n, mode in shapes:  # (each shape's isolation cases next to it: a tenant bug shows in the first few cases)
         yield "recurring", recurring(n, mode)
-    for n, mode in shapes:
         yield from isolation_cases(n, mode)
     generators = [g for n, mode in sorted(shapes, key=lambda s: s[0] == 1)
                   for g in (_disturbed(recurring(n, mode)), _paired(recurring(n, mode)))]

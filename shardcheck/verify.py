@@ -48,7 +48,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     def check(engine: str, patches: tuple = ()) -> Callable[[], tuple[str, str]]:
         def go() -> tuple[str, str]:
             if patches:  # in a fresh interpreter: the patch stays applied in the process that applied it
-                argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs / 2),
+                argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs),
                         "--json", "--out", out_dir, *[a for p in patches for a in ("--engine-patch", p)]]
                 got = subprocess.run(argv, capture_output=True, text=True, timeout=secs * 3,
                                      cwd=Path(__file__).resolve().parents[1])
