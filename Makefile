@@ -19,11 +19,11 @@ $(STAMP): $(REQS)
 verify: venv
 	$(VENV)/bin/shardcheck verify
 
-# The ci Hypothesis profile is derandomized: the same examples on every run. Three workers on two cores: about half
-# of the suite's time is waiting (op timeouts, real servers, child processes starting LMCache).
+# The ci Hypothesis profile is derandomized: the same examples on every run. Two workers: with three on the two cores
+# the real-client tests' tight bounds (a 0.3 s op timeout, recovery within 2 s) failed in 2 of 4 fresh-clone runs.
 test: venv
 	$(VENV)/bin/lint-imports
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 3 --dist worksteal
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache out
