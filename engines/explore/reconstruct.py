@@ -63,9 +63,9 @@ def successors(space: StateSpace, packed: int) -> Iterator[tuple[tuple, Any]]:
                 yield (q, ("eager-evict", chunk)), space.pack(st[:q] + (nl,) + st[q + 1:n], cf + 1)
 
 
-def case_of(space: StateSpace, levels: list[dict[int, int | None]], reached: Reached) -> tuple[Case, int]:
+def case_of(space: StateSpace, levels: list, reached: Reached) -> tuple[Case, int]:
     """The `Case` that reaches `reached`'s violation along the BFS parents (`levels[d]`: each state of depth d ->
-    its parent), and its number of moves."""
+    its parent, a dict or an `engines.explore.level.Level`), and its number of moves."""
     if reached.parent is None:
         if not space.configs:  # the store phase failed: no configuration was built
             return space.case0, 0
