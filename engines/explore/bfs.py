@@ -48,8 +48,8 @@ state's ranks, made at its first arrival) needs no new-state check away from the
 the first 300k states). What is left is the loop itself (int add, dict membership/insert): 10.4k.
 Then (states 53k..809k of the same run: 14.8k -> 7.5k per state) the deltas of each half of the ranks are memoised
 per (half's local states, budget) with a class per half, and a table over pairs of classes says whether a state's
-successors are all plain (`engines.explore.halves`; 97% of states): such a state is two dict look-ups, a list look-up
-and the loop over its deltas; any other takes the loop above (`engines.explore.slow`, its tables bound once per
+successors are all plain (`engines.explore.halves`; 91% of the full space's states): such a state is two look-ups, a
+list look-up and the loop over its deltas; any other takes the loop above (`engines.explore.slow`, its tables bound once per
 search). A level is built one configuration at a time (a state's successors keep its configuration, and a level is
 ordered by configuration): the duplicate check is in that configuration's small dict (`pending`), kept once done as
 the level's next part (`engines.explore.level.Level`; merging the parts into one dict took a tenth of the wall time
@@ -57,10 +57,16 @@ under py-spy, the cache misses of one big dict, and 500 instructions per state),
 configuration (`Terminals.violations`): on the full 5 x 10 space, 24,779 terminal states cost 3.9 CPU s of 11.6
 with the configuration in the key, 0.6 s without (1,613 misses). What is left is the dict and int work of the loop
 (about 2/3 of the instructions) and the slow path at completions.
+Then (the bench's first 2M states, all instructions of the process: 11.4k -> 10.1k per state) each half of a state is
+a dense id of its ranks' local ids (`engines.explore.state`): a half's entry is a list look-up (no hash, no compare),
+and a state a 72-bit int, not 144 (cheaper add, hash and compare); each half id's deltas are computed once, per rank
+(`Halves.rank_moves`). A level's per-configuration dicts are the next frontier (no list copies, which the collector
+would traverse), and the hot loop inserts with `dict.setdefault` (one look-up per successor).
 """
 from __future__ import annotations
 
 import time
+from itertools import islice
 from typing import Any, Callable, Iterator
 
 from model.checks import completeness, soundness
@@ -247,11 +253,11 @@ class Search:
             nxt = Level()
             self.levels.append(nxt)
             self.nxt = nxt
-            d1, pos, done, chunks = self.depth + 1, 0, 0, []
-            for chunk in frontier:
+            d1, pos, done = self.depth + 1, 0, 0
+            for chunk in frontier:  # a configuration's states: a list (level 0) or the previous level's dict
                 pending = self.pending = {}
-                start = 0
-                while start < len(chunk):
+                start, size, rest = 0, len(chunk), iter(chunk)
+                while start < size:
                     if pos % _CHECK_EVERY == 0:  # the level's slices of _CHECK_EVERY states, as one list's
                         self.transitions += done
                         done = 0
@@ -260,18 +266,15 @@ class Search:
                             return "incomplete"
                         if progress is not None:
                             progress(self._stats(t0))
-                    end = start + _CHECK_EVERY - pos % _CHECK_EVERY
-                    part = chunk if start == 0 and end >= len(chunk) else chunk[start:end]
-                    done += self._expand(part, pending, d1)
-                    pos += len(part)
-                    start += len(part)
-                if pending:
-                    chunks.append(list(pending))
-                    self._flush()
+                    take = min(_CHECK_EVERY - pos % _CHECK_EVERY, size - start)
+                    done += self._expand(chunk if take == size else islice(rest, take), pending, d1)
+                    pos += take
+                    start += take
+                self._flush()
             self.transitions += done
             if record:
                 self.level_hist.append(self._histogram(nxt))
-            frontier = chunks
+            frontier = nxt.parts  # (dicts of ints: the collector never traverses them, as it would lists)
             if frontier:
                 self.depth = d1
         if progress is not None:
@@ -309,10 +312,10 @@ class Search:
         add = seen.setdefault  # (one look-up per successor; the first parent stays)
         for st in states:
             budget = budgets[st & mask]
-            bits = (st >> cf_bits) & mask0
-            moves0, evictions0, first = memo0[budget].get(bits) or entry(0, bits, budget)
-            bits = st >> shift1
-            moves1, evictions1, row = memo1[budget].get(bits) or entry(1, bits, budget)
+            hid = (st >> cf_bits) & mask0
+            moves0, evictions0, first = memo0[budget][hid] or entry(0, hid, budget)
+            hid = st >> shift1
+            moves1, evictions1, row = memo1[budget][hid] or entry(1, hid, budget)
             how = row[first]
             if how == ALL:
                 deltas = moves0 + moves1 + evictions0 + evictions1

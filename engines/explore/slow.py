@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, LAST_MOVE, LID_MASK
+from engines.explore.state import ARRIVE, CF_BITS, CF_MASK, FAIL, HALF_MASK, LAST_MOVE
 
 __all__ = ["slow_expander", "arrival_of"]
 
@@ -16,13 +16,13 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
     parents) by every branch of every rank (the lowest movable one, reduced), then every eager eviction (unreduced);
     the transitions generated. New states are checked (`search._check_new`) when they may be terminal, complete a
     collective, or lie near the step bound; a failing branch or a desync is reported (`search._found`)."""
-    space = search.space
+    space, halves = search.space, search.halves
     n, reduction, bound, budgets, dead = space.n, space.reduction, space.bound, search.budgets, search.dead
     check_new, arrival, found, branches_of = search._check_new, arrival_of(search), search._found, space.branches
-    can_move, plain_deltas, packed_branches, packed = space.can_move, space.plain_deltas, space.packed_branches, \
-        space.packed
-    status_code, arrived_sig, shifts, eviction_deltas, packed_evictions = space.status_code, space.arrived_sig, \
-        space.shifts, space.eviction_deltas, space.packed_evictions
+    can_move, status_code, arrived_sig = space.can_move, space.status_code, space.arrived_sig
+    lids0, lids1, shift1 = space.half_lids[0], space.half_lids[1], space.shift1
+    moves0, moves1, rank_moves = halves.moves_of[0], halves.moves_of[1], halves.rank_moves
+    evictions0, evictions1, rank_evictions = halves.evictions_of[0], halves.evictions_of[1], halves.rank_evictions
 
     def expand(states, seen: dict[int, int | None], d1: int) -> int:
         near, trans = d1 >= bound, 0  # only near the bound can a state reach it
@@ -31,18 +31,16 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
                 continue
             budget = budgets[st & CF_MASK]
             runnable = False
-            here = []  # the ranks' local states (rank r's is here.index(lid))
-            for sh in shifts:
-                here.append((st >> sh) & LID_MASK)
+            h0, h1 = (st >> CF_BITS) & HALF_MASK, st >> shift1
+            here = lids0[h0] + lids1[h1]  # the ranks' local states
+            first, second = moves0[h0], moves1[h1]  # per rank: (its branches, its plain deltas per budget)
+            ranks = (rank_moves(0, h0) if first is None else first) + (rank_moves(1, h1) if second is None else second)
             waits = None  # at the state's first arrival: the collective ranks wait in (-3: several), how many
-            for lid in here:
+            for r, lid in enumerate(here):
                 if not can_move[lid]:
                     continue
                 runnable = True
-                plain = plain_deltas[lid]
-                if plain is None:
-                    packed(lid)
-                    plain = plain_deltas[lid]
+                branches, plain = ranks[r]
                 if plain:  # every branch a plain move: only the deltas affordable within the budget
                     deltas = plain[budget]
                     trans += len(deltas)
@@ -55,8 +53,7 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
                     if reduction:
                         break
                     continue
-                branches = packed_branches[lid]
-                for cost, delta, nl, kind in branches:
+                for j, (cost, delta, nl, kind) in enumerate(branches):
                     if cost > budget:
                         continue
                     trans += 1
@@ -78,7 +75,7 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
                             if ns not in seen:
                                 seen[ns] = st
                             continue
-                        ns = arrival(st, ns, here.index(lid), sig)
+                        ns = arrival(st, ns, r, sig)
                         if ns is None or ns in seen:
                             continue
                         seen[ns] = st
@@ -89,15 +86,13 @@ def slow_expander(search: Any) -> Callable[[Any, dict, int], int]:
                             if near or kind == LAST_MOVE:
                                 check_new(ns, d1)
                     else:
-                        label = branches_of(lid)[branches.index((cost, delta, nl, kind))][2]
-                        found(st, (here.index(lid), label), nl)
+                        found(st, (r, branches_of(lid)[j][2]), nl)
                 if reduction:
                     break
             if budget and runnable and not reduction:
-                for lid in here:
-                    evs = eviction_deltas[lid]
-                    if evs is None:
-                        evs = packed_evictions(lid)
+                first, second = evictions0[h0], evictions1[h1]
+                for evs in ((rank_evictions(0, h0) if first is None else first)
+                            + (rank_evictions(1, h1) if second is None else second)):
                     trans += len(evs)
                     for delta in evs:
                         ns = st + delta
@@ -115,13 +110,14 @@ def arrival_of(search: Any) -> Callable[[int, int, int, int], int | None]:
     the state after the collective completed (memoised per the ranks' local states); a desync is reported
     (`search._found`; None: the run ends)."""
     space, found = search.space, search._found
-    n, shifts, arrived_sig, completions, unpack, pack, arrive = space.n, space.shifts, space.arrived_sig, \
-        space.completions, space.unpack, space.pack, space.arrive
+    arrived_sig, completions, pack, arrive = space.arrived_sig, space.completions, space.pack, space.arrive
+    lids0, lids1, shift1 = space.half_lids[0], space.half_lids[1], space.shift1
 
     def arrival(st: int, ns: int, r: int, sig: int) -> int | None:
         complete = True
-        for sh in shifts:
-            other = arrived_sig[(ns >> sh) & LID_MASK]
+        lids = lids0[(ns >> CF_BITS) & HALF_MASK] + lids1[ns >> shift1]
+        for x in lids:
+            other = arrived_sig[x]
             if other != sig:
                 if other >= 0:  # a different collective: desync
                     complete = None
@@ -132,7 +128,7 @@ def arrival_of(search: Any) -> Callable[[int, int, int, int], int | None]:
         high = ns >> CF_BITS
         got = completions.get(high)
         if got is None:
-            got = arrive(unpack(ns)[:n], r)
+            got = arrive(lids, r)
             if type(got) is not tuple:
                 found(st, (r, ("arrive",)), got)
                 return None  # (only other properties are searched for)

@@ -3,10 +3,11 @@ rank-local transitions (store effects, faults, collectives).
 
 # The model explored
 One global state is
-    (lid_0, ..., lid_{N-1}, cf), packed into one int (cf + sum lid_r << (24 + 24 r)),
+    (lid_0, ..., lid_{N-1}, cf), packed into one int (cf + h_0 << 24 + h_1 << 48),
 where `lid_r` interns rank r's local state (trie node, status flag, its own store's contents, its async
-completions) and `cf = cfg * (max_faults + 1) + faults_used` names the initial configuration (which
-units were evicted before lookup) and how many faults the run has used. Everything else a run
+completions), `h_0` and `h_1` intern the tuples of local ids of the ranks [0, N // 2) and [N // 2, N) (dense ids
+per half: `StateSpace.half_id`), and `cf = cfg * (max_faults + 1) + faults_used` names the initial configuration
+(which units were evicted before lookup) and how many faults the run has used. Everything else a run
 depends on is a function of that tuple: the rank-local program state is its trie node
 (`engines.explore.tries`), the step count is the sum of the ranks' moves, the keys read are the reads
 along the trie paths.
@@ -57,7 +58,7 @@ from engines.explore.stores import Config, Store, Stores
 from engines.explore.tries import BAD, COLL, DONE, GET, GETASYNC, PUT, RAISED, WAIT, Node, Tries, freeze
 
 __all__ = ["DELAY_SECONDS", "StateSpace", "Config", "RUN", "ARRIVED", "HUNG", "OK", "LOST", "DELAYED", "CF_BITS",
-           "CF_MASK", "LID_MASK", "PLAIN", "ARRIVE", "FAIL", "LAST_MOVE"]
+           "CF_MASK", "HALF_BITS", "HALF_MASK", "PLAIN", "ARRIVE", "FAIL", "LAST_MOVE"]
 
 #: The delay of a delayed completion: beyond any wait timeout below it.
 DELAY_SECONDS = 1.0e6
@@ -68,10 +69,10 @@ RUN, ARRIVED, HUNG = 0, 1, 2
 OK, LOST, DELAYED = 0, 1, 2
 #: The labels of a lost and a delayed completion in a move (`engines.explore.reconstruct` reads them back).
 LOST_LABEL, DELAYED_LABEL = "completion-lost", "completion-delayed"
-# a global state packed into one int: the configuration-and-faults word in the low CF_BITS bits, then LID_BITS
-# bits per rank's local state id
-CF_BITS = LID_BITS = 24
-CF_MASK = LID_MASK = (1 << LID_BITS) - 1
+# a global state packed into one int: the configuration-and-faults word in the low CF_BITS bits, then HALF_BITS bits
+# of the first half's id, then the second half's id
+CF_BITS = HALF_BITS = 24
+CF_MASK = HALF_MASK = (1 << HALF_BITS) - 1
 # a packed branch's kind: a plain move, an arrival at a collective, a move that fails (a termination or desync
 # violation), a move after which the rank cannot move (the state may be terminal)
 PLAIN, ARRIVE, FAIL, LAST_MOVE = 0, 1, 2, 3
@@ -109,18 +110,18 @@ class StateSpace:
         self.moves_of: list[int] = []  # the moves the rank made to get there
         self.branches_memo: list[list | None] = []  # `branches(lid)`
         self.evictions_memo: list[list | None] = []  # `evictions(lid)`
-        # `branches(lid)` as [(cost, packed delta, new lid | Violation, kind: PLAIN, ARRIVE, FAIL or LAST_MOVE)]
+        # `branches(lid)` as [(cost, new lid | Violation, kind: PLAIN, ARRIVE, FAIL or LAST_MOVE)]
         self.packed_branches: list[list | None] = []
-        # when every branch of its move is PLAIN: per fault budget b, the packed deltas of the branches costing at
-        # most b, in branch order (the search loop's fast path); False otherwise
-        self.plain_deltas: list[tuple | bool | None] = []
-        self.eviction_deltas: list[list | None] = []  # the packed deltas of its eager evictions
         self.arrived_sig: list[int] = []  # the id of the collective signature it waits in (-1: not arrived)
         self.status_code: list[int] = []  # its arrived_sig if arrived, -1 if it can move, -2 otherwise (done, hung)
         self.signature_ids: dict = {}
         self.completions: dict[int, int] = {}  # packed lids (no cf), all arrived -> packed lids after completion
         self.completion_memo: dict[tuple, tuple | Violation] = {}  # `_complete`, per tuple of arrived lids
-        self.shifts = [CF_BITS + LID_BITS * r for r in range(n)]
+        # the dense ids of each half's tuples of local ids (see the module doc), and the tables indexed by them
+        self.h, self.shift1 = n // 2, CF_BITS + HALF_BITS
+        self.half_ids: tuple[dict[tuple, int], dict[tuple, int]] = ({}, {})
+        self.half_lids: tuple[list[tuple], list[tuple]] = ([], [])  # half id -> its tuple of local ids
+        self.half_tables: tuple[list[list], list[list]] = ([], [])  # lists indexed by a half's ids (None: not yet)
 
     def lid(self, node: Node, flag: int, store: Store, asyncs: tuple) -> int:
         """The local id of a rank-local state (interned on first use)."""
@@ -128,8 +129,6 @@ class StateSpace:
         got = self.local_ids.get(key)
         if got is None:
             got = self.local_ids[key] = len(self.node_of)
-            if got > LID_MASK:
-                raise ExploreError(f"more than {LID_MASK} local states of one rank: configuration too big")
             self.node_of.append(node)
             self.flag_of.append(flag)
             self.store_of.append(store)
@@ -137,8 +136,7 @@ class StateSpace:
             can_move = flag == RUN and node.kind not in (DONE, RAISED)
             self.can_move.append(can_move)
             self.moves_of.append(node.depth + (flag != RUN))
-            for memo in (self.branches_memo, self.evictions_memo, self.packed_branches, self.plain_deltas,
-                         self.eviction_deltas):
+            for memo in (self.branches_memo, self.evictions_memo, self.packed_branches):
                 memo.append(None)
             sig = self.signature_ids.setdefault(collective_signature(node.effect), len(self.signature_ids)) \
                 if flag == ARRIVED else -1
@@ -146,40 +144,40 @@ class StateSpace:
             self.status_code.append(sig if flag == ARRIVED else -1 if can_move else -2)
         return got
 
+    def half_id(self, half: int, lids: tuple) -> int:
+        """The dense id of half `half`'s tuple of local ids (interned on first use; every table in
+        `half_tables[half]` grows with the ids)."""
+        ids = self.half_ids[half]
+        got = ids.get(lids)
+        if got is None:
+            got = ids[lids] = len(self.half_lids[half])
+            if got > HALF_MASK:
+                raise ExploreError(f"more than {HALF_MASK} states of one half of the ranks: configuration too big")
+            self.half_lids[half].append(lids)
+            for table in self.half_tables[half]:
+                table.append(None)
+        return got
+
     def pack(self, lids: Sequence[int], cf: int) -> int:
-        st = cf
-        for r, x in enumerate(lids):
-            st |= x << self.shifts[r]
-        return st
+        h = self.h
+        return cf | self.half_id(0, tuple(lids[:h])) << CF_BITS | self.half_id(1, tuple(lids[h:])) << self.shift1
 
     def unpack(self, st: int) -> tuple:
         """(lid_0, ..., lid_{N-1}, cf) of a packed state."""
-        return tuple((st >> sh) & LID_MASK for sh in self.shifts) + (st & CF_MASK,)
+        return self.half_lids[0][(st >> CF_BITS) & HALF_MASK] + self.half_lids[1][st >> self.shift1] + (st & CF_MASK,)
 
     def packed(self, lid: int) -> list:
-        """`branches(lid)` as packed deltas, for the search loop (see `packed_branches`)."""
+        """`branches(lid)` classified, for the search loop: [(cost, new lid | Violation, kind)]."""
         out = self.packed_branches[lid]
         if out is None:
-            sh = self.shifts[self.node_of[lid].rank]
             out = []
             for cost, nl, label in self.branches(lid):
                 if type(nl) is not int:
-                    out.append((cost, 0, nl, FAIL))
+                    out.append((cost, nl, FAIL))
                 else:
-                    kind = ARRIVE if label[0] == "arrive" else PLAIN if self.can_move[nl] else LAST_MOVE
-                    out.append((cost, ((nl - lid) << sh) + cost, nl, kind))
+                    out.append((cost, nl, ARRIVE if label[0] == "arrive" else PLAIN if self.can_move[nl]
+                                else LAST_MOVE))
             self.packed_branches[lid] = out
-            plain = all(b[3] == PLAIN for b in out)
-            self.plain_deltas[lid] = plain and tuple(tuple(b[1] for b in out if b[0] <= budget)
-                                                     for budget in range(self.max_faults + 1))
-        return out
-
-    def packed_evictions(self, lid: int) -> list:
-        """`evictions(lid)` as packed deltas (each costs one fault)."""
-        out = self.eviction_deltas[lid]
-        if out is None:
-            sh = self.shifts[self.node_of[lid].rank]
-            out = self.eviction_deltas[lid] = [((nl - lid) << sh) + 1 for nl, _ in self.evictions(lid)]
         return out
 
     # -- rank-local transitions -------------------------------------------------------------------------
