@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.shardcheck-bootstrapped
-REQS := requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh
+UV := $(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python
+REQS := requirements/bootstrap.txt requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh
 
 .PHONY: venv verify test clean
 
@@ -11,9 +12,10 @@ venv: $(STAMP)
 
 $(STAMP): $(REQS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/base.txt
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/bootstrap.txt
+	$(UV) -r requirements/base.txt
 	bash requirements/install-lmcache.sh $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(UV) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 verify: venv

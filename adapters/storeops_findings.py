@@ -23,6 +23,7 @@ replays them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -227,6 +228,66 @@ os._exit(0)  # a failed glide connect leaves retrying threads behind: do not wai
 """
 
 
+def _outcome(name: str, violations: list) -> tuple[str, str, list]:
+    t = trace_of(name)
+    found = [Violation.from_json(v) for v in violations]
+    outcome = "reproduces" if t.property in {v.property for v in found} else "fixed"
+    return outcome, found[0].summary if found else "no violation", found
+
+
+#: What an LMCache store client imports (about 5 s of CPU: torch, transformers), imported once before forking.
+_LMCACHE_MODULES = ("lmcache.v1.config", "lmcache.v1.metadata", "lmcache.v1.storage_backend.local_cpu_backend",
+                    "lmcache.v1.storage_backend.remote_backend", "lmcache.v1.storage_backend.connector.valkey_connector")
+
+
+def _forked_replay(name: str, client: str, conn: Any) -> None:
+    try:
+        records, violations = run(trace_of(name), _factory(client))
+        conn.send(("ok", [v.to_json() for v in violations]))
+    except BaseException as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        os._exit(0)  # a failed glide connect leaves retrying threads behind: do not wait for them
+
+
+def replays_in_forks(name: str, client: str, runs: int, at_once: int = 5,
+                     timeout: float = 120.0) -> list[tuple[str, str]]:
+    """(outcome, why) of `runs` replays of finding `name` on `client`, each in a process forked from this one, at most
+    `at_once` at a time: the child process of `_in_child` without its 5 s of importing LMCache again. Only for a
+    process that has run no client yet (a fork copies no thread, so none may hold a lock): call it first."""
+    import importlib
+    import multiprocessing
+
+    for module in _LMCACHE_MODULES:  # the forks inherit what is imported here
+        importlib.import_module(module)
+    ctx = multiprocessing.get_context("fork")
+    out: list[tuple[str, str]] = []
+    for start in range(0, runs, at_once):
+        batch = []
+        for _ in range(min(at_once, runs - start)):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_forked_replay, args=(name, client, child), daemon=True)
+            proc.start()
+            child.close()
+            batch.append((proc, parent))
+        for proc, parent in batch:
+            try:
+                if not parent.poll(timeout):
+                    raise RuntimeError(f"{name} on {client}: a forked replay gave no answer in {timeout:g} s")
+                status, violations = parent.recv()
+                if status != "ok":
+                    raise RuntimeError(f"{name} on {client}: a forked replay raised {violations}")
+            except EOFError:
+                raise RuntimeError(f"{name} on {client}: a forked replay died (exit {proc.exitcode})") from None
+            finally:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+            out.append(_outcome(name, violations)[:2])
+    return out
+
+
 def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
     import subprocess
 
@@ -238,7 +299,5 @@ def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
         detail = getattr(exc, "stderr", None) or (out.stderr[-500:] if "out" in locals() else "")
         raise RuntimeError(f"{name} on {client}: the replay in a child process failed ({type(exc).__name__}); "
                            f"{detail}") from None
-    t = trace_of(name)
-    found = [Violation.from_json(v) for v in violations]
-    outcome = "reproduces" if t.property in {v.property for v in found} else "fixed"
-    return outcome, found[0].summary if found else "no violation", records, found
+    outcome, why, found = _outcome(name, violations)
+    return outcome, why, records, found

@@ -105,14 +105,12 @@ def test_pytest_properties_fail_on_stock_lmcache_with_minimal_traces(tmp_path):
 
 REPEAT = """
 import json, sys
-from adapters.storeops_findings import _factory, _in_child, replay
+from adapters.storeops_findings import _factory, replay, replays_in_forks
 from model.trace import Trace
 t = Trace.load(sys.argv[1])
 name = t.client
-if name == "lmcache-valkey":  # a failed glide connect leaves retrying threads: one child process per replay
-    from concurrent.futures import ThreadPoolExecutor  # (five at once: each child mostly waits on its connect)
-    with ThreadPoolExecutor(5) as pool:
-        runs = list(pool.map(lambda _: _in_child(sys.argv[1].rsplit("lmcache-", 1)[1][:-5], name)[:2], range(10)))
+if name == "lmcache-valkey":  # a failed glide connect leaves retrying threads: each replay in a fresh fork
+    runs = replays_in_forks(sys.argv[1].rsplit("lmcache-", 1)[1][:-5], name, 10)
 else:
     runs = [replay(t, _factory(name)) for _ in range(10)]
 print(json.dumps(runs), flush=True)
