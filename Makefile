@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.shardcheck-bootstrapped
-UV := $(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python
+UV := $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python
 REQS := requirements/bootstrap.txt requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh
 
 .PHONY: venv verify test clean

@@ -26,7 +26,7 @@ UV="$VENV/bin/uv"
 FIND_LINKS=()
 while read -r dir; do FIND_LINKS+=(--find-links "$dir"); done < <(
   "$PY" -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" | tr ' ' '\n' | sed '/^$/d')
-PIP=("$UV" pip install --quiet --python "$PY" "${FIND_LINKS[@]}")
+PIP=("$UV" pip install --quiet --compile-bytecode --python "$PY" "${FIND_LINKS[@]}")
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "$TORCH_PIN" > "$CONSTRAINTS"
