@@ -1,4 +1,4 @@
-"""What the tests share: the order they start in (long ones first), the repository root, the command line in a subprocess (`run_cli`), the real Valkey
+"""What the tests share: the repository root, the command line in a subprocess (`run_cli`), the real Valkey
 server fixtures (`shardcheck_servers`, `shardcheck_server_factory`), and the `--runner sim|processes` option with
 its `shardcheck_run` fixture (`adapters.pytest_runner`)."""
 from __future__ import annotations
@@ -12,15 +12,6 @@ from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_serve
 from adapters.pytest_runner import pytest_addoption, shardcheck_run  # noqa: F401  (option and fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-#: Modules with tests of 15-55 s each (real LMCache, real faults, child processes). They start first, so that the
-#: workers of `make test` end together instead of one running a long test alone at the end.
-LONG_FIRST = ("test_real_clients.py", "test_engine_cli.py", "test_nemesis.py", "test_explore_cli.py",
-              "test_watchdog.py", "test_supervise.py", "test_json_output.py", "test_processes.py")
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # (stable: each module's own order is kept)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env_extra: list[str] | None = None, timeout: float = 120,
