@@ -254,38 +254,48 @@ def replays_in_forks(name: str, client: str, runs: int, at_once: int = 5,
                      timeout: float = 120.0) -> list[tuple[str, str]]:
     """(outcome, why) of `runs` replays of finding `name` on `client`, each in a process forked from this one, at most
     `at_once` at a time: the child process of `_in_child` without its 5 s of importing LMCache again. Only for a
-    process that has run no client yet (a fork copies no thread, so none may hold a lock): call it first."""
+    process with no other thread yet (a fork copies none, so none may hold a lock): call it before any client runs."""
     import importlib
     import multiprocessing
+    import threading
 
+    if threading.active_count() > 1:
+        raise RuntimeError(f"replays_in_forks: {threading.active_count() - 1} other thread(s) run here; forking "
+                           "now could copy a lock one of them holds (call it before any client runs)")
     for module in _LMCACHE_MODULES:  # the forks inherit what is imported here
         importlib.import_module(module)
     ctx = multiprocessing.get_context("fork")
     out: list[tuple[str, str]] = []
     for start in range(0, runs, at_once):
         batch = []
-        for _ in range(min(at_once, runs - start)):
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_forked_replay, args=(name, client, child), daemon=True)
-            proc.start()
-            child.close()
-            batch.append((proc, parent))
-        for proc, parent in batch:
-            try:
-                if not parent.poll(timeout):
-                    raise RuntimeError(f"{name} on {client}: a forked replay gave no answer in {timeout:g} s")
-                status, violations = parent.recv()
-                if status != "ok":
-                    raise RuntimeError(f"{name} on {client}: a forked replay raised {violations}")
-            except EOFError:
-                raise RuntimeError(f"{name} on {client}: a forked replay died (exit {proc.exitcode})") from None
-            finally:
+        try:
+            for _ in range(min(at_once, runs - start)):
+                parent, child = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_forked_replay, args=(name, client, child), daemon=True)
+                proc.start()
+                child.close()
+                batch.append((proc, parent))
+            out += [_forked_answer(name, client, proc, parent, timeout) for proc, parent in batch]
+        finally:  # (a fork that answered has ended; one left by a failure is stopped here)
+            for proc, _ in batch:
                 proc.join(5)
                 if proc.is_alive():
                     proc.kill()
                     proc.join(5)
-            out.append(_outcome(name, violations)[:2])
     return out
+
+
+def _forked_answer(name: str, client: str, proc: Any, parent: Any, timeout: float) -> tuple[str, str]:
+    try:
+        if not parent.poll(timeout):
+            raise RuntimeError(f"{name} on {client}: a forked replay gave no answer in {timeout:g} s")
+        status, violations = parent.recv()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(f"{name} on {client}: a forked replay died (exit {proc.exitcode})") from None
+    if status != "ok":
+        raise RuntimeError(f"{name} on {client}: a forked replay raised {violations}")
+    return _outcome(name, violations)[:2]
 
 
 def _in_child(name: str, client: str) -> tuple[str, str, list, list]:

@@ -127,6 +127,33 @@ def test_real_counterexample_replays_identically_ten_times(path):
     assert outcomes[0][0] == Trace.load(path).expect[Trace.load(path).client] == "reproduces"
 
 
+FORK_FAILURES = """
+import json, multiprocessing, threading, time
+from adapters.storeops_findings import replays_in_forks
+out = []
+try:
+    replays_in_forks("no-such-finding", "lmcache-valkey", 3, at_once=3)
+except RuntimeError as exc:
+    out.append(str(exc))
+out.append(len(multiprocessing.active_children()))
+threading.Thread(target=time.sleep, args=(1,)).start()
+try:
+    replays_in_forks("valkey-auth-swapped", "lmcache-valkey", 1)
+except RuntimeError as exc:
+    out.append(str(exc))
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_forked_replays_report_a_failure_leave_no_process_and_refuse_to_fork_beside_a_thread():
+    """`replays_in_forks`: a replay that raises in its fork is reported with its error and no fork is left behind;
+    with another thread running it refuses to fork (the fork could copy a lock that thread holds)."""
+    r = run("-c", FORK_FAILURES, timeout=120)
+    raised, left, refused = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "no-such-finding on lmcache-valkey: a forked replay raised KeyError" in raised and left == 0
+    assert "1 other thread(s) run here" in refused
+
+
 MINIMAL = """
 import json, sys
 from adapters.storeops_findings import _factory, kept_by_removal
