@@ -79,9 +79,11 @@ def test_replay_judges_by_rate():
     runs as the rate it recorded asks."""
     trace = found_stale_trace()
     assert replay(trace, stale_cache_factory)[0] == "reproduces"
-    outcome, why = replay(trace, jitter_factory)
-    need, _ = clean_runs(trace, ReplayOn(client=resolve_client(jitter_factory)))
-    assert outcome == "fixed" and f"in {need} clean" in why
+    on, seen = ReplayOn(client=resolve_client(jitter_factory)), []
+    verdict = judge(trace, on, progress=lambda done, need: seen.append((done, need)))
+    need, _ = clean_runs(trace, on)
+    assert verdict.outcome == "fixed" and f"in {need} clean" in verdict.why
+    assert seen == [(i, need) for i in range(1, need)]
 
 
 @pytest.mark.parametrize("rate,need", [({"k": 5, "n": 20}, Rate(5, 20).runs_to_clear()),
@@ -187,3 +189,13 @@ def test_concurrent_trace_with_an_unknown_path_is_rejected(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(TraceError, match=r"ops\[0\]\.path.*'scan'"):
         Trace.load(tmp_path / "bad.json")
+
+
+def test_a_long_replay_reports_its_clean_runs_unless_quiet(capsys, monkeypatch):
+    """`shardcheck replay` prints a racy trace's clean runs so far on stderr (at most every PROGRESS_EVERY s)."""
+    import shardcheck.replay as cli_replay
+    monkeypatch.setattr(cli_replay, "PROGRESS_EVERY", 0.0)
+    cli_replay._progress_of("t.json", quiet=False)(3, 10)
+    cli_replay._progress_of("u.json", quiet=True)(3, 10)
+    err = capsys.readouterr().err
+    assert "t.json: 3 of 10 clean runs" in err and "u.json" not in err
