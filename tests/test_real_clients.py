@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from model.trace import Trace
+from tests.lmcache_forks import LMCacheForks, forked_replay_failures, racy_verdicts, removable_ops, repeat_replays
 
 pytestmark = pytest.mark.real
 
@@ -20,19 +21,35 @@ RACY_TRACES = [p for p in ALL_REAL if Trace.load(p).kind == "concurrent"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HYPOTHESIS_PROFILE": "dev"}
 
 
+@pytest.fixture(scope="session")
+def lmcache_forks():
+    """One process per pytest worker that imported LMCache once; each replay job runs in a child forked from it."""
+    forks = LMCacheForks()
+    yield forks
+    forks.stop()
+
+
 def run(*args, timeout=300):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=ENV,
                           timeout=timeout)
 
 
+#: The one protocol trace the corpus test replays on the real clients: fixed on stock lmcache (its missing GETs never
+#: answer), reproduced on lmcache-patched, in about a second on each.
+PROTOCOL_TRACE = ROOT / "counterexamples" / "demo-give-up-on-local-miss.json"
+
+
 @pytest.mark.parametrize("client", ["lmcache", "lmcache-patched"])
 def test_corpus_replays_as_expected_on_real_client(client):
-    """`shardcheck replay counterexamples/ --expect` passes for the stock and the patched client."""
+    """`shardcheck replay ... --expect` passes for the stock and the patched client on the real-client traces
+    (`counterexamples/lmcache-*.json`) and one protocol trace (the command line's path for those on a real client);
+    `make verify` replays the whole corpus on both clients ("replay corpus --expect on ...")."""
     # (0.5 s: stock lmcache's GET of a missing key never returns; 10 runs of a demo waiting 2 s each add a minute)
-    r = run("-m", "shardcheck", "replay", "counterexamples", "--client", client, "--expect", "--json",
-            "--op-timeout", "0.5")
+    r = run("-m", "shardcheck", "replay", *map(str, ALL_REAL), str(PROTOCOL_TRACE), "--client", client, "--expect",
+            "--json", "--op-timeout", "0.5")
     rows = json.loads(r.stdout)["results"]
     assert r.returncode == 0, [row for row in rows if not row["matches"]]
+    assert len(rows) == len(ALL_REAL) + 1 and Trace.load(PROTOCOL_TRACE).kind == "protocol", rows
     assert any(row["outcome"] == "reproduces" for row in rows)
 
 
@@ -103,96 +120,36 @@ def test_pytest_properties_fail_on_stock_lmcache_with_minimal_traces(tmp_path):
     assert all(t.config["n_ranks"] <= 2 for t in traces if t.kind == "protocol"), [t.config for t in traces]
 
 
-REPEAT = """
-import json, sys
-from adapters.storeops_findings import _factory, replay, replays_in_forks
-from model.trace import Trace
-t = Trace.load(sys.argv[1])
-name = t.client
-if name == "lmcache-valkey":  # a failed glide connect leaves retrying threads: each replay in a fresh fork
-    runs = replays_in_forks(sys.argv[1].rsplit("lmcache-", 1)[1][:-5], name, 10)
-else:
-    runs = [replay(t, _factory(name)) for _ in range(10)]
-print(json.dumps(runs), flush=True)
-"""
-
-
 @pytest.mark.parametrize("path", REAL_TRACES, ids=lambda p: p.stem)
-def test_real_counterexample_replays_identically_ten_times(path):
+def test_real_counterexample_replays_identically_ten_times(lmcache_forks, path):
     """Every real-client counterexample gives the same outcome and reason 10 times out of 10."""
-    r = run("-c", REPEAT, str(path), timeout=600)
-    outcomes = json.loads(r.stdout.strip().splitlines()[-1])
+    outcomes = lmcache_forks.run(repeat_replays, str(path), timeout=600)
     same = {(outcome, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", why)) for outcome, why in outcomes}
     assert len(outcomes) == 10 and len(same) == 1, outcomes
     assert outcomes[0][0] == Trace.load(path).expect[Trace.load(path).client] == "reproduces"
 
 
-FORK_FAILURES = """
-import json, multiprocessing, threading, time
-from adapters.storeops_findings import replays_in_forks
-out = []
-try:
-    replays_in_forks("no-such-finding", "lmcache-valkey", 3, at_once=3)
-except RuntimeError as exc:
-    out.append(str(exc))
-out.append(len(multiprocessing.active_children()))
-threading.Thread(target=time.sleep, args=(1,)).start()
-try:
-    replays_in_forks("valkey-auth-swapped", "lmcache-valkey", 1)
-except RuntimeError as exc:
-    out.append(str(exc))
-print(json.dumps(out), flush=True)
-"""
-
-
-def test_forked_replays_report_a_failure_leave_no_process_and_refuse_to_fork_beside_a_thread():
+def test_forked_replays_report_a_failure_leave_no_process_and_refuse_to_fork_beside_a_thread(lmcache_forks):
     """`replays_in_forks`: a replay that raises in its fork is reported with its error and no fork is left behind;
     with another thread running it refuses to fork (the fork could copy a lock that thread holds)."""
-    r = run("-c", FORK_FAILURES, timeout=120)
-    raised, left, refused = json.loads(r.stdout.strip().splitlines()[-1])
+    raised, left, refused = lmcache_forks.run(forked_replay_failures, timeout=120)
     assert "no-such-finding on lmcache-valkey: a forked replay raised KeyError" in raised and left == 0
     assert "1 other thread(s) run here" in refused
 
 
-MINIMAL = """
-import json, sys
-from adapters.storeops_findings import _factory, kept_by_removal
-from model.trace import Trace
-t = Trace.load(sys.argv[1])
-print(json.dumps(kept_by_removal(t, _factory(t.client))), flush=True)
-"""
-
-
 @pytest.mark.parametrize("path", REAL_TRACES, ids=lambda p: p.stem)
-def test_real_counterexample_is_minimal(path):
+def test_real_counterexample_is_minimal(lmcache_forks, path):
     """Removing any single op of a real-client counterexample loses its violation on the client it records."""
     t = Trace.load(path)
-    if t.client == "lmcache-valkey":  # each replay needs its own child process (see REPEAT); so: no op to remove
+    if t.client == "lmcache-valkey":  # each replay needs its own fork (`repeat_replays`); so: no op to remove
         assert t.ops == [] and t.verdict["violations"][0]["detail"]["index"] == -1
         return
-    r = run("-c", MINIMAL, str(path), timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [], f"{path.name}: these ops can go"
-
-
-RACY = """
-import json, sys
-from adapters.racy_findings import OPTIONS
-from engines.replay import ReplayOn, judge
-from model.trace import Trace
-from runtime.registry import resolve_client
-t = Trace.load(sys.argv[1])
-def on(name):
-    client = resolve_client(name)
-    return ReplayOn(client=client, options=client.accepted(OPTIONS))
-print(json.dumps([[v.outcome, v.why] for v in (judge(t, on(c)) for c in (t.client, "lmcache-patched"))]), flush=True)
-"""
+    assert lmcache_forks.run(removable_ops, str(path), timeout=300) == [], f"{path.name}: these ops can go"
 
 
 @pytest.mark.parametrize("path", RACY_TRACES, ids=lambda p: p.stem)
-def test_racy_counterexample_reproduces_by_its_rate_and_the_patch_fixes_it(path):
+def test_racy_counterexample_reproduces_by_its_rate_and_the_patch_fixes_it(lmcache_forks, path):
     """A racy real-client trace shows within the runs its recorded rate needs, and not on lmcache-patched."""
-    r = run("-c", RACY, str(path), timeout=600)
-    (stock, why), (patched, why_patched) = json.loads(r.stdout.strip().splitlines()[-1])
+    (stock, why), (patched, why_patched) = lmcache_forks.run(racy_verdicts, str(path), timeout=600)
     assert stock == "reproduces", why
     assert patched == "fixed", why_patched
