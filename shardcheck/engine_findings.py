@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from runtime.registry import SERVING_ENGINES, by_verdict
 
-__all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
+__all__ = ["ENGINE_CORPUS", "build", "FIRM_RUNS", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
 
 #: The stock engine the findings are searched for on, and the fixed one they are judged on (the registry's
 #: `expect`: "violated", "held").
@@ -24,6 +24,8 @@ __all__ = ["ENGINE_CORPUS", "build", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK"
 ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
 MEASURE_RUNS = 10
 MINIMISE_SECONDS = 45.0
+#: The most runs a finding is measured for when its rate asks a replay for more than `ENGINE_MAX_RUNS` clean runs.
+FIRM_RUNS = 40
 
 
 def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
@@ -46,6 +48,9 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
         progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
             f"{f.property} ({f.k}/{f.n})" for f in findings))
         for f in findings:
+            f = _firm_rate(f, stock.make, progress)
+            if f is None:
+                continue
             trace = engine_trace(f, engine=STOCK, options={}, expect={STOCK: "reproduces"})
             what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
             path = ENGINE_CORPUS / f"{STOCK}-{mode}-{f.property}-{what}.json"
@@ -57,3 +62,24 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
             written.append(path)
             progress(f"wrote {path} ({verdict.outcome} on {FIXED}: {verdict.why})")
     return written
+
+
+def _firm_rate(finding: Any, make: Callable, progress: Callable[[str], None]) -> Any:
+    """`finding` measured until its rate asks a replay for at most `ENGINE_MAX_RUNS` clean runs (up to `FIRM_RUNS`
+    runs in all), or None, said in `progress`, when it still asks for more: a rare race is not saved (its `fixed`
+    would take a replay of hundreds of real deployments; make its case force the interleaving instead)."""
+    import attrs
+
+    from engines.engine_search import measure_rate
+    from engines.replay import ENGINE_MAX_RUNS
+    from model.finding import Rate
+    k, n = finding.k, finding.n
+    while k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS and n < FIRM_RUNS:
+        more_k, more_n, _ = measure_rate(make, finding.case, finding.property, min(10, FIRM_RUNS - n),
+                                         call=finding.call)
+        k, n = k + more_k, n + more_n
+    if k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS:
+        progress(f"  not saved: {finding.property} ({finding.origin}) showed in {k} of {n} runs, so a replay would "
+                 f"need {Rate(k, n).runs_to_clear()} clean runs (at most {ENGINE_MAX_RUNS})")
+        return None
+    return attrs.evolve(finding, k=k, n=n)

@@ -2,16 +2,18 @@
 Hypothesis concurrent property catching each racy client."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 
+import attrs
 import pytest
 
 from engines.concurrency import make_layout, measure
 from model.contract import declared_paths
 from engines.concurrency_engine import ConcurrencyCoverage, minimise, search
-from engines.replay import ReplayOn, judge
+from engines.replay import DETERMINISTIC_RUNS, ReplayOn, clean_runs, judge
 from model.finding import RATE_DRIFT, Rate, lower_bound, runs_within
 from model.trace import Trace, TraceError
 from runtime.registry import resolve_client
@@ -46,12 +48,15 @@ def replay(trace, factory):
     return verdict.outcome, verdict.why
 
 
+@functools.cache
 def found_stale_trace():
+    """The stale cache's finding (searched once per worker: the tests only read it)."""
     store = stale_cache_factory(1)[0]
     try:
         cov = ConcurrencyCoverage()
         trace = search(store, client="properties.bad_stores:stale_cache_factory", seed=0, bound=0.5, coverage=cov,
-                       should_stop=lambda: cov.runs > 200)
+                       should_stop=lambda: cov.runs > 200, minimise_stop=lambda: False,
+                       fresh=lambda: stale_cache_factory(1))
     finally:
         store.close()
     return trace
@@ -70,11 +75,25 @@ def test_search_minimises_and_writes_a_valid_concurrent_trace(tmp_path):
 
 
 def test_replay_judges_by_rate():
-    """Replay reproduces the finding on the racy client and calls it fixed on the correct one."""
+    """Replay reproduces the finding on the racy client and calls it fixed on the correct one after as many clean
+    runs as the rate it recorded asks."""
     trace = found_stale_trace()
     assert replay(trace, stale_cache_factory)[0] == "reproduces"
-    outcome, why = replay(trace, jitter_factory)
-    assert outcome == "fixed" and f"in {Rate.from_json(trace.config['rate']).runs_to_clear()} clean" in why
+    on, seen = ReplayOn(client=resolve_client(jitter_factory)), []
+    verdict = judge(trace, on, progress=lambda done, need: seen.append((done, need)))
+    need, _ = clean_runs(trace, on)
+    assert verdict.outcome == "fixed" and f"in {need} clean" in verdict.why
+    assert seen == [(i, need) for i in range(1, need)]
+
+
+@pytest.mark.parametrize("rate,need", [({"k": 5, "n": 20}, Rate(5, 20).runs_to_clear()),
+                                       ({"k": 20, "n": 20}, DETERMINISTIC_RUNS), (None, DETERMINISTIC_RUNS)])
+def test_clean_runs_follow_the_recorded_rate(rate, need):
+    """A racy rate asks for its 99% count of clean runs; one that showed every time, or none recorded, for 10."""
+    trace = found_stale_trace()
+    config = {k: v for k, v in trace.config.items() if k != "rate"}
+    trace = attrs.evolve(trace, config={**config, **({"rate": rate} if rate else {})})
+    assert clean_runs(trace, ReplayOn(client=resolve_client(jitter_factory)))[0] == need
 
 
 @pytest.mark.parametrize("bad", [{"rate": {"k": 0, "n": 5}}, {"rate": {"k": 6, "n": 5}}, {}])
@@ -170,3 +189,13 @@ def test_concurrent_trace_with_an_unknown_path_is_rejected(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(TraceError, match=r"ops\[0\]\.path.*'scan'"):
         Trace.load(tmp_path / "bad.json")
+
+
+def test_a_long_replay_reports_its_clean_runs_unless_quiet(capsys, monkeypatch):
+    """`shardcheck replay` prints a racy trace's clean runs so far on stderr (at most every PROGRESS_EVERY s)."""
+    import shardcheck.replay as cli_replay
+    monkeypatch.setattr(cli_replay, "PROGRESS_EVERY", 0.0)
+    cli_replay._progress_of("t.json", quiet=False)(3, 10)
+    cli_replay._progress_of("u.json", quiet=True)(3, 10)
+    err = capsys.readouterr().err
+    assert "t.json: 3 of 10 clean runs" in err and "u.json" not in err

@@ -33,6 +33,29 @@ def test_every_trace_has_summary_and_expectations():
         assert t.property in BY_NAME and len(t.summary) > 40 and "model" in t.expect, p
 
 
+def test_engine_traces_ask_for_a_replay_verify_can_afford():
+    """Every saved engine trace's rate asks for at most `ENGINE_MAX_RUNS` clean runs of a real deployment: a replay
+    never stops short of its 99% (a capped `fixed` was false once), so a racy one must be re-measured instead."""
+    from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+    from shardcheck.engine_findings import ENGINE_CORPUS
+    from shardcheck.targets import NotUnderTest
+    paths = sorted(ENGINE_CORPUS.glob("*.json"))
+    asks = {p.name: clean_runs(Trace.load(p), ReplayOn(client=NotUnderTest()))[0] for p in paths}
+    assert paths and all(1 <= n <= ENGINE_MAX_RUNS for n in asks.values()), asks
+
+
+def test_an_engine_replay_is_never_capped():
+    """An engine trace of a rare race asks for its whole 99% count, however many real deployments that takes."""
+    from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+    from model.finding import Rate
+    from shardcheck.engine_findings import ENGINE_CORPUS
+    from shardcheck.targets import NotUnderTest
+    trace = Trace.load(sorted(ENGINE_CORPUS.glob("*.json"))[0])
+    trace = attrs.evolve(trace, config={**trace.config, "rate": {"k": 2, "n": 9}})
+    need, why = clean_runs(trace, ReplayOn(client=NotUnderTest()))
+    assert need == Rate(2, 9).runs_to_clear() > ENGINE_MAX_RUNS and "2/9" in why
+
+
 def _reproduces(trace, case):
     protocol = protocol_of(trace.protocol["ref"]).obj
     return trace.property in run_case(protocol, case).violated()

@@ -138,3 +138,20 @@ def test_minimise_case_drops_what_is_not_needed():
     assert small.n_ranks == 1 and [s.kind for s in small.steps] == ["store", "lookup", "retrieve"]
     assert {p.name for p in small.prompts} == {s.prompt for s in small.steps if s.prompt}
     assert all(p.chunks == 1 for p in small.prompts) and not small.problems()
+
+
+@pytest.mark.parametrize("shows,saved", [(True, (11, 12)), (False, None)])
+def test_regen_engine_measures_a_rare_race_further_and_does_not_save_one_it_cannot_clear(monkeypatch, shows, saved):
+    """A finding whose rate asks a replay for more than ENGINE_MAX_RUNS runs is measured up to FIRM_RUNS runs;
+    one that still asks for more is not saved, and progress says why."""
+    import engines.engine_search as search
+    from engines.engine_search import EngineFinding
+    from shardcheck.engine_findings import FIRM_RUNS, _firm_rate
+    monkeypatch.setattr(search, "measure_rate", lambda make, case, prop, runs, **kw: (runs if shows else 0, runs, None))
+    said: list[str] = []
+    found = EngineFinding("engine-completeness", _case(), None, 1, 2, "check:engine:random:0:1", (1,))
+    got = _firm_rate(found, make=None, progress=said.append)
+    if saved is None:
+        assert got is None and f"showed in 1 of {FIRM_RUNS} runs" in said[0]
+    else:
+        assert (got.k, got.n) == saved and not said
