@@ -75,6 +75,17 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    read of a present key answered a miss (19 of 20 rounds of drop, read, drop, put). Fix: a lost connection
    always renews the client (still once per failed client: concurrent callers share one renewal).
 
+14. A failed GET answered a miss (a present key read as missing right after CLIENT KILL, found by
+   `test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_twice_in_a_row` under load): the native
+   GET answers a lost connection with a per-key failure (`[False]`) and no error, only a line on stderr
+   ("[LMCache GET] key ... failed: socket recv failed"); EXISTS and SET fail the call instead. The native workers
+   connect on threads of their own after the constructor returns, so a CLIENT KILL right after a renewal leaves a
+   client whose late workers live and the others are dead for good: an EXISTS on a live one said present, the GET on
+   a dead one "failed", and fix 10 read that as a miss, without renewing the client. Fix: a key whose GET failed is
+   no miss: the client that answered it is renewed (as a lost connection) and the key read again after a fresh
+   EXISTS (fix 6's second attempt); a key present at both EXISTS and read by neither GET, and an EXISTS that did not
+   answer, raise (RemoteBackend, stock, logs that and answers a miss: an error, which the fault allows).
+
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1, fix 7, fix 11 and fix 3:
 
@@ -110,7 +121,7 @@ _connector_class: Any = None
 
 
 def patched_resp_connector_class() -> type:
-    """`RESPConnector` with fixes 2, 4-6, 8-10, 12, 13 (`adapters.patched_connector`), built on first use so importing
+    """`RESPConnector` with fixes 2, 4-6, 8-10, 12-14 (`adapters.patched_connector`), built on first use so importing
     this module does not import torch."""
     global _connector_class
     if _connector_class is not None:

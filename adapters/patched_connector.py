@@ -1,4 +1,4 @@
-"""The mixins of `adapters.patched`'s RESP connector (fixes 2, 4-6, 8-10, 12, 13), kept apart from LMCache's classes so
+"""The mixins of `adapters.patched`'s RESP connector (fixes 2, 4-6, 8-10, 12-14), kept apart from LMCache's classes so
 that importing them imports neither torch nor LMCache: `adapters.patched.patched_resp_connector_class` mixes them into
 `RESPConnector` and `RESPClient` on first use. Each method says which fix it is (the fixes: `adapters.patched`)."""
 from __future__ import annotations
@@ -117,25 +117,39 @@ class GuardedConnector:
         status, value = await self._call(make, late)
         return await self._call(make, late) if status == "gone" else (status, value)
 
+    @staticmethod
+    def _unanswered(what: str, status: str, value: Any) -> ConnectionError:
+        """The error of a call that did not answer (fix 14: never read as a miss, which it may not be)."""
+        return ConnectionError(f"{what} did not answer ({status}: {value})")
+
     async def _exists(self, key: Any) -> bool:
         status, present = await self._again(lambda c: c.exists(key.to_string()))
-        return bool(present) if status == "ok" else False  # fix 9: a miss rather than a wait
+        if status != "ok":  # fix 9: an error rather than a wait; fix 14: not a miss, which it may not be
+            raise self._unanswered(f"EXISTS {key.to_string()}", status, present)
+        return bool(present)
 
     def _allocate(self) -> Any:
         return self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
 
     async def _read(self, keys: List[Any]) -> tuple[bool, List[Optional[Any]]]:
         """GET `keys` into fresh memory objects: (False, []) when the call did not answer; else each key's object,
-        or None for a key the native client reports as failed (fix 10: never the buffer it did not fill)."""
+        or None for a key the native client reports as failed (fix 10: never the buffer it did not fill). Fix 14: a
+        key's failure is no miss (a real chunk's nil reply never answers, fix 2): the native GET answers a lost
+        connection with a per-key failure and no error, and its worker never reconnects, so the client that answered
+        it is renewed and the caller reads the key again."""
         mos = [self._allocate() for _ in keys]
         bufs = [mo.byte_array if isinstance(mo.byte_array, memoryview) else memoryview(mo.byte_array) for mo in mos]
+        used: List[Any] = []
 
         def free(_: Any = None) -> None:
             for mo in mos:
                 mo.ref_count_down()
 
-        status, flags = await self._again(lambda c: c.batch_get([k.to_string() for k in keys], bufs),
-                                          late=free)
+        def batch_get(client: Any) -> Any:
+            used.append(client)
+            return client.batch_get([k.to_string() for k in keys], bufs)
+
+        status, flags = await self._again(batch_get, late=free)
         if status != "ok":
             if status == "gone":
                 free()
@@ -150,32 +164,44 @@ class GuardedConnector:
             else:
                 mo.ref_count_down()
                 out.append(None)
+        if not all(flags):
+            self._renew_client(used[-1], gone=True)  # fix 14
         return True, out
 
     async def _get(self, key: Any) -> Optional[Any]:
         # fix 6: a GET that stuck (evicted after EXISTS, or slow under load) is asked again on the renewed
-        # client after a fresh EXISTS, rather than answered as a miss while the key is present
+        # client after a fresh EXISTS, rather than answered as a miss while the key is present; fix 14: so is a
+        # GET that failed (a lost connection), and a key present at both EXISTS but read by neither GET is an error
         for _ in range(2):
             if not await self._exists(key):
                 return None
             ok, mos = await self._read([key])
-            if ok:
+            if ok and mos[0] is not None:
                 return mos[0]
-        return None
+        raise ConnectionError(f"GET {key.to_string()} failed twice, the key present at both EXISTS (fix 14)")
 
     async def _batched_get(self, keys: List[Any]) -> List[Optional[Any]]:
         status, present = await self._again(lambda c: c.batch_exists([k.to_string() for k in keys]))
+        if status != "ok":  # fix 14: not a batch of misses
+            raise self._unanswered(f"EXISTS of {len(keys)} keys", status, present)
         out: List[Optional[Any]] = [None] * len(keys)
-        idx = [i for i, p in enumerate(present or []) if p] if status == "ok" else []
-        if idx:
-            ok, objs = await self._read([keys[i] for i in idx])
-            if ok:
-                for i, mo in zip(idx, objs):
-                    out[i] = mo
-            else:  # fix 6: one stuck key no longer turns the whole batch into misses
-                again = await asyncio.gather(*(self._get(keys[i]) for i in idx))  # at once: bounded
-                for i, mo in zip(idx, again):
-                    out[i] = mo
+        idx = [i for i, p in enumerate(present) if p]
+        if not idx:
+            return out
+        ok, objs = await self._read([keys[i] for i in idx])
+        for i, mo in zip(idx, objs):
+            out[i] = mo
+        # fix 6: one stuck key no longer turns the whole batch into misses; fix 14: nor one whose GET failed
+        retry = [i for i in idx if out[i] is None]
+        again = await asyncio.gather(*(self._get(keys[i]) for i in retry), return_exceptions=True)  # at once: bounded
+        for i, mo in zip(retry, again):
+            out[i] = mo
+        failed = [mo for mo in out if isinstance(mo, BaseException)]
+        if failed:
+            for mo in out:
+                if mo is not None and not isinstance(mo, BaseException):
+                    mo.ref_count_down()
+            raise failed[0]
         return out
 
     async def _put(self, key: Any, memory_obj: Any) -> None:
@@ -193,8 +219,10 @@ class GuardedConnector:
 
     async def _batched_async_contains(self, keys: List[Any]) -> int:
         status, present = await self._again(lambda c: c.batch_exists([k.to_string() for k in keys]))
+        if status != "ok":  # fix 14: no count of 0 it does not know
+            raise self._unanswered(f"EXISTS of {len(keys)} keys", status, present)
         count = 0
-        for p in (present if status == "ok" else []):
+        for p in present:
             if not p:
                 break
             count += 1

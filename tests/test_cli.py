@@ -239,7 +239,8 @@ def test_pytest_properties_imports_a_protocol_module_of_the_working_directory(tm
     import subprocess
     import sys
     (tmp_path / "mymod.py").write_text("from model.variants import MaxCombine as X\n")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "properties"),
+    # -x: the first failure (the protocol layer's) shows the import worked; the store layers after it do not matter
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(ROOT / "properties"),
                         "--protocol", "mymod:X", "--found-dir", str(tmp_path / "found")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 1 and "SoundnessViolated" in r.stdout, r.stdout[-2000:] + r.stderr

@@ -28,7 +28,7 @@ def test_bad_engine_input_is_exit_2(args, says):
 def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
     """Stock LMCache's async path violates an engine property within a short budget; the trace reproduces on it and
     is fixed on lmcache-patched."""
-    got = run_cli("check", "--engine", "lmcache", "--lookup", "async", "--budget", "20", "--json", "--out",
+    got = run_cli("check", "--engine", "lmcache", "--lookup", "async", "--budget", "10", "--json", "--out",
                   str(tmp_path), timeout=240)
     assert got.returncode == 1, got.stderr[-2000:]
     result = json.loads(got.stdout)

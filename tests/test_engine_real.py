@@ -103,6 +103,83 @@ def test_patched_connector_rejects_a_client_without_per_key_results():
     assert Buffer.freed == 1
 
 
+def test_patched_connector_reads_a_key_again_when_its_get_failed_and_never_answers_a_miss_for_it():
+    """Fix 14: the native GET answers a lost connection with a per-key failure and no error (measured: `(id, True, '',
+    [False])` after CLIENT KILL). A present key whose GET failed is read again on a renewed client, not answered as a
+    miss; when every attempt fails the read raises; an EXISTS that did not answer raises too (it was a miss)."""
+    import asyncio
+
+    from adapters.patched_connector import GuardedConnector
+
+    class Buffer:
+        byte_array, freed = bytearray(8), 0
+
+        def ref_count_down(self):
+            Buffer.freed += 1
+
+    class Native:
+        """A native client whose GETs fail on the first `dead` clients made (their workers lost the connection)."""
+        made: list = []
+        dead = 1
+
+        def __init__(self, *args):
+            self.alive = len(Native.made) >= Native.dead
+            Native.made.append(self)
+
+        async def exists(self, key):
+            return True
+
+        async def batch_exists(self, keys):
+            return [True] * len(keys)
+
+        async def batch_get(self, keys, bufs):
+            return [self.alive] * len(keys)
+
+        def close(self):
+            pass
+
+    class Connector(GuardedConnector):
+        client_class = Native
+        host, port, num_threads = "127.0.0.1", 1, 8
+
+        def _allocate(self):
+            return Buffer()
+
+    key = type("Key", (), {"to_string": lambda self: "k"})()
+
+    async def read(dead: int) -> tuple:
+        Native.made, Native.dead, Buffer.freed = [], dead, 0
+        conn = Connector()
+        conn.loop = asyncio.get_running_loop()
+        conn.client = Native()
+        got = []
+        for op in (lambda: conn._get(key), lambda: conn._batched_get([key, key])):
+            try:
+                got.append(await op())
+            except ConnectionError as exc:
+                got.append(exc)
+        return got, len(Native.made)
+    (one, batch), made = asyncio.run(read(dead=1))
+    assert isinstance(one, Buffer) and made == 2  # renewed once, read on the renewed client
+    assert all(isinstance(mo, Buffer) for mo in batch)
+    (one, batch), made = asyncio.run(read(dead=99))  # no client reads it: an error, never a miss
+    assert isinstance(one, ConnectionError) and "failed twice" in str(one), one
+    assert isinstance(batch, ConnectionError), batch
+    assert Buffer.freed == 2 + 2 + 2 * 2  # every failed GET's buffer: 2 attempts of `_get`, the batch, 2 of each key
+
+    class Unanswered(Native):
+        async def exists(self, key):
+            raise RuntimeError("socket recv failed: connection closed")
+
+    async def exists() -> None:
+        conn = Connector()
+        conn.loop, conn.client_class = asyncio.get_running_loop(), Unanswered
+        conn.client = Unanswered()
+        with pytest.raises(ConnectionError, match="did not answer"):
+            await conn._exists(key)
+    asyncio.run(exists())
+
+
 #: Per demo patch: a case on lmcache-patched (which holds on it unpatched) that shows the demo's property.
 DEMO_CASES = {
     "take_max": _case("sync", STORE, {"kind": "evict", "prompt": "p0", "rank": 1, "chunk": 1, "tier": "both"}, LOOK,

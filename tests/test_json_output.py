@@ -72,7 +72,10 @@ def test_replay_directory_json_parses_with_glide_and_lmcache_logging_on(tmp_path
     """The curated traces (the lmcache-valkey ones make glide's Rust core log to stdout), a malformed file and an
     empty store-ops trace: stdout is one JSON document with a row per file, the bad ones as error rows."""
     traces = tmp_path / "traces"
-    shutil.copytree(ROOT / "counterexamples", traces, ignore=shutil.ignore_patterns("found", "*.md"))
+    # every kind of trace, property and client of the corpus, less two replays that only wait longer (6 s on a hang,
+    # 2 s of racy runs) for a kind, property and client that another trace here covers
+    slow = ("lmcache-async-miss-never-completes.json", "lmcache-sync-prefix-count-lost-completion.json")
+    shutil.copytree(ROOT / "counterexamples", traces, ignore=shutil.ignore_patterns("found", "*.md", *slow))
     (traces / "zz-not-json.json").write_text("{nope")
     empty = json.loads((ROOT / "counterexamples" / "lmcache-missing-get-hangs.json").read_text())
     empty["ops"] = []
@@ -99,6 +102,8 @@ def test_every_json_command_prints_json_alone(args):
 
 @pytest.mark.real
 def test_tier_json_parses(tmp_path):
-    """tier (embedded servers, the real LMCache client, plots): stdout parses as JSON."""
-    data = _json_of(_cli("tier", "--seconds", "0.1", "--plots", str(tmp_path), "--json", env=LOUD))
+    """tier (embedded servers, the real LMCache client, plots): stdout parses as JSON. (256 KB chunks, not the
+    paper's 12 MB: what is written where does not depend on their size; filling 12 MB chunks took 7 s more.)"""
+    data = _json_of(_cli("tier", "--seconds", "0.1", "--bytes-per-token", "1000", "--plots", str(tmp_path), "--json",
+                         env=LOUD))
     assert "verdict" in data

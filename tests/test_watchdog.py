@@ -126,7 +126,7 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
                           str(ROOT / "properties" / "test_protocol_layer.py"), "--protocol",
                           "tests.stalling:LockedLoad", "--stall-seconds", "0.5", "--found-dir", str(tmp_path)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "HYPOTHESIS_PROFILE": "dev"})
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "HYPOTHESIS_PROFILE": "ci"})
     assert run.returncode == 1, run.stdout + run.stderr
     assert "TerminationViolated" in run.stdout and "LockedLoad.rank_load did not return" in run.stdout
     bad = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
