@@ -29,7 +29,7 @@ E5. The async client takes the minimum over whatever answers arrive for a lookup
     lookup timed out and is asked again (`engine-returns`). Fix: each rank's server tags its answer with its rank;
     the client counts one answer per rank, keeps one lookup per id in flight, drops the late answers of a lookup
     it gave up (answering 0, recompute, until they are in) and caches the 0 it answered on a timeout.
-E6. The remote connector: `adapters.patched`'s fixes 2, 4-10 (a sync prefix count that loses its completion and
+E6. The remote connector: `adapters.patched`'s fixes 2, 4-6, 8-10, 13 and 14 (a sync prefix count that loses its completion and
     wedges the lookup server thread, misses that hang, ...), and fix 12: `RESPConnector.close` no longer blocks its
     own event loop, so the engine's close returns (`engine-returns`).
 E8. A lookup server's close (sync and async) closes the ZMQ socket its own thread is blocked receiving on; a ZMQ

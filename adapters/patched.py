@@ -19,8 +19,8 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    Only the native code can fix the nil-reply handling itself; the mitigation here is a
    `RESPConnector` subclass that (a) asks EXISTS (a command the native client answers correctly)
    before GET and answers a miss at once without issuing the GET, and (b) bounds the remaining
-   GET (a key evicted between EXISTS and GET) and, when it is stuck, answers a miss and replaces
-   the native client (closing the old one frees its parked worker).
+   GET (a key evicted between EXISTS and GET) and, when it is stuck, replaces the native client
+   (closing the old one frees its parked worker) and asks once more (fix 6; twice stuck raises, fix 14).
 
 4. A sync prefix count never returns (finding `lost-completion`, found by the concurrent layer): about
    2-6% of `RemoteBackend.batched_contains` calls (the scheduler's sync lookup) never return, even for a
@@ -84,7 +84,8 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    a dead one "failed", and fix 10 read that as a miss, without renewing the client. Fix: a key whose GET failed is
    no miss: the client that answered it is renewed (as a lost connection) and the key read again after a fresh
    EXISTS (fix 6's second attempt); a key present at both EXISTS and read by neither GET, and an EXISTS that did not
-   answer, raise (RemoteBackend, stock, logs that and answers a miss: an error, which the fault allows).
+   answer, raise (RemoteBackend, stock, logs that and answers a miss, which the contract allows under a fault); in
+   a batch such a key is logged and read as a miss, and the batch's other keys are kept.
 
 `patched_valkey_factory` (not a `--client` name; use it as `adapters.patched:patched_valkey_factory`)
 is the `lmcache-valkey` client with fix 1, fix 7, fix 11 and fix 3:
