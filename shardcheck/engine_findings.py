@@ -3,9 +3,11 @@ under `counterexamples/engine/`, each with its measured rate and its expectation
 
 For each lookup mode, the engine search (`engines.engine_search.engine_search`: the enumeration, then seeded
 random cases) runs on `lmcache` for `budget` seconds collecting one finding per property and kind of case; each is
-minimised (up to `MINIMISE_SECONDS`), measured (`MEASURE_RUNS` runs), written with `expect.lmcache = reproduces`,
-and replayed on `lmcache-patched` (`engines.replay.judge`, by its rate) for that engine's expectation. Real Valkey
-servers and real engines: a quarter of an hour.
+minimised (up to `MINIMISE_SECONDS`), measured (`MEASURE_RUNS` runs, up to `FIRM_RUNS` while its rate asks a replay
+for more than `ENGINE_MAX_RUNS` clean runs; one that still does is not saved), written with `expect.lmcache =
+reproduces`, and replayed on `lmcache-patched` (`engines.replay.judge`, by its rate) for that engine's expectation. A
+trace already saved for the same property and kind of case is kept when its rate asks for fewer clean runs (a race
+re-recorded by hand with its interleaving forced). Real Valkey servers and real engines: a quarter of an hour.
 """
 from __future__ import annotations
 
@@ -54,6 +56,11 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
             trace = engine_trace(f, engine=STOCK, options={}, expect={STOCK: "reproduces"})
             what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
             path = ENGINE_CORPUS / f"{STOCK}-{mode}-{f.property}-{what}.json"
+            kept = _better_on_disk(path, trace)
+            if kept:
+                progress(f"  kept {path.name}: {kept}")
+                written.append(path)
+                continue
             trace.save(path, overwrite=True)
             progress(f"  judging {path.name} ({f.k}/{f.n} on {STOCK}) on {FIXED} ...")
             verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
@@ -83,3 +90,23 @@ def _firm_rate(finding: Any, make: Callable, progress: Callable[[str], None]) ->
                  f"need {Rate(k, n).runs_to_clear()} clean runs (at most {ENGINE_MAX_RUNS})")
         return None
     return attrs.evolve(finding, k=k, n=n)
+
+
+def _better_on_disk(path: Path, new: Any) -> str:
+    """Why the trace saved at `path` is kept instead of `new` (same property, a rate asking for fewer clean runs),
+    or "" to write `new`."""
+    from engines.replay import ReplayOn, clean_runs
+    from model.trace import Trace, TraceError
+    from shardcheck.targets import NotUnderTest
+    if not path.exists():
+        return ""
+    try:
+        old = Trace.load(path)
+    except TraceError:
+        return ""
+    on = ReplayOn(client=NotUnderTest())
+    if old.property != new.property or clean_runs(old, on)[0] >= clean_runs(new, on)[0]:
+        return ""
+    return (f"its rate ({old.config['rate']['k']}/{old.config['rate']['n']}) asks a replay for "
+            f"{clean_runs(old, on)[0]} clean runs, the new finding's ({new.config['rate']['k']}/"
+            f"{new.config['rate']['n']}) for {clean_runs(new, on)[0]}")

@@ -155,3 +155,16 @@ def test_regen_engine_measures_a_rare_race_further_and_does_not_save_one_it_cann
         assert got is None and f"showed in 1 of {FIRM_RUNS} runs" in said[0]
     else:
         assert (got.k, got.n) == saved and not said
+
+
+def test_regen_engine_keeps_a_saved_trace_whose_rate_asks_for_fewer_runs(tmp_path):
+    """A hand-forced race saved at 30/30 is not overwritten by the search's racier finding of the same property."""
+    from shardcheck.engine_findings import ENGINE_CORPUS, _better_on_disk
+    saved = Trace.load(ENGINE_CORPUS / "lmcache-async-pins-random.json")
+    path = saved.save(tmp_path / "t.json")
+    racier = attrs.evolve(saved, config={**saved.config, "rate": {"k": 11, "n": 12}})
+    as_good = attrs.evolve(saved, config={**saved.config, "rate": {"k": 5, "n": 5}})
+    other = attrs.evolve(racier, property="engine-returns")
+    assert "asks a replay for 10 clean runs" in _better_on_disk(path, racier)
+    assert _better_on_disk(path, as_good) == _better_on_disk(path, other) == ""
+    assert _better_on_disk(tmp_path / "none.json", racier) == ""
