@@ -211,7 +211,7 @@ def clean_runs(trace: Trace, on: ReplayOn) -> tuple[int, str]:
 
 def judge(trace: Trace, on: ReplayOn, progress: Callable[[int, int], None] = lambda done, need: None) -> Verdict:
     """`reproduces` as soon as a run shows the trace's property, else `fixed` after `clean_runs` clean runs;
-    `progress(runs done, runs needed)` after each clean run."""
+    `progress(clean runs so far, runs needed)` before each run after the first."""
     need, why = clean_runs(trace, on)
     with session(trace, on) as once:
         for i in range(need):

@@ -24,13 +24,13 @@ __all__ = ["run_replay", "cmd_replay", "trace_paths"]
 PROGRESS_EVERY = 10.0
 
 
-def _progress_of(path: str, quiet: bool) -> Any:
+def _progress_of(path: str) -> Any:
     """`judge`'s progress callback for `path`: a line on stderr at most every `PROGRESS_EVERY` seconds."""
     last = [time.monotonic()]
 
     def report(done: int, need: int) -> None:
         now = time.monotonic()
-        if not quiet and now - last[0] >= PROGRESS_EVERY:
+        if now - last[0] >= PROGRESS_EVERY:
             last[0] = now
             print(f"  ... {path}: {done} of {need} clean runs", file=sys.stderr, flush=True)
     return report
@@ -54,12 +54,12 @@ def trace_paths(paths: list[str]) -> list[Path]:
 def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: str | None = None, *,
                op_timeout: float | None = None, runner: str = "sim", options: list[str] | dict | None = None,
                nemesis: str | None = None, engine: str | None = None, engine_options: list[str] | None = None,
-               engine_patches: Any = (), quiet: bool = False) -> list[dict]:
+               engine_patches: Any = ()) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
     rows), each judged by its recorded rate (`engines.replay.judge`). A trace's real-server faults strike at the same
     step through the nemesis (`--nemesis`: as for `check`). An `engine` trace runs on the serving engine it records
     (its options and patches) unless `engine` names another (with `engine_options`, `engine_patches`). A long replay
-    reports its clean runs on stderr unless `quiet`."""
+    reports its clean runs on stderr."""
     from engines.replay import ReplayError, ReplayOn, judge
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError
@@ -84,7 +84,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
     for trace, row in loaded:
         t0 = time.monotonic()
         if trace.kind == "engine":
-            _engine_row(trace, row, engine, engine_options, engine_patches, targets, _progress_of(row["path"], quiet))
+            _engine_row(trace, row, engine, engine_options, engine_patches, targets, _progress_of(row["path"]))
             row["matches"] = row["outcome"] == row["expected"]
             row["seconds"] = round(time.monotonic() - t0, 3)
             continue
@@ -101,7 +101,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             on = ReplayOn(client=target.client, protocol=target.protocol,
                           runner=fresh_runner_of(target, op_timeout, plan), runner_name=runner,
                           options=dict(target.client_options), op_timeout=op_timeout, nemesis=plan)
-            verdict = judge(trace, on, _progress_of(row["path"], quiet))
+            verdict = judge(trace, on, _progress_of(row["path"]))
             row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
         except (UsageError, ReplayError) as exc:
             row["outcome"], row["why"] = "error", str(exc)

@@ -119,7 +119,10 @@ def _job(job: Callable[..., Any], args: tuple, log: str, conn: Any) -> None:
     except BaseException:  # noqa: BLE001 - whatever the job raised is its answer
         answer = ("error", traceback.format_exc())
     try:
-        conn.send(answer)
+        try:
+            conn.send(answer)
+        except Exception:  # noqa: BLE001 - a value that cannot be sent is the job's error, not a silent death
+            conn.send(("error", traceback.format_exc()))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -140,13 +143,15 @@ def _serve_one(ctx: Any, conn: Any, job: Callable[..., Any], args: tuple, log: s
         if mine not in multiprocessing.connection.wait([mine, conn]):
             return  # the parent spoke or went away while the job ran: it gave up on the job
         try:
-            conn.send(mine.recv())
+            answer = mine.recv()
         except EOFError:
-            proc.join(5)
-            conn.send(("died", proc.exitcode))
+            answer = None
+        _kill_group(proc.pid)  # (before the join: a pid not reaped yet is still the job's, never another's)
         proc.join(10)
+        conn.send(answer if answer is not None else ("died", proc.exitcode))
     finally:
-        _kill_group(proc.pid)
+        if proc.exitcode is None:
+            _kill_group(proc.pid)
         proc.join(5)
         mine.close()
 
@@ -234,6 +239,8 @@ class LMCacheForks:
             raise ForkedJobFailed(f"{what}: " + (f"raised\n{value}" if status == "error" else
                                                  f"died (exit {value}) without answering") + _tail(log))
         except (EOFError, OSError) as exc:
+            if pid is not None:  # (an orphaned job, perhaps a wedged stock client: it goes too)
+                _kill_group(pid)
             self.stop()
             raise ForkedJobFailed(f"{what}: the LMCache fork server went away ({type(exc).__name__})"
                                   + _tail(log)) from None
