@@ -131,10 +131,12 @@ def pause(server: ValkeyServer, seconds: float) -> Strike:
     resumer = spawn_tied(["/bin/sh", "-c", f"sleep {max(0.0, seconds):.3f}; kill -CONT {pid} 2>/dev/null"])
 
     def end() -> None:
-        proc.resume()
-        if resumer.poll() is None:
-            resumer.kill()
-        resumer.wait()
+        try:
+            proc.resume()
+        finally:  # the resumer is reaped whatever happens (a dropped running Popen is a ResourceWarning)
+            if resumer.poll() is None:
+                resumer.kill()
+            resumer.wait()
     return _strike("pause", server, seconds, end)
 
 
