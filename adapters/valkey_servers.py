@@ -286,21 +286,20 @@ class ValkeyServer:
         return path
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
-        with self._lock:  # (a nemesis respawn runs on a timer thread: never two spawns of one server at once)
-            if self.proc is not None and self.proc.poll() is None:
-                return
-            _install_cleanup_hooks()
-            if self.port is None:
-                self.port = free_port()
-            self._stopped = False
-            with _LIVE_LOCK:  # registered before its dir exists: every stop path (atexit too) removes the dir
-                _LIVE.add(self)
-            self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
-            try:
-                self._spawn(self._write_config(), timeout)
-            except BaseException:  # Ctrl-C or a failure at any point of the start: nothing of it stays
-                self.stop()
-                raise
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        _install_cleanup_hooks()
+        if self.port is None:
+            self.port = free_port()
+        self._stopped = False
+        with _LIVE_LOCK:  # registered before its dir exists: every stop path (atexit too) removes the dir
+            _LIVE.add(self)
+        self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
+        try:
+            self._spawn(self._write_config(), timeout)
+        except BaseException:  # Ctrl-C or a failure at any point of the start: nothing of it stays
+            self.stop()
+            raise
 
     def _spawn(self, conf: str, timeout: float) -> None:
         t0 = time.monotonic()
