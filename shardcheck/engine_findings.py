@@ -105,8 +105,9 @@ def _better_on_disk(path: Path, new: Any) -> str:
     except TraceError:
         return ""
     on = ReplayOn(client=NotUnderTest())
-    if old.property != new.property or clean_runs(old, on)[0] >= clean_runs(new, on)[0]:
+    (old_need, _), (new_need, _) = clean_runs(old, on), clean_runs(new, on)
+    if old.property != new.property or old_need >= new_need:
         return ""
-    return (f"its rate ({old.config['rate']['k']}/{old.config['rate']['n']}) asks a replay for "
-            f"{clean_runs(old, on)[0]} clean runs, the new finding's ({new.config['rate']['k']}/"
-            f"{new.config['rate']['n']}) for {clean_runs(new, on)[0]}")
+    rate = lambda t: f"{t.config['rate']['k']}/{t.config['rate']['n']}"  # noqa: E731
+    return (f"its rate ({rate(old)}) asks a replay for {old_need} clean runs, the new finding's ({rate(new)}) "
+            f"for {new_need}")
