@@ -37,18 +37,8 @@ from typing import Iterator, Sequence
 
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 
-__all__ = [
-    "ServerStartError",
-    "ValkeyServer",
-    "ServerSet",
-    "valkey_server_binary",
-    "start_servers",
-    "valkey_servers",
-    "live_pids",
-    "resp_command",
-    "server_on",
-    "spawn_tied",
-]
+__all__ = ["ServerStartError", "ValkeyServer", "ServerSet", "valkey_server_binary", "start_servers",
+           "valkey_servers", "live_pids", "resp_command", "server_on", "spawn_tied"]
 
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 3.0
@@ -308,22 +298,36 @@ class ValkeyServer:
             _LIVE.add(self)
         if self.proc is not None:  # a process of this server is never dropped unreaped (a running one is killed)
             _kill_spawned(self.proc)
-        self.proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True, close_fds=True)
+        proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        try:
+            self._adopt(proc)
+        except BaseException:  # (interrupted while it adopts: reaped all the same)
+            _kill_spawned(proc)
+            raise
         deadline = t0 + timeout
         while True:
             if ping(int(self.port), self.password, timeout=0.5):  # type: ignore[arg-type]
                 self.start_seconds = time.monotonic() - t0
                 return
-            code = self.proc.poll()
+            current = self.proc  # (None: stopped meanwhile, from another thread)
+            code = current.poll() if current is not None else "stopped"
             if code is not None or time.monotonic() > deadline:
                 tail = self.log_tail()
-                what = (f"exited with code {code}" if code is not None
-                        else f"did not answer PING within {timeout:g} s")
+                what = f"exited with code {code}" if code is not None else f"did not answer PING within {timeout:g} s"
                 self.stop()
                 raise ServerStartError(f"valkey-server on {HOST}:{self.port} {what}; log tail:\n{tail}")
             time.sleep(0.01)
+
+    def _adopt(self, proc: subprocess.Popen) -> None:
+        """`proc`, just spawned, becomes the server's process under the lock; a `stop` or a timer's `respawn` that ran
+        meanwhile (`start` spawns without the lock) makes it spare: killed and reaped (stopped: the start fails)."""
+        with self._lock:
+            spare = self._stopped or self.running()
+            dead, self.proc = (None, self.proc) if spare else (self.proc, proc)
+        _kill_spawned(proc if spare else dead)
+        if spare and self._stopped:
+            raise ServerStartError(f"valkey-server on {HOST}:{self.port} was stopped while it started")
 
     # -- what the nemesis strikes with (adapters.nemesis) -------------------------------------------
     def pause(self) -> None:
@@ -353,10 +357,7 @@ class ValkeyServer:
         with self._lock:
             proc, self.proc = self.proc, None
             self.paused = False
-            if proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait()
+            _kill_spawned(proc)
             if not keep_data and self.dump_path and os.path.exists(self.dump_path):
                 os.unlink(self.dump_path)
 
@@ -377,19 +378,16 @@ class ValkeyServer:
             proc, self.proc = self.proc, None
             self.paused = False
         if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGCONT)  # a paused server acts on SIGTERM only once resumed
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
+            try:
+                if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    proc.wait()
-            else:
-                proc.wait()
+                        os.kill(proc.pid, signal.SIGCONT)  # a paused server acts on SIGTERM only once resumed
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout)
+            finally:  # killed if it did not end in time, and reaped whatever interrupts the stop
+                _kill_spawned(proc)
         if self.dir is not None:  # (removed before the server leaves _LIVE: interrupted here, atexit removes it)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

@@ -250,3 +250,41 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     assert point == "config" or spawned
     assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
     assert set(vs._LIVE) == before and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("meanwhile", ["stop", "respawn"])
+def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(meanwhile: str, monkeypatch):
+    """`start` spawns without the server's lock: a `stop` (another thread closing the store set) or a nemesis
+    `respawn` (its timer thread) that runs while the spawner spawns must not leave a live process that the server
+    does not hold (a Popen dropped while it runs: a ResourceWarning, an orphan server)."""
+    import threading
+
+    from adapters import valkey_servers as vs
+    server = vs.ValkeyServer()
+    spawned: list[subprocess.Popen] = []
+    real_popen = vs._SPAWNER.popen
+
+    def popen(argv, **kw):
+        if not spawned:  # the start's own spawn: the other thread acts (and a respawn's server runs) meanwhile
+            spawned.append(None)
+            other = threading.Thread(target=server.stop if meanwhile == "stop" else server.respawn)
+            other.start()
+            other.join(30)
+            spawned.remove(None)
+        proc = real_popen(argv, **kw)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(vs._SPAWNER, "popen", popen)
+    try:
+        if meanwhile == "stop":
+            with pytest.raises(vs.ServerStartError, match="stopped while it started"):
+                server.start()
+        else:
+            server.start()
+            assert server.running() and server.proc in spawned and ping(server.port)
+    finally:
+        server.stop()
+    assert len(spawned) == (1 if meanwhile == "stop" else 2)
+    assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
+    assert server not in vs._LIVE
