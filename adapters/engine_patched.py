@@ -50,10 +50,17 @@ from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.factory import stock_factory
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
-__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP"]
+__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E5_DROPPED",
+           "E5_OWED", "E5_GAVE_UP"]
 
 #: Separates the lookup id from the answering rank in a patched async server's answer (E5).
 RANK_SEP = "\x1f"
+#: The facts (`facts()` of the engine and of the async client: how often a fix's own path ran) a regression test of
+#: E2 and E5 asserts on: releases deferred until a prefetch completed (E2), late answers of an abandoned lookup
+#: dropped (E5), lookups answered 0 because an abandoned one of the same id still owed answers (E5), lookups the
+#: client gave up on at its timeout, keeping the 0 it answered (E5).
+E2_DEFERRED, E5_DROPPED, E5_OWED, E5_GAVE_UP = ("E2 releases deferred", "E5 late answers dropped", "E5 lookups owed",
+                                                "E5 lookups given up")
 _CLASSES: dict[str, type] = {}
 
 
@@ -70,6 +77,7 @@ def _engine_class() -> type:
         lookup_timeout: float = 3.0
 
         def _setup(self) -> None:
+            self.facts: dict[str, int] = {E2_DEFERRED: 0}  # how often a fix's own path ran (`RankSide.facts`)
             self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
             self._released_early: set[str] = set()
             sm, engine = self.storage_manager, self
@@ -108,10 +116,14 @@ def _engine_class() -> type:
             with self.event_manager.lock:
                 future = self.event_manager.events[EventType.LOADING][EventStatus.ONGOING].get(lookup_id)
             if future is None:
-                return lookup_id in self._released_early
-            loop = self.storage_manager.loop
-            future.add_done_callback(lambda _f: loop.call_soon(LMCacheEngine.cleanup_memory_objs, self, lookup_id))
-            return True
+                deferred = lookup_id in self._released_early
+            else:
+                loop = self.storage_manager.loop
+                future.add_done_callback(lambda _f: loop.call_soon(LMCacheEngine.cleanup_memory_objs, self, lookup_id))
+                deferred = True
+            if deferred:
+                self.facts[E2_DEFERRED] += 1
+            return deferred
 
         def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
             if self.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.DONE:
@@ -246,10 +258,12 @@ def _async_client_class() -> type:
         def _setup(self) -> None:
             self._answers: dict[str, dict[int, int]] = {}
             self._owed: dict[str, set[int]] = {}
+            self.facts: dict[str, int] = {E5_DROPPED: 0, E5_OWED: 0, E5_GAVE_UP: 0}  # how often E5's own paths ran
 
         def lookup(self, token_ids: Any, lookup_id: str, request_configs: Any = None) -> Any:
             with self.lock:
                 if self._owed.get(lookup_id):  # an abandoned lookup of this id still owes answers: recompute
+                    self.facts[E5_OWED] += 1
                     self.reqs_status[lookup_id] = 0
                     return 0
                 self._answers[lookup_id] = {}
@@ -272,6 +286,7 @@ def _async_client_class() -> type:
                 # and the workers are told to release its prefetch once it is done (stock's cleanup message)
                 got = self._answers.pop(lookup_id, {})
                 self._owed[lookup_id] = {r for r in range(self.world_size) if r not in got}
+                self.facts[E5_GAVE_UP] += 1
                 self.reqs_status[lookup_id] = 0
                 self.first_lookup_time.pop(lookup_id, None)
                 self.cancel_lookup(lookup_id)
@@ -288,6 +303,7 @@ def _async_client_class() -> type:
                     with self.lock:
                         owed = self._owed.get(lookup_id)
                         if owed and rank in owed:
+                            self.facts[E5_DROPPED] += 1
                             owed.discard(rank)
                             if not owed:
                                 del self._owed[lookup_id]

@@ -16,7 +16,8 @@ Around each lookup every rank's holdings of the request's chunk keys are observe
 oracle (`model.engine_oracle`) judges the answer against what was held at the lookup. A call that does not
 return within its bound, or raises, is an `engine-returns` violation, and the run stops driving the deployment
 (a stuck scheduler or worker serves nobody) and goes to `finish`, which ends every open request, resumes every
-server, waits for the ranks to settle, checks the pins and closes the deployment (bounded too).
+server, waits for the ranks to settle, checks the pins, records what the deployment counted of its own paths (its
+optional `facts()`, in the last event: `facts`) and closes the deployment (bounded too).
 """
 from __future__ import annotations
 
@@ -332,6 +333,12 @@ class EngineRun:
         for d in range(self.dep.deployments):
             self.violations.extend(check_pins(self._pins(d), when=when, deployment=d))
 
+    def _facts(self) -> dict[str, int]:
+        """The deployment's `facts()` (optional: what the engine counted of what it did), or {}."""
+        if not callable(getattr(self.dep, "facts", None)):
+            return {}
+        return dict(self._call("facts()", self.bounds.call, self.dep.facts) or {})
+
     # -- the end -----------------------------------------------------------------------------------------------------
     def finish(self) -> list[Violation]:
         """End the case as vLLM ends every request: answer the lookups in flight, end every open request, resume
@@ -340,6 +347,7 @@ class EngineRun:
             return []
         self.finished = True
         before = len(self.violations)
+        facts: dict[str, int] = {}
         if not self.stuck:
             try:
                 for req in self.requests.values():
@@ -359,9 +367,10 @@ class EngineRun:
                     time.sleep(0.05)
                 self._check_pins(f"{self.bounds.settle_max:g} s after every request had ended and every server "
                                  "was back")
+                facts = self._facts()
             except Stuck:
                 pass
-        self._event(None, text="close")
+        self._event(None, text="close", **({"facts": facts} if facts else {}))
         try:
             errors = call_bounded(self.bounds.close + 2.0, "close", "", self.dep.close)
         except StoreCallTimeout:

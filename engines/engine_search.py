@@ -38,6 +38,7 @@ from model.outcome import Violation
 from model.trace import Trace, encode
 
 __all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+           "facts_of", "facts_note",
            "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
 #: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
@@ -421,14 +422,27 @@ def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Itera
     call = _recorded_call(trace)
 
     def once() -> tuple[list, str]:
-        violations = list(run_engine_case(make, case, bounds=bounds).violations)
+        out = run_engine_case(make, case, bounds=bounds)
+        violations = list(out.violations)
+        facts = facts_note(out)
         if call is None:
-            return violations, ""
+            return violations, facts
         other = [v for v in violations if v.property == trace.property and call_of(v) != call]
-        return [v for v in violations if v not in other], (f"{len(other)} other call(s) did not return either: "
-                                                           f"{', '.join(sorted({call_of(v) for v in other}))}"
-                                                           if other else "")
+        note = (f"{len(other)} other call(s) did not return either: {', '.join(sorted({call_of(v) for v in other}))}"
+                if other else "")
+        return [v for v in violations if v not in other], "; ".join(n for n in (note, facts) if n)
     yield once
+
+
+def facts_of(outcome: EngineOutcome) -> dict[str, int]:
+    """What the deployment of a run counted of its own paths (`facts` of the run's last event), or {}."""
+    return dict(outcome.events[-1].get("facts") or {}) if outcome.events else {}
+
+
+def facts_note(outcome: EngineOutcome) -> str:
+    """A replay's note of `facts_of(outcome)` ("" when the deployment counted nothing)."""
+    facts = facts_of(outcome)
+    return f"the engine counted {', '.join(f'{k}: {v}' for k, v in sorted(facts.items()))}" if facts else ""
 
 
 def _recorded_call(trace: Trace) -> str | None:

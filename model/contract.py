@@ -133,7 +133,8 @@ class EngineDeployment(typing.Protocol):
     `lookup_unpin(d, rank, req)`, `close()`. What the checks observe: `chunk_keys(d, rank, req)` (the engine's own
     key of each full chunk), `holdings(d, rank, keys) -> (local, remote)` (which of `keys` the rank holds in each
     tier, a list of bools each; `remote` None when its server cannot be reached), `pins(d, rank)` (lookup pins
-    held). Faults: `evict(d, rank, req, chunk, tier)` (tier `local`, `remote` or `both`), `fault(rank, action)`
+    held), and optionally `facts() -> dict[str, int]` (counts the engine keeps of what it did that no observation
+    shows, e.g. how often a fix's own path ran; recorded in the run's last event). Faults: `evict(d, rank, req, chunk, tier)` (tier `local`, `remote` or `both`), `fault(rank, action)`
     (the rank's server: `pause`, `resume`, `kill`, `restart`), `reachable(rank)`.
     Members: `n_ranks`, `deployments`, `chunk_size` (tokens), `chunk_bytes` (KV bytes of one chunk on one rank),
     `lookup_mode` (`sync` or `async`), `lookup_timeout` (seconds), `faults` (None when servers cannot be faulted).

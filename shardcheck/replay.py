@@ -16,7 +16,7 @@ from typing import Any
 from shardcheck.errors import EXIT_HELD, EXIT_USAGE, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,
-                                build_target, fresh_runner_of, nemesis_plan_of)
+                                build_target, fresh_runner_of, nemesis_plan_of, parse_options)
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths"]
 
@@ -53,12 +53,13 @@ def trace_paths(paths: list[str]) -> list[Path]:
 
 def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: str | None = None, *,
                op_timeout: float | None = None, runner: str = "sim", options: list[str] | dict | None = None,
-               nemesis: str | None = None, engine: str | None = None, engine_options: list[str] | None = None,
+               nemesis: str | None = None, engine: str | None = None, engine_options: list[str] | dict | None = None,
                engine_patches: Any = ()) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
     rows), each judged by its recorded rate (`engines.replay.judge`). A trace's real-server faults strike at the same
     step through the nemesis (`--nemesis`: as for `check`). An `engine` trace runs on the serving engine it records
-    (its options and patches) unless `engine` names another (with `engine_options`, `engine_patches`). A long replay
+    (its options and patches) unless `engine` names another (with `engine_patches`); `engine_options` override the
+    options it records, which hold on any engine (its case's conditions, e.g. `lookup_timeout_ms`). A long replay
     reports its clean runs on stderr."""
     from engines.replay import ReplayError, ReplayOn, judge
     from model.calls import DEFAULT_OP_TIMEOUT
@@ -112,16 +113,19 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
     return rows
 
 
-def _engine_row(trace: Any, row: dict, engine: str | None, options: list[str] | None, patches: Any,
+def _engine_row(trace: Any, row: dict, engine: str | None, options: list[str] | dict | None, patches: Any,
                 targets: dict, progress: Any) -> None:
     """Judge one engine trace on fresh deployments of the serving engine it records (or `engine`)."""
     from engines.replay import ReplayError, ReplayOn, judge
     from shardcheck.targets import NotUnderTest
     spec = engine or trace.config["engine"]
-    opts = options if engine else dict(trace.config.get("options", {}))
     chosen = tuple(patches or ()) if engine else tuple(trace.config.get("patches", []))
-    key = ("engine", spec, repr(opts), chosen)
     try:
+        # the options a trace records are its case's conditions (e.g. the scheduler's lookup timeout): they hold on
+        # whichever engine replays it; an --engine-option given overrides one of them
+        given = dict(options) if isinstance(options, dict) else parse_options(list(options or []), "--engine-option")
+        opts = {**dict(trace.config.get("options", {})), **given}
+        key = ("engine", spec, repr(opts), chosen)
         if key not in targets:
             targets[key] = build_engine_target(spec, lookup=trace.config["case"].get("lookup", "sync"),
                                                options=opts, patches=chosen)

@@ -8,7 +8,7 @@ lookup client (`create_lookup_client`, role `scheduler`) on LMCache's real ZMQ t
 (`LMCacheLookupClient`, REQ/ROUTER) or async (`LMCacheAsyncLookupClient`, PUSH/PULL, prefetch on the ranks).
 Every rank's KV moves through `CPUConnector` (real bytes). It implements `model.contract.EngineDeployment`: the
 calls LMCache offers vLLM (`lookup_cache`, `lookup`, `clear_lookup_status`, `store`, `retrieve`, `lookup_unpin`),
-what the checks observe (`chunk_keys`, `holdings`, `pins`) and the faults (`evict`, `fault`).
+what the checks observe (`chunk_keys`, `holdings`, `pins`, `facts`) and the faults (`evict`, `fault`).
 
 The ranks are `adapters.lmcache_engine.rank_side.RankSide`s in this process; `ProcessDeployment`
 (`adapters.lmcache_engine.processes`) runs each in an OS process of its own and keeps the rest here.
@@ -170,6 +170,17 @@ class LMCacheDeployment:
 
     def pins(self, d: int, rank: int) -> int:
         return self.rank_sides[rank].pins(d)
+
+    def facts(self) -> dict[str, int]:
+        """What the engine's own objects counted of what they did, summed over every rank and lookup client (a
+        patched engine's fixes count the runs of their own paths: `adapters.engine_patched.E2_DEFERRED`...; a stock
+        engine counts nothing)."""
+        out: dict[str, int] = {}
+        for counts in [side.facts() for side in self.rank_sides] + [dict(getattr(c, "facts", None) or {})
+                                                                     for c in self.clients]:
+            for name, count in counts.items():
+                out[name] = out.get(name, 0) + int(count)
+        return out
 
     # -- faults ---------------------------------------------------------------------------------------------------
     def evict(self, d: int, rank: int, request: EngineRequest, chunk: int, tier: str) -> None:

@@ -206,6 +206,15 @@ class RankSide:
         with cpu.cpu_lock:
             return sum(max(0, mo.meta.pin_count) for mo in cpu.hot_cache.values())
 
+    def facts(self) -> dict[str, int]:
+        """The counts this rank's engines keep of what they did (`facts`, optional: a patched engine's fixes count
+        the runs of their own paths), summed over its deployments."""
+        out: dict[str, int] = {}
+        for rank in self.ranks:
+            for name, count in dict(getattr(rank.engine, "facts", None) or {}).items():
+                out[name] = out.get(name, 0) + int(count)
+        return out
+
     def evict_local(self, d: int, key_str: str) -> None:
         """LMCache's own forced remove of one chunk from LocalCPU."""
         engine = self.ranks[d].engine

@@ -1,0 +1,46 @@
+"""`--engine-patch` functions that take one of `lmcache-patched`'s fixes back out (`adapters.engine_patched`), every
+other fix kept: the regression check that a trace of that fix's race needs the fix itself (not the connector's fix,
+E6, answering first). A replay of the trace on `lmcache-patched` with the fix taken out answers `reproduces`.
+
+Each patches the patched engine's classes process-wide (idempotent; every deployment built afterwards in this
+process lacks the fix):
+
+- `without_e2`: a prefetch still running when its request ends is not released when it completes: `lookup_unpin`
+  and `cleanup_memory_objs` skip it, as stock does (`pins`);
+- `without_e5`: the scheduler's async client and the ranks' async servers are stock's: answers carry no rank, the
+  client takes the minimum over whatever answers arrive for an id, late ones of a lookup it gave up included
+  (`engine-returns`, `engine-soundness`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["without_e2", "without_e5", "UNFIXES"]
+
+
+def without_e2() -> None:
+    """E2 out: a release never waits for the prefetch it finds still running (stock skips it)."""
+    from adapters.engine_patched import _engine_class
+
+    def never_deferred(self: Any, lookup_id: str) -> bool:
+        return False
+
+    _engine_class()._release_when_done = never_deferred
+
+
+def without_e5() -> None:
+    """E5 out: the patched async client's lookup, `lookup_cache` and answer loop, and the async server's answer,
+    are stock's again (the patched classes stay in place, so E8's close of the server is kept)."""
+    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupClient, \
+        LMCacheAsyncLookupServer
+
+    from adapters.engine_patched import _async_client_class, _async_server_class
+
+    client = _async_client_class()
+    for name in ("lookup", "lookup_cache", "process_responses_from_workers"):
+        setattr(client, name, getattr(LMCacheAsyncLookupClient, name))
+    _async_server_class().send_response_to_scheduler = LMCacheAsyncLookupServer.send_response_to_scheduler
+
+
+#: Each fix taken out: the `--engine-patch` reference, and the fix (`adapters.engine_patched`'s docstring).
+UNFIXES: dict[str, str] = {"adapters.engine_unfixes:without_e2": "E2", "adapters.engine_unfixes:without_e5": "E5"}

@@ -1,0 +1,69 @@
+"""The fixes of `lmcache-patched` whose race the connector's fix (E6) would hide: the corpus trace of each (E2, E5)
+runs that fix's own path on `lmcache-patched` (the deployment's `facts` count it, and its property holds), and its
+replay with that fix taken out (`adapters.engine_unfixes`), every other fix kept, reproduces."""
+import contextlib
+
+import pytest
+
+from adapters.engine_patched import E2_DEFERRED, E5_DROPPED, E5_GAVE_UP, E5_OWED
+from engines.engine_run import run_engine_case
+from engines.engine_search import call_of, engine_target, facts_of, shows
+from model.engine_case import case_from_json
+from model.outcome import Violation
+from model.trace import Trace
+from shardcheck.engine_findings import ENGINE_CORPUS
+
+pytestmark = pytest.mark.real
+
+#: corpus trace -> (the `--engine-patch` taking its fix out, the facts the fix's path counts).
+FIXES = {"lmcache-async-pins-late-prefetch.json": ("without_e2", (E2_DEFERRED,)),
+         "lmcache-async-engine-returns-late-answers.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED)),
+         "lmcache-async-engine-returns-lookup_cache-timed-out.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED))}
+
+
+@contextlib.contextmanager
+def _unfixed_for_a_while(spec: str):
+    """Put back the patched classes the unfix `spec` patches (process-wide, for good), and forget that it was applied
+    (an engine patch is applied once per process: the next test's replay applies it again)."""
+    from adapters.engine_patched import _async_client_class, _async_server_class, _engine_class
+    from runtime import registry
+    classes = (_engine_class(), _async_client_class(), _async_server_class())
+    saved = [(c, dict(c.__dict__)) for c in classes]
+    try:
+        yield
+    finally:
+        if spec in registry._APPLIED_PATCHES:
+            registry._APPLIED_PATCHES.remove(spec)
+        for cls, kept in saved:
+            for name in set(cls.__dict__) - set(kept):
+                delattr(cls, name)
+            for name, value in kept.items():
+                if cls.__dict__.get(name) is not value and name not in ("__dict__", "__weakref__"):
+                    setattr(cls, name, value)
+
+
+def _recorded_call(trace: Trace) -> str | None:
+    first = trace.verdict["violations"][0]
+    return call_of(Violation(first["property"], first["summary"], first["detail"]))
+
+
+@pytest.mark.parametrize("name", sorted(FIXES))
+def test_the_fix_runs_its_own_path_and_is_needed(name):
+    """On `lmcache-patched` the trace's property holds and the fix's path ran (its facts > 0); a replay with the fix
+    taken out reproduces (so the trace fails if the fix goes, even with the connector's fix kept)."""
+    from shardcheck.replay import run_replay
+    unfix, counted = FIXES[name]
+    path = ENGINE_CORPUS / name
+    trace = Trace.load(path)
+    assert trace.expect == {"lmcache": "reproduces", "lmcache-patched": "fixed"}
+    assert trace.config["options"].get("lookup_timeout_ms"), "the race needs a scheduler more impatient than E6"
+    case, call = case_from_json(trace.config["case"]), _recorded_call(trace)
+    patched = run_engine_case(engine_target("lmcache-patched", lookup=case.lookup,
+                                            options=trace.config["options"]).make, case)
+    assert not shows(patched.violations, trace.property, call), patched.violations
+    facts = facts_of(patched)
+    assert all(facts.get(c, 0) > 0 for c in counted), facts
+    spec = f"adapters.engine_unfixes:{unfix}"
+    with _unfixed_for_a_while(spec):
+        [row] = run_replay([str(path)], engine="lmcache-patched", engine_patches=(spec,))
+    assert row["outcome"] == "reproduces", row
