@@ -8,9 +8,8 @@ ready once it answers PING. Servers are always stopped and reaped:
 - interpreter exit: an `atexit` hook stops every server still running;
 - SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
   signal is re-delivered with its previous disposition, so the process still dies of it;
-- SIGINT: Python raises KeyboardInterrupt, which unwinds the context managers (and `atexit` runs); one that lands
-  inside a start (writing the config, while the spawner thread spawns, before PING answers) stops what that start
-  made: a server is in `_LIVE` before its dir exists, and a spawn its caller gave up waiting for is killed;
+- SIGINT: KeyboardInterrupt unwinds the context managers (and `atexit` runs); one inside a start stops what it made:
+  a server is in `_LIVE` before its dir exists, a spawn given up waiting for is killed, one just made is `fresh`;
 - the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
   wrapper, `_DEATHSIG_EXEC`) from one long-lived spawner thread, so the kernel kills the servers when this process
   goes away.
@@ -33,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 
@@ -97,19 +96,19 @@ class _Spawner:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._jobs: list[tuple[list[str], dict, list]] = []
+        self._jobs: list[tuple[list[str], dict, list, Any]] = []
         self._thread: threading.Thread | None = None
 
-    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
-        """The process spawned from the spawner thread. Interrupted while waiting for it (Ctrl-C), the caller
-        abandons the job: the process it made, if any, is killed and reaped here or by the spawner thread."""
+    def popen(self, argv: list[str], owner: "ValkeyServer | None" = None, **kw) -> subprocess.Popen:
+        """The process spawned from the spawner thread; a caller interrupted while it waits abandons the job (its
+        process is killed and reaped), and `owner` (a server) holds it as `fresh` from the moment it exists."""
         box: list = []
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="shardcheck-valkey-spawner",
                                                 daemon=True)
                 self._thread.start()
-            self._jobs.append((argv, kw, box))
+            self._jobs.append((argv, kw, box, owner))
             self._cond.notify_all()
             try:
                 while not box:
@@ -129,7 +128,7 @@ class _Spawner:
             with self._cond:
                 while not self._jobs:
                     self._cond.wait()
-                argv, kw, box = self._jobs.pop(0)
+                argv, kw, box, owner = self._jobs.pop(0)
             try:
                 result: object = None if box else subprocess.Popen(_with_deathsig(argv), **kw)
             except BaseException as e:  # handed back to the caller
@@ -139,6 +138,8 @@ class _Spawner:
                     _kill_spawned(result)
                 else:
                     box.append(result)
+                    if owner is not None and not isinstance(result, BaseException):
+                        owner.fresh = result  # (no signal handler runs on this thread: no exception between)
                 self._cond.notify_all()
 
 
@@ -146,11 +147,12 @@ class _Spawner:
 _ABANDONED = object()
 
 
-def _kill_spawned(result: object) -> None:
-    if result is not None and result is not _ABANDONED and not isinstance(result, BaseException):
-        with contextlib.suppress(ProcessLookupError):
-            result.kill()  # type: ignore[attr-defined]
-        result.wait()  # type: ignore[attr-defined]
+def _kill_spawned(*results: object) -> None:
+    for result in results:
+        if result is not None and result is not _ABANDONED and not isinstance(result, BaseException):
+            with contextlib.suppress(ProcessLookupError):
+                result.kill()  # type: ignore[attr-defined]
+            result.wait()  # type: ignore[attr-defined]
 
 
 _SPAWNER = _Spawner()
@@ -232,6 +234,7 @@ class ValkeyServer:
         self.port = port
         self.password = password
         self.proc: subprocess.Popen | None = None
+        self.fresh: subprocess.Popen | None = None  # spawned for it and not yet its `proc` (see `_Spawner.popen`)
         self.dir: str | None = None
         self.start_seconds: float | None = None
         self.paused = False
@@ -298,7 +301,7 @@ class ValkeyServer:
             _LIVE.add(self)
         if self.proc is not None:  # a process of this server is never dropped unreaped (a running one is killed)
             _kill_spawned(self.proc)
-        proc = _SPAWNER.popen([valkey_server_binary(), conf], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        proc = _SPAWNER.popen([valkey_server_binary(), conf], self, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         try:
             self._adopt(proc)
@@ -323,6 +326,7 @@ class ValkeyServer:
         """`proc`, just spawned, becomes the server's process under the lock; a `stop` or a timer's `respawn` that ran
         meanwhile (`start` spawns without the lock) makes it spare: killed and reaped (stopped: the start fails)."""
         with self._lock:
+            self.fresh = None
             spare = self._stopped or self.running()
             dead, self.proc = (None, self.proc) if spare else (self.proc, proc)
         _kill_spawned(proc if spare else dead)
@@ -355,9 +359,9 @@ class ValkeyServer:
         """SIGKILL the server at once (no shutdown, no save) and reap it; its port, dir and config stay for
         `respawn()`. `keep_data=False` removes the dump file, so the respawned server starts empty."""
         with self._lock:
-            proc, self.proc = self.proc, None
+            (proc, self.proc), (fresh, self.fresh) = (self.proc, None), (self.fresh, None)
             self.paused = False
-            _kill_spawned(proc)
+            _kill_spawned(proc, fresh)
             if not keep_data and self.dump_path and os.path.exists(self.dump_path):
                 os.unlink(self.dump_path)
 
@@ -375,8 +379,9 @@ class ValkeyServer:
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         with self._lock:
             self._stopped = True
-            proc, self.proc = self.proc, None
+            (proc, self.proc), (fresh, self.fresh) = (self.proc, None), (self.fresh, None)
             self.paused = False
+        _kill_spawned(fresh)  # (interrupted right after it was spawned: it never became `proc`)
         if proc is not None:
             try:
                 if proc.poll() is None:

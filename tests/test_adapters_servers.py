@@ -264,14 +264,14 @@ def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(mean
     spawned: list[subprocess.Popen] = []
     real_popen = vs._SPAWNER.popen
 
-    def popen(argv, **kw):
+    def popen(argv, *args, **kw):
         if not spawned:  # the start's own spawn: the other thread acts (and a respawn's server runs) meanwhile
             spawned.append(None)
             other = threading.Thread(target=server.stop if meanwhile == "stop" else server.respawn)
             other.start()
             other.join(30)
             spawned.remove(None)
-        proc = real_popen(argv, **kw)
+        proc = real_popen(argv, *args, **kw)
         spawned.append(proc)
         return proc
 
@@ -288,3 +288,28 @@ def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(mean
     assert len(spawned) == (1 if meanwhile == "stop" else 2)
     assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
     assert server not in vs._LIVE
+
+
+def test_an_interrupt_as_the_spawner_hands_back_a_process_leaves_it_reaped(monkeypatch):
+    """Ctrl-C (or the watchdog's `Stalled`, raised on the main thread) landing just as the spawner's process comes
+    back, before the start holds it: the start's own stop reaps it, as the server held it (`fresh`) from the spawner's
+    side (it was dropped while running: a ResourceWarning, and a server left on the port)."""
+    from adapters import valkey_servers as vs
+    server = vs.ValkeyServer()
+    spawned: list[subprocess.Popen] = []
+    real_popen = vs._SPAWNER.popen
+
+    def popen(argv, *args, **kw):
+        spawned.append(real_popen(argv, *args, **kw))
+        raise KeyboardInterrupt  # after the process exists, before `_spawn` holds it
+
+    monkeypatch.setattr(vs._SPAWNER, "popen", popen)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.start()
+        assert len(spawned) == 1 and spawned[0].poll() is not None, "the process spawned still runs"
+        assert server.fresh is None and server.proc is None and server not in vs._LIVE
+    finally:
+        for p in spawned:
+            p.kill()
+            p.wait()
