@@ -21,8 +21,12 @@ E3. A second lookup of one request id (a request looked up again, e.g. after a p
     engine's `lookup` merges the new pins into the request's ledger; a new prefetch first releases the one it
     supersedes.
 E4. A rank that answers a sync lookup after the scheduler gave up (its server waited on a paused Valkey) keeps the
-    pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). Fix: the rank's lookup server stamps
-    each request's arrival; a lookup done after the scheduler's timeout releases its pins at once.
+    pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). So does a lookup the scheduler gave
+    up on while it waited in the server's queue behind another (a scheduler timeout shorter than a rank's store
+    bound: the request ends, then the rank serves it and pins). Fix: the rank's lookup server stamps each request's
+    arrival; a lookup done after the scheduler's timeout releases its pins at once, and so does one whose answer
+    cannot be delivered (`ROUTER_MANDATORY`: the scheduler's socket is gone). Only that lookup's own pins go. Left
+    open: an answer sent in the instant between the scheduler's timeout and its socket's close reaching the server.
 E5. The async client takes the minimum over whatever answers arrive for a lookup id, with no rank identity: two
     lookups of one id in flight, or the late answers of a timed-out lookup, resolve to another minimum than every
     rank's (`engine-soundness`, `engine-completeness`); and `lookup_cache` raises `KeyError` for an id whose
@@ -50,8 +54,8 @@ from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.factory import stock_factory
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
-__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E5_DROPPED",
-           "E5_OWED", "E5_GAVE_UP"]
+__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E4_UNDELIVERED",
+           "E5_DROPPED", "E5_OWED", "E5_GAVE_UP"]
 
 #: Separates the lookup id from the answering rank in a patched async server's answer (E5).
 RANK_SEP = "\x1f"
@@ -61,6 +65,8 @@ RANK_SEP = "\x1f"
 #: client gave up on at its timeout, keeping the 0 it answered (E5).
 E2_DEFERRED, E5_DROPPED, E5_OWED, E5_GAVE_UP = ("E2 releases deferred", "E5 late answers dropped", "E5 lookups owed",
                                                 "E5 lookups given up")
+#: Sync answers a rank could not deliver (the scheduler had given up on them), their pins released (E4).
+E4_UNDELIVERED = "E4 undelivered answers released"
 _CLASSES: dict[str, type] = {}
 
 
@@ -77,7 +83,9 @@ def _engine_class() -> type:
         lookup_timeout: float = 3.0
 
         def _setup(self) -> None:
-            self.facts: dict[str, int] = {E2_DEFERRED: 0}  # how often a fix's own path ran (`RankSide.facts`)
+            self.facts: dict[str, int] = {E2_DEFERRED: 0, E4_UNDELIVERED: 0}  # how often a fix's path ran
+            self._pins_lock = threading.RLock()  # the ledger `lookup_pins`: the server thread's lookups, vLLM's unpins
+            self._answer_pins: tuple[str | None, dict] = (None, {})  # E4: the latest lookup's own pins
             self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
             self._released_early: set[str] = set()
             sm, engine = self.storage_manager, self
@@ -147,20 +155,53 @@ def _engine_class() -> type:
         def lookup_unpin(self, lookup_id: str) -> None:
             if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
                 return
-            super().lookup_unpin(lookup_id)
+            with self._pins_lock:
+                super().lookup_unpin(lookup_id)
 
         def lookup(self, *args: Any, **kwargs: Any) -> int:
             lookup_id = kwargs.get("lookup_id")
-            earlier = dict(self.lookup_pins.pop(lookup_id, {})) if kwargs.get("pin") and lookup_id else {}
+            pinning = bool(kwargs.get("pin") and lookup_id)
+            with self._pins_lock:
+                earlier = dict(self.lookup_pins.pop(lookup_id, {})) if pinning else {}
             result = super().lookup(*args, **kwargs)
-            if earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
-                now = dict(self.lookup_pins.get(lookup_id, {}))
-                self.lookup_pins[lookup_id] = {loc: list(earlier.get(loc, [])) + list(now.get(loc, []))
-                                               for loc in {*earlier, *now}}
+            with self._pins_lock:
+                mapping = self.lookup_pins.get(lookup_id, {}) if pinning else {}
+                taken = {loc: list(keys) for loc, keys in mapping.items()}  # this lookup's own pins
+                if earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
+                    self.lookup_pins[lookup_id] = {loc: list(earlier.get(loc, [])) + list(taken.get(loc, []))
+                                                   for loc in {*earlier, *taken}}
+                self._answer_pins = (lookup_id, taken)
             received = getattr(self.transport, "received_at", None)
-            if kwargs.get("pin") and received is not None and time.monotonic() - received > self.lookup_timeout:
-                super().lookup_unpin(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
+            if pinning and received is not None and time.monotonic() - received > self.lookup_timeout:
+                self.release_answer(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
             return result
+
+        def release_answer(self, lookup_id: str, *, undelivered: bool = False) -> None:
+            """E4: release the pins the latest lookup of `lookup_id` took (an answer the scheduler gave up on, or one
+            `undelivered`: its socket is gone), only those still in the request's ledger (its end may have released
+            them already, and an earlier lookup's stay)."""
+            with self._pins_lock:
+                last, taken = self._answer_pins
+                if last != lookup_id:
+                    return
+                self._answer_pins = (None, {})
+                if undelivered:
+                    self.facts[E4_UNDELIVERED] += 1
+                ledger = self.lookup_pins.get(lookup_id)
+                if not ledger:
+                    return
+                for loc, keys in taken.items():
+                    held = ledger.get(loc, [])
+                    mine = []
+                    for key in keys:
+                        if key in held:
+                            held.remove(key)
+                            mine.append(key)
+                    self.storage_manager.batched_unpin(mine, [loc])
+                    if not held:
+                        ledger.pop(loc, None)
+                if not ledger:
+                    self.lookup_pins.pop(lookup_id, None)
 
     _CLASSES["engine"] = PatchedEngine
     return PatchedEngine
@@ -172,15 +213,32 @@ def _router_class() -> type:
     from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
 
     class StampedRouterTransport(ZmqRouterServerTransport):
-        """E4: remembers when the request being served arrived."""
+        """E4: remembers when the request being served arrived and its lookup id; an answer it cannot deliver (the
+        scheduler's socket is gone: it gave up while the request waited behind another) releases that lookup's pins."""
 
         received_at: float | None = None
+        serving: str | None = None
+        engine: Any = None  # the rank's engine, set by apply_rank_fixes
+        _mandatory = False
 
         def recv_request(self) -> Any:
             got = super().recv_request()
             if got is not None:
                 self.received_at = time.monotonic()
+                raw = got[1][-2]
+                self.serving = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             return got
+
+        def send_response(self, identity: bytes, response: bytes) -> None:
+            import zmq
+            if not self._mandatory:  # (on the server's own thread, as every use of the socket)
+                self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                self._mandatory = True
+            try:
+                super().send_response(identity, response)
+            except zmq.ZMQError:  # no such peer (EHOSTUNREACH) or no room: nobody reads this answer
+                if self.engine is not None and self.serving is not None:
+                    self.engine.release_answer(self.serving, undelivered=True)
 
     _CLASSES["router"] = StampedRouterTransport
     return StampedRouterTransport
@@ -357,6 +415,7 @@ def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
         if side.lookup_mode == "sync" and rank.server is not None:
             rank.server.transport.__class__ = _router_class()
             engine.transport = rank.server.transport
+            rank.server.transport.engine = engine
             rank.server.__class__ = _sync_server_class()
             rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup", 0,
                                                                      rank.metadata.worker_id)

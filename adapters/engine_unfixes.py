@@ -7,6 +7,9 @@ process lacks the fix):
 
 - `without_e2`: a prefetch still running when its request ends is not released when it completes: `lookup_unpin`
   and `cleanup_memory_objs` skip it, as stock does (`pins`);
+- `without_e4`: a sync answer the rank cannot deliver (the scheduler gave up on it while it waited in the rank's
+  queue) keeps the pins its lookup took, as stock does (`pins`); E4's release of an answer done after the
+  scheduler's timeout, counted from its arrival, is kept;
 - `without_e5`: the scheduler's async client and the ranks' async servers are stock's: answers carry no rank, the
   client takes the minimum over whatever answers arrive for an id, late ones of a lookup it gave up included
   (`engine-returns`, `engine-soundness`).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["without_e2", "without_e5", "UNFIXES"]
+__all__ = ["without_e2", "without_e4", "without_e5", "UNFIXES"]
 
 
 def without_e2() -> None:
@@ -26,6 +29,16 @@ def without_e2() -> None:
         return False
 
     _engine_class()._release_when_done = never_deferred
+
+
+def without_e4() -> None:
+    """E4's release of an undelivered answer out: the rank's sync server transport sends as stock does (an answer to
+    a socket that is gone is dropped silently, its pins kept)."""
+    from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
+
+    from adapters.engine_patched import _router_class
+
+    _router_class().send_response = ZmqRouterServerTransport.send_response
 
 
 def without_e5() -> None:
@@ -43,4 +56,5 @@ def without_e5() -> None:
 
 
 #: Each fix taken out: the `--engine-patch` reference, and the fix (`adapters.engine_patched`'s docstring).
-UNFIXES: dict[str, str] = {"adapters.engine_unfixes:without_e2": "E2", "adapters.engine_unfixes:without_e5": "E5"}
+UNFIXES: dict[str, str] = {"adapters.engine_unfixes:without_e2": "E2", "adapters.engine_unfixes:without_e4": "E4",
+                           "adapters.engine_unfixes:without_e5": "E5"}

@@ -1,11 +1,11 @@
-"""The fixes of `lmcache-patched` whose race the connector's fix (E6) would hide: the corpus trace of each (E2, E5)
+"""The fixes of `lmcache-patched` whose race the connector's fix (E6) would hide: the corpus trace of each (E2, E4, E5)
 runs that fix's own path on `lmcache-patched` (the deployment's `facts` count it, and its property holds), and its
 replay with that fix taken out (`adapters.engine_unfixes`), every other fix kept, reproduces."""
 import contextlib
 
 import pytest
 
-from adapters.engine_patched import E2_DEFERRED, E5_DROPPED, E5_GAVE_UP, E5_OWED
+from adapters.engine_patched import E2_DEFERRED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
 from engines.engine_run import run_engine_case
 from engines.engine_search import call_of, engine_target, facts_of, shows
 from model.engine_case import case_from_json
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.real
 
 #: corpus trace -> (the `--engine-patch` taking its fix out, the facts the fix's path counts).
 FIXES = {"lmcache-async-pins-late-prefetch.json": ("without_e2", (E2_DEFERRED,)),
+         "lmcache-sync-pins-queued.json": ("without_e4", (E4_UNDELIVERED,)),
          "lmcache-async-engine-returns-late-answers.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED)),
          "lmcache-async-engine-returns-lookup_cache-timed-out.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED))}
 
@@ -25,9 +26,9 @@ FIXES = {"lmcache-async-pins-late-prefetch.json": ("without_e2", (E2_DEFERRED,))
 def _unfixed_for_a_while(spec: str):
     """Put back the patched classes the unfix `spec` patches (process-wide, for good), and forget that it was applied
     (an engine patch is applied once per process: the next test's replay applies it again)."""
-    from adapters.engine_patched import _async_client_class, _async_server_class, _engine_class
+    from adapters.engine_patched import _async_client_class, _async_server_class, _engine_class, _router_class
     from runtime import registry
-    classes = (_engine_class(), _async_client_class(), _async_server_class())
+    classes = (_engine_class(), _async_client_class(), _async_server_class(), _router_class())
     saved = [(c, dict(c.__dict__)) for c in classes]
     try:
         yield
