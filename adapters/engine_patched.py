@@ -21,12 +21,14 @@ E3. A second lookup of one request id (a request looked up again, e.g. after a p
     engine's `lookup` merges the new pins into the request's ledger; a new prefetch first releases the one it
     supersedes.
 E4. A rank that answers a sync lookup after the scheduler gave up (its server waited on a paused Valkey) keeps the
-    pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). So does a lookup the scheduler gave
-    up on while it waited in the server's queue behind another (a scheduler timeout shorter than a rank's store
-    bound: the request ends, then the rank serves it and pins). Fix: the rank's lookup server stamps each request's
-    arrival; a lookup done after the scheduler's timeout releases its pins at once, and so does one whose answer
-    cannot be delivered (`ROUTER_MANDATORY`: the scheduler's socket is gone). Only that lookup's own pins go. Left
-    open: an answer sent in the instant between the scheduler's timeout and its socket's close reaching the server.
+    pins it took: nobody unpins them before the pin monitor's 300 s (`pins`). A scheduler timeout shorter than a
+    rank's store bound adds two ways: the request ends while its lookup runs (LocalCPU pinned its hits at once, but
+    the lookup records them in `lookup_pins` only when the server's tier answered, after the end found nothing),
+    or before the rank even serves it (it waited in the server's queue behind another). Fix: a lookup that takes
+    longer than the scheduler's timeout releases its pins at once, so does one whose request ended while it ran,
+    and one whose answer cannot be delivered (`ROUTER_MANDATORY`: the scheduler's socket is gone); only that
+    lookup's own pins go. Left open: an answer to a queued request sent in the instant between the scheduler's
+    timeout and its socket's close reaching the server.
 E5. The async client takes the minimum over whatever answers arrive for a lookup id, with no rank identity: two
     lookups of one id in flight, or the late answers of a timed-out lookup, resolve to another minimum than every
     rank's (`engine-soundness`, `engine-completeness`); and `lookup_cache` raises `KeyError` for an id whose
@@ -54,8 +56,8 @@ from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.factory import stock_factory
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
-__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E4_UNDELIVERED",
-           "E5_DROPPED", "E5_OWED", "E5_GAVE_UP"]
+__all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E4_ENDED",
+           "E4_UNDELIVERED", "E5_DROPPED", "E5_OWED", "E5_GAVE_UP"]
 
 #: Separates the lookup id from the answering rank in a patched async server's answer (E5).
 RANK_SEP = "\x1f"
@@ -65,8 +67,9 @@ RANK_SEP = "\x1f"
 #: client gave up on at its timeout, keeping the 0 it answered (E5).
 E2_DEFERRED, E5_DROPPED, E5_OWED, E5_GAVE_UP = ("E2 releases deferred", "E5 late answers dropped", "E5 lookups owed",
                                                 "E5 lookups given up")
-#: Sync answers a rank could not deliver (the scheduler had given up on them), their pins released (E4).
-E4_UNDELIVERED = "E4 undelivered answers released"
+#: Sync lookups whose request ended while they ran, and answers a rank could not deliver (the scheduler had given up
+#: on them): their pins released (E4).
+E4_ENDED, E4_UNDELIVERED = "E4 lookups outlived their request", "E4 undelivered answers released"
 _CLASSES: dict[str, type] = {}
 
 
@@ -83,9 +86,11 @@ def _engine_class() -> type:
         lookup_timeout: float = 3.0
 
         def _setup(self) -> None:
-            self.facts: dict[str, int] = {E2_DEFERRED: 0, E4_UNDELIVERED: 0}  # how often a fix's path ran
+            self.facts: dict[str, int] = {E2_DEFERRED: 0, E4_ENDED: 0, E4_UNDELIVERED: 0}  # how often a fix's path ran
             self._pins_lock = threading.RLock()  # the ledger `lookup_pins`: the server thread's lookups, vLLM's unpins
             self._answer_pins: tuple[str | None, dict] = (None, {})  # E4: the latest lookup's own pins
+            self._looking_up: str | None = None  # E4: the id of the lookup running on the server thread
+            self._ended_while_looking = False
             self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
             self._released_early: set[str] = set()
             sm, engine = self.storage_manager, self
@@ -156,25 +161,48 @@ def _engine_class() -> type:
             if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
                 return
             with self._pins_lock:
+                if lookup_id == self._looking_up:
+                    self._ended_while_looking = True  # E4: the pins this lookup is taking are nobody's
                 super().lookup_unpin(lookup_id)
 
         def lookup(self, *args: Any, **kwargs: Any) -> int:
             lookup_id = kwargs.get("lookup_id")
             pinning = bool(kwargs.get("pin") and lookup_id)
+            started = time.monotonic()
             with self._pins_lock:
-                earlier = dict(self.lookup_pins.pop(lookup_id, {})) if pinning else {}
-            result = super().lookup(*args, **kwargs)
-            with self._pins_lock:
-                mapping = self.lookup_pins.get(lookup_id, {}) if pinning else {}
-                taken = {loc: list(keys) for loc, keys in mapping.items()}  # this lookup's own pins
-                if earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
-                    self.lookup_pins[lookup_id] = {loc: list(earlier.get(loc, [])) + list(taken.get(loc, []))
-                                                   for loc in {*earlier, *taken}}
-                self._answer_pins = (lookup_id, taken)
-            received = getattr(self.transport, "received_at", None)
-            if pinning and received is not None and time.monotonic() - received > self.lookup_timeout:
+                before = self.lookup_pins.get(lookup_id) if pinning else None
+                earlier = {loc: list(keys) for loc, keys in (before or {}).items()}
+                if pinning:
+                    self._looking_up, self._ended_while_looking = lookup_id, False
+            try:
+                result = super().lookup(*args, **kwargs)  # (stock records its pins only once every tier answered)
+            finally:
+                with self._pins_lock:
+                    ended = pinning and self._ended_while_looking
+                    self._looking_up = None
+                    now = self.lookup_pins.get(lookup_id) if pinning else None
+                    wrote = now is not None and now is not before
+                    taken = {loc: list(keys) for loc, keys in now.items()} if wrote else {}  # this lookup's own
+                    if ended:  # E4: its request ended while it ran (the end released the earlier pins)
+                        self._outlived(lookup_id)
+                    elif wrote and earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
+                        self.lookup_pins[lookup_id] = {loc: earlier.get(loc, []) + taken.get(loc, [])
+                                                       for loc in {*earlier, *taken}}
+                    self._answer_pins = (lookup_id, {} if ended else taken)
+            if pinning and self.transport is not None and time.monotonic() - started > self.lookup_timeout:
                 self.release_answer(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
             return result
+
+        def _outlived(self, lookup_id: str) -> None:
+            """E4: the lookup of `lookup_id` outlived its request: release the pins it recorded."""
+            self.facts[E4_ENDED] += 1
+            LMCacheEngine.lookup_unpin(self, lookup_id)
+
+        def answer_undelivered(self) -> None:
+            """E4: the latest sync answer could not be sent (the scheduler's socket is gone): release its pins."""
+            last, _ = self._answer_pins
+            if last is not None:
+                self.release_answer(last, undelivered=True)
 
         def release_answer(self, lookup_id: str, *, undelivered: bool = False) -> None:
             """E4: release the pins the latest lookup of `lookup_id` took (an answer the scheduler gave up on, or one
@@ -212,22 +240,12 @@ def _router_class() -> type:
         return _CLASSES["router"]
     from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
 
-    class StampedRouterTransport(ZmqRouterServerTransport):
-        """E4: remembers when the request being served arrived and its lookup id; an answer it cannot deliver (the
-        scheduler's socket is gone: it gave up while the request waited behind another) releases that lookup's pins."""
+    class ReportingRouterTransport(ZmqRouterServerTransport):
+        """E4: an answer it cannot deliver (the scheduler's socket is gone: it gave up, and the request may have
+        waited in the queue behind another) is reported to the rank's engine, which releases that lookup's pins."""
 
-        received_at: float | None = None
-        serving: str | None = None
         engine: Any = None  # the rank's engine, set by apply_rank_fixes
         _mandatory = False
-
-        def recv_request(self) -> Any:
-            got = super().recv_request()
-            if got is not None:
-                self.received_at = time.monotonic()
-                raw = got[1][-2]
-                self.serving = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-            return got
 
         def send_response(self, identity: bytes, response: bytes) -> None:
             import zmq
@@ -237,11 +255,11 @@ def _router_class() -> type:
             try:
                 super().send_response(identity, response)
             except zmq.ZMQError:  # no such peer (EHOSTUNREACH) or no room: nobody reads this answer
-                if self.engine is not None and self.serving is not None:
-                    self.engine.release_answer(self.serving, undelivered=True)
+                if self.engine is not None:
+                    self.engine.answer_undelivered()
 
-    _CLASSES["router"] = StampedRouterTransport
-    return StampedRouterTransport
+    _CLASSES["router"] = ReportingRouterTransport
+    return ReportingRouterTransport
 
 
 def _stop_receiver(server: Any, path: str, mode: str) -> None:

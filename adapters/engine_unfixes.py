@@ -7,9 +7,9 @@ process lacks the fix):
 
 - `without_e2`: a prefetch still running when its request ends is not released when it completes: `lookup_unpin`
   and `cleanup_memory_objs` skip it, as stock does (`pins`);
-- `without_e4`: a sync answer the rank cannot deliver (the scheduler gave up on it while it waited in the rank's
-  queue) keeps the pins its lookup took, as stock does (`pins`); E4's release of an answer done after the
-  scheduler's timeout, counted from its arrival, is kept;
+- `without_e4`: a sync lookup whose request ended while it ran, or whose answer the rank cannot deliver (the
+  scheduler gave up on it while it waited in the rank's queue), keeps the pins it took, as stock does (`pins`);
+  E4's release of a lookup that took longer than the scheduler's timeout is kept;
 - `without_e5`: the scheduler's async client and the ranks' async servers are stock's: answers carry no rank, the
   client takes the minimum over whatever answers arrive for an id, late ones of a lookup it gave up included
   (`engine-returns`, `engine-soundness`).
@@ -32,13 +32,17 @@ def without_e2() -> None:
 
 
 def without_e4() -> None:
-    """E4's release of an undelivered answer out: the rank's sync server transport sends as stock does (an answer to
-    a socket that is gone is dropped silently, its pins kept)."""
+    """E4's releases of a lookup that outlived its request and of an undelivered answer out: the rank's sync server
+    transport sends as stock does (an answer to a socket that is gone is dropped silently), the pins stay."""
     from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
 
-    from adapters.engine_patched import _router_class
+    from adapters.engine_patched import _engine_class, _router_class
+
+    def keep_pins(self: Any, lookup_id: str) -> None:
+        return None
 
     _router_class().send_response = ZmqRouterServerTransport.send_response
+    _engine_class()._outlived = keep_pins
 
 
 def without_e5() -> None:

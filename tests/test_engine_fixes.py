@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from adapters.engine_patched import E2_DEFERRED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
+from adapters.engine_patched import E2_DEFERRED, E4_ENDED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
 from engines.engine_run import run_engine_case
 from engines.engine_search import call_of, engine_target, facts_of, shows
 from model.engine_case import case_from_json
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.real
 
 #: corpus trace -> (the `--engine-patch` taking its fix out, the facts the fix's path counts).
 FIXES = {"lmcache-async-pins-late-prefetch.json": ("without_e2", (E2_DEFERRED,)),
+         "lmcache-sync-pins-outlived.json": ("without_e4", (E4_ENDED,)),
          "lmcache-sync-pins-queued.json": ("without_e4", (E4_UNDELIVERED,)),
          "lmcache-async-engine-returns-late-answers.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED)),
          "lmcache-async-engine-returns-lookup_cache-timed-out.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED))}
