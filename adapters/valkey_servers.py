@@ -5,13 +5,14 @@ loopback port (bound to 127.0.0.1 only, protected mode on, no persistence, its o
 ready once it answers PING. Servers are always stopped and reaped:
 
 - normal exit and exceptions: `ServerSet.stop()` / the `valkey_servers()` context manager;
-- interpreter exit: an `atexit` hook stops every server still running;
+- interpreter exit: an `atexit` hook stops every server still running, and no server starts after it (a daemon
+  thread still starting servers, e.g. a deployment's build, gets `ServerStartError`);
 - SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
   signal is re-delivered with its previous disposition, so the process still dies of it;
 - SIGINT: KeyboardInterrupt unwinds the context managers (and `atexit` runs); one inside a start stops what it made:
   a server is in `_LIVE` before its dir exists, a spawn given up waiting for is killed, one just made is `fresh`;
 - the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
-  wrapper, `_DEATHSIG_EXEC`) from one long-lived spawner thread, so the kernel kills the servers when this process
+  wrapper) from one long-lived spawner thread (`adapters.spawning`), so the kernel kills the servers when this process
   goes away.
 
 A server can also be paused (`pause()`: SIGSTOP, `resume()`: SIGCONT), killed (`kill(keep_data=...)`) and started
@@ -32,9 +33,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
+from adapters.spawning import SPAWNER, kill_spawned, spawn_tied  # (spawn_tied re-exported)
 
 __all__ = ["ServerStartError", "ValkeyServer", "ServerSet", "valkey_server_binary", "start_servers",
            "valkey_servers", "live_pids", "resp_command", "server_on", "spawn_tied"]
@@ -66,104 +68,9 @@ def valkey_server_binary() -> str:
     return str(path)
 
 
-# --------------------------------------------------------------------------- process spawning
-
-#: The server is started through this wrapper, which asks the kernel to SIGKILL it when its parent thread goes
-#: (PR_SET_PDEATHSIG = 1, kept across exec), checks that parent is still there, and execs valkey-server in place
-#: (same pid). Doing it in the wrapper rather than in a `preexec_fn` lets Python spawn without running fork
-#: handlers: a client library's handler (valkey-glide's) stalled forked children for seconds before exec.
-_DEATHSIG_EXEC = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(1)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n")
-
-
-def _with_deathsig(argv: list[str]) -> list[str]:
-    import sys
-
-    return [sys.executable, "-S", "-c", _DEATHSIG_EXEC, str(os.getpid()), *argv]
-
-
-class _Spawner:
-    """One daemon thread that spawns every server.
-
-    PR_SET_PDEATHSIG fires when the *thread* that spawned the child exits, so the servers are
-    spawned from a thread that lives as long as the process (not from a short-lived worker).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._jobs: list[tuple[list[str], dict, list, Any]] = []
-        self._thread: threading.Thread | None = None
-
-    def popen(self, argv: list[str], owner: "ValkeyServer | None" = None, **kw) -> subprocess.Popen:
-        """The process spawned from the spawner thread; a caller interrupted while it waits abandons the job (its
-        process is killed and reaped), and `owner` (a server) holds it as `fresh` from the moment it exists."""
-        box: list = []
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="shardcheck-valkey-spawner",
-                                                daemon=True)
-                self._thread.start()
-            self._jobs.append((argv, kw, box, owner))
-            self._cond.notify_all()
-            try:
-                while not box:
-                    self._cond.wait()
-            except BaseException:
-                if box:
-                    _kill_spawned(box[0])
-                else:
-                    box.append(_ABANDONED)
-                raise
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._jobs:
-                    self._cond.wait()
-                argv, kw, box, owner = self._jobs.pop(0)
-            try:
-                result: object = None if box else subprocess.Popen(_with_deathsig(argv), **kw)
-            except BaseException as e:  # handed back to the caller
-                result = e
-            with self._cond:
-                if box:  # the caller gave up waiting: nobody owns this process
-                    _kill_spawned(result)
-                else:
-                    box.append(result)
-                    if owner is not None and not isinstance(result, BaseException):
-                        owner.fresh = result  # (no signal handler runs on this thread: no exception between)
-                self._cond.notify_all()
-
-
-#: What an interrupted caller leaves in its job's box: the spawner kills what it spawns for it.
-_ABANDONED = object()
-
-
-def _kill_spawned(*results: object) -> None:
-    for result in results:
-        if result is not None and result is not _ABANDONED and not isinstance(result, BaseException):
-            with contextlib.suppress(ProcessLookupError):
-                result.kill()  # type: ignore[attr-defined]
-            result.wait()  # type: ignore[attr-defined]
-
-
-_SPAWNER = _Spawner()
-
-
-def spawn_tied(argv: list[str]) -> subprocess.Popen:
-    """A helper process that dies with this one (PR_SET_PDEATHSIG from the spawner thread), no stdio."""
-    return _SPAWNER.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          close_fds=True)
 _LIVE: set["ValkeyServer"] = set()
 _LIVE_LOCK = threading.Lock()
+_EXITING = threading.Event()
 _PREVIOUS_HANDLERS: dict[int, object] = {}
 
 
@@ -180,7 +87,10 @@ def server_on(port: int) -> "ValkeyServer | None":
 
 
 def _stop_all() -> None:
+    """At exit (or a fatal signal): stop every server, and start none from now on (a daemon thread still starting
+    servers, e.g. a deployment's build, would leave them behind)."""
     with _LIVE_LOCK:
+        _EXITING.set()
         servers = list(_LIVE)
     for s in servers:
         with contextlib.suppress(Exception):
@@ -286,6 +196,8 @@ class ValkeyServer:
             self.port = free_port()
         self._stopped = False
         with _LIVE_LOCK:  # registered before its dir exists: every stop path (atexit too) removes the dir
+            if _EXITING.is_set():
+                raise ServerStartError(f"valkey-server on {HOST}:{self.port} not started: the process is exiting")
             _LIVE.add(self)
         self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
         try:
@@ -300,13 +212,13 @@ class ValkeyServer:
         with _LIVE_LOCK:
             _LIVE.add(self)
         if self.proc is not None:  # a process of this server is never dropped unreaped (a running one is killed)
-            _kill_spawned(self.proc)
-        proc = _SPAWNER.popen([valkey_server_binary(), conf], self, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            kill_spawned(self.proc)
+        proc = SPAWNER.popen([valkey_server_binary(), conf], self, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         try:
             self._adopt(proc)
         except BaseException:  # (interrupted while it adopts: reaped all the same)
-            _kill_spawned(proc)
+            kill_spawned(proc)
             raise
         deadline = t0 + timeout
         while True:
@@ -329,7 +241,7 @@ class ValkeyServer:
             self.fresh = None
             spare = self._stopped or self.running()
             dead, self.proc = (None, self.proc) if spare else (self.proc, proc)
-        _kill_spawned(proc if spare else dead)
+        kill_spawned(proc if spare else dead)
         if spare and self._stopped:
             raise ServerStartError(f"valkey-server on {HOST}:{self.port} was stopped while it started")
 
@@ -361,7 +273,7 @@ class ValkeyServer:
         with self._lock:
             (proc, self.proc), (fresh, self.fresh) = (self.proc, None), (self.fresh, None)
             self.paused = False
-            _kill_spawned(proc, fresh)
+            kill_spawned(proc, fresh)
             if not keep_data and self.dump_path and os.path.exists(self.dump_path):
                 os.unlink(self.dump_path)
 
@@ -381,7 +293,7 @@ class ValkeyServer:
             self._stopped = True
             (proc, self.proc), (fresh, self.fresh) = (self.proc, None), (self.fresh, None)
             self.paused = False
-        _kill_spawned(fresh)  # (interrupted right after it was spawned: it never became `proc`)
+        kill_spawned(fresh)  # (interrupted right after it was spawned: it never became `proc`)
         if proc is not None:
             try:
                 if proc.poll() is None:
@@ -392,7 +304,7 @@ class ValkeyServer:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout)
             finally:  # killed if it did not end in time, and reaped whatever interrupts the stop
-                _kill_spawned(proc)
+                kill_spawned(proc)
         if self.dir is not None:  # (removed before the server leaves _LIVE: interrupted here, atexit removes it)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

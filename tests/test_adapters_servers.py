@@ -208,7 +208,7 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     entry of it stays (the caller holds nothing to stop)."""
     import threading
 
-    from adapters import valkey_servers as vs
+    from adapters import spawning, valkey_servers as vs
     monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
     spawned: list[subprocess.Popen] = []
     real_popen, real_ping, real_config = vs.subprocess.Popen, vs.ping, vs.ValkeyServer._write_config
@@ -216,7 +216,7 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     pings: list[int] = []
 
     def popen(argv, **kw):
-        if point == "spawning" and argv[:3] == vs._with_deathsig([])[:3]:
+        if point == "spawning" and argv[:3] == spawning.with_deathsig([])[:3]:
             signal.pthread_kill(main, signal.SIGINT)  # arrives while the caller waits for the spawner
         p = real_popen(argv, **kw)
         spawned.append(p)
@@ -259,10 +259,10 @@ def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(mean
     does not hold (a Popen dropped while it runs: a ResourceWarning, an orphan server)."""
     import threading
 
-    from adapters import valkey_servers as vs
+    from adapters import spawning, valkey_servers as vs
     server = vs.ValkeyServer()
     spawned: list[subprocess.Popen] = []
-    real_popen = vs._SPAWNER.popen
+    real_popen = spawning.SPAWNER.popen
 
     def popen(argv, *args, **kw):
         if not spawned:  # the start's own spawn: the other thread acts (and a respawn's server runs) meanwhile
@@ -275,7 +275,7 @@ def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(mean
         spawned.append(proc)
         return proc
 
-    monkeypatch.setattr(vs._SPAWNER, "popen", popen)
+    monkeypatch.setattr(spawning.SPAWNER, "popen", popen)
     try:
         if meanwhile == "stop":
             with pytest.raises(vs.ServerStartError, match="stopped while it started"):
@@ -294,16 +294,16 @@ def test_an_interrupt_as_the_spawner_hands_back_a_process_leaves_it_reaped(monke
     """Ctrl-C (or the watchdog's `Stalled`, raised on the main thread) landing just as the spawner's process comes
     back, before the start holds it: the start's own stop reaps it, as the server held it (`fresh`) from the spawner's
     side (it was dropped while running: a ResourceWarning, and a server left on the port)."""
-    from adapters import valkey_servers as vs
+    from adapters import spawning, valkey_servers as vs
     server = vs.ValkeyServer()
     spawned: list[subprocess.Popen] = []
-    real_popen = vs._SPAWNER.popen
+    real_popen = spawning.SPAWNER.popen
 
     def popen(argv, *args, **kw):
         spawned.append(real_popen(argv, *args, **kw))
         raise KeyboardInterrupt  # after the process exists, before `_spawn` holds it
 
-    monkeypatch.setattr(vs._SPAWNER, "popen", popen)
+    monkeypatch.setattr(spawning.SPAWNER, "popen", popen)
     try:
         with pytest.raises(KeyboardInterrupt):
             server.start()
@@ -313,3 +313,34 @@ def test_an_interrupt_as_the_spawner_hands_back_a_process_leaves_it_reaped(monke
         for p in spawned:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("when", ["before", "while-spawning"])
+def test_no_server_starts_once_the_exit_stopped_them(when: str, tmp_path, monkeypatch):
+    """After the exit's stop of every server (atexit, a fatal signal), a start on a thread still running (a
+    deployment's build on a bounded-call thread, when Ctrl-C ended the main one) raises and leaves no process or dir:
+    it left a server dir behind the exit's clean-up (`check --engine` interrupted, 3 of 10 loaded runs)."""
+    import threading
+
+    from adapters import spawning, valkey_servers as vs
+    monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
+    exiting = threading.Event()
+    monkeypatch.setattr(vs, "_EXITING", exiting)  # (the real one would stop this worker's other servers' starts)
+    server = vs.ValkeyServer()
+    spawned: list[subprocess.Popen] = []
+    real_popen = spawning.SPAWNER.popen
+
+    def popen(argv, *args, **kw):
+        exiting.set()
+        server.stop()  # what the exit's `_stop_all` does to it, while it spawns
+        spawned.append(real_popen(argv, *args, **kw))
+        return spawned[-1]
+
+    if when == "before":
+        exiting.set()
+    else:
+        monkeypatch.setattr(spawning.SPAWNER, "popen", popen)
+    with pytest.raises(vs.ServerStartError, match="exiting" if when == "before" else "stopped while it started"):
+        server.start()
+    assert all(p.poll() is not None for p in spawned) and len(spawned) == (when != "before")
+    assert list(tmp_path.iterdir()) == [] and server not in vs._LIVE
