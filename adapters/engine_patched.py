@@ -73,13 +73,94 @@ E4_ENDED, E4_UNDELIVERED = "E4 lookups outlived their request", "E4 undelivered 
 _CLASSES: dict[str, type] = {}
 
 
+class _LookupPins:
+    """E3's and E4's ledger of a sync lookup's pins, mixed into the patched engine before `LMCacheEngine` (`super()`
+    here is LMCacheEngine's). It uses the engine's `facts`, `_pins_lock`, `_answer_pins`, `_looking_up`,
+    `_ended_while_looking`, `lookup_pins`, `transport`, `lookup_timeout`, `async_loading`, `storage_manager` and
+    `_release_when_done` (E2)."""
+
+    def lookup_unpin(self, lookup_id: str) -> None:
+        if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
+            return
+        with self._pins_lock:
+            if lookup_id == self._looking_up:
+                self._ended_while_looking = True  # E4: the pins this lookup is taking are nobody's
+            super().lookup_unpin(lookup_id)
+
+    def lookup(self, *args: Any, **kwargs: Any) -> int:
+        lookup_id = kwargs.get("lookup_id")
+        pinning = bool(kwargs.get("pin") and lookup_id)
+        started = time.monotonic()
+        with self._pins_lock:
+            before = self.lookup_pins.get(lookup_id) if pinning else None
+            earlier = {loc: list(keys) for loc, keys in (before or {}).items()}
+            if pinning:
+                self._looking_up, self._ended_while_looking = lookup_id, False
+        try:
+            result = super().lookup(*args, **kwargs)  # (stock records its pins only once every tier answered)
+        finally:
+            with self._pins_lock:
+                ended = pinning and self._ended_while_looking
+                self._looking_up = None
+                now = self.lookup_pins.get(lookup_id) if pinning else None
+                wrote = now is not None and now is not before
+                taken = {loc: list(keys) for loc, keys in now.items()} if wrote else {}  # this lookup's own
+                if ended:  # E4: its request ended while it ran (the end released the earlier pins)
+                    self._outlived(lookup_id)
+                elif wrote and earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
+                    self.lookup_pins[lookup_id] = {loc: earlier.get(loc, []) + taken.get(loc, [])
+                                                   for loc in {*earlier, *taken}}
+                self._answer_pins = (lookup_id, {} if ended else taken)
+        if pinning and self.transport is not None and time.monotonic() - started > self.lookup_timeout:
+            self.release_answer(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
+        return result
+
+    def _outlived(self, lookup_id: str) -> None:
+        """E4: the lookup of `lookup_id` outlived its request: release the pins it recorded."""
+        self.facts[E4_ENDED] += 1
+        super().lookup_unpin(lookup_id)  # type: ignore[misc]  (LMCacheEngine's, past PatchedEngine's own)
+
+    def answer_undelivered(self) -> None:
+        """E4: the latest sync answer could not be sent (the scheduler's socket is gone): release its pins."""
+        last, _ = self._answer_pins
+        if last is not None:
+            self.release_answer(last, undelivered=True)
+
+    def release_answer(self, lookup_id: str, *, undelivered: bool = False) -> None:
+        """E4: release the pins the latest lookup of `lookup_id` took (an answer the scheduler gave up on, or one
+        `undelivered`: its socket is gone), only those still in the request's ledger (its end may have released
+        them already, and an earlier lookup's stay)."""
+        with self._pins_lock:
+            last, taken = self._answer_pins
+            if last != lookup_id:
+                return
+            self._answer_pins = (None, {})
+            if undelivered:
+                self.facts[E4_UNDELIVERED] += 1
+            ledger = self.lookup_pins.get(lookup_id)
+            if not ledger:
+                return
+            for loc, keys in taken.items():
+                held = ledger.get(loc, [])
+                mine = []
+                for key in keys:
+                    if key in held:
+                        held.remove(key)
+                        mine.append(key)
+                self.storage_manager.batched_unpin(mine, [loc])
+                if not held:
+                    ledger.pop(loc, None)
+            if not ledger:
+                self.lookup_pins.pop(lookup_id, None)
+
+
 def _engine_class() -> type:
     if "engine" in _CLASSES:
         return _CLASSES["engine"]
     from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.event_manager import EventStatus, EventType
 
-    class PatchedEngine(LMCacheEngine):
+    class PatchedEngine(_LookupPins, LMCacheEngine):
         """E1-E4 on one engine (see the module docstring)."""
 
         transport: Any = None  # the rank's sync lookup server transport (E4), set by apply_fixes
@@ -156,80 +237,6 @@ def _engine_class() -> type:
         def cleanup_memory_objs(self, lookup_id: str) -> None:
             if not self._release_when_done(lookup_id):
                 super().cleanup_memory_objs(lookup_id)
-
-        def lookup_unpin(self, lookup_id: str) -> None:
-            if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
-                return
-            with self._pins_lock:
-                if lookup_id == self._looking_up:
-                    self._ended_while_looking = True  # E4: the pins this lookup is taking are nobody's
-                super().lookup_unpin(lookup_id)
-
-        def lookup(self, *args: Any, **kwargs: Any) -> int:
-            lookup_id = kwargs.get("lookup_id")
-            pinning = bool(kwargs.get("pin") and lookup_id)
-            started = time.monotonic()
-            with self._pins_lock:
-                before = self.lookup_pins.get(lookup_id) if pinning else None
-                earlier = {loc: list(keys) for loc, keys in (before or {}).items()}
-                if pinning:
-                    self._looking_up, self._ended_while_looking = lookup_id, False
-            try:
-                result = super().lookup(*args, **kwargs)  # (stock records its pins only once every tier answered)
-            finally:
-                with self._pins_lock:
-                    ended = pinning and self._ended_while_looking
-                    self._looking_up = None
-                    now = self.lookup_pins.get(lookup_id) if pinning else None
-                    wrote = now is not None and now is not before
-                    taken = {loc: list(keys) for loc, keys in now.items()} if wrote else {}  # this lookup's own
-                    if ended:  # E4: its request ended while it ran (the end released the earlier pins)
-                        self._outlived(lookup_id)
-                    elif wrote and earlier:  # E3: merge, so that one lookup_unpin releases every pin this id took
-                        self.lookup_pins[lookup_id] = {loc: earlier.get(loc, []) + taken.get(loc, [])
-                                                       for loc in {*earlier, *taken}}
-                    self._answer_pins = (lookup_id, {} if ended else taken)
-            if pinning and self.transport is not None and time.monotonic() - started > self.lookup_timeout:
-                self.release_answer(lookup_id)  # E4: the scheduler gave up on this answer: keep no pins for it
-            return result
-
-        def _outlived(self, lookup_id: str) -> None:
-            """E4: the lookup of `lookup_id` outlived its request: release the pins it recorded."""
-            self.facts[E4_ENDED] += 1
-            LMCacheEngine.lookup_unpin(self, lookup_id)
-
-        def answer_undelivered(self) -> None:
-            """E4: the latest sync answer could not be sent (the scheduler's socket is gone): release its pins."""
-            last, _ = self._answer_pins
-            if last is not None:
-                self.release_answer(last, undelivered=True)
-
-        def release_answer(self, lookup_id: str, *, undelivered: bool = False) -> None:
-            """E4: release the pins the latest lookup of `lookup_id` took (an answer the scheduler gave up on, or one
-            `undelivered`: its socket is gone), only those still in the request's ledger (its end may have released
-            them already, and an earlier lookup's stay)."""
-            with self._pins_lock:
-                last, taken = self._answer_pins
-                if last != lookup_id:
-                    return
-                self._answer_pins = (None, {})
-                if undelivered:
-                    self.facts[E4_UNDELIVERED] += 1
-                ledger = self.lookup_pins.get(lookup_id)
-                if not ledger:
-                    return
-                for loc, keys in taken.items():
-                    held = ledger.get(loc, [])
-                    mine = []
-                    for key in keys:
-                        if key in held:
-                            held.remove(key)
-                            mine.append(key)
-                    self.storage_manager.batched_unpin(mine, [loc])
-                    if not held:
-                        ledger.pop(loc, None)
-                if not ledger:
-                    self.lookup_pins.pop(lookup_id, None)
 
     _CLASSES["engine"] = PatchedEngine
     return PatchedEngine
