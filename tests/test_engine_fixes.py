@@ -12,6 +12,7 @@ from model.engine_case import case_from_json
 from model.outcome import Violation
 from model.trace import Trace
 from shardcheck.engine_findings import ENGINE_CORPUS
+from tests.class_patches import classes_restored
 
 pytestmark = pytest.mark.real
 
@@ -29,19 +30,12 @@ def _unfixed_for_a_while(spec: str):
     (an engine patch is applied once per process: the next test's replay applies it again)."""
     from adapters.engine_patched import _async_client_class, _async_server_class, _engine_class, _router_class
     from runtime import registry
-    classes = (_engine_class(), _async_client_class(), _async_server_class(), _router_class())
-    saved = [(c, dict(c.__dict__)) for c in classes]
     try:
-        yield
+        with classes_restored(_engine_class(), _async_client_class(), _async_server_class(), _router_class()):
+            yield
     finally:
         if spec in registry._APPLIED_PATCHES:
             registry._APPLIED_PATCHES.remove(spec)
-        for cls, kept in saved:
-            for name in set(cls.__dict__) - set(kept):
-                delattr(cls, name)
-            for name, value in kept.items():
-                if cls.__dict__.get(name) is not value and name not in ("__dict__", "__weakref__"):
-                    setattr(cls, name, value)
 
 
 def _recorded_call(trace: Trace) -> str | None:

@@ -12,6 +12,7 @@ from engines.engine_run import Bounds, run_engine_case
 from engines.engine_search import engine_target
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.checks import CATALOG
+from tests.class_patches import classes_restored
 
 pytestmark = pytest.mark.real
 QUICK = Bounds(close=0.3)
@@ -203,18 +204,11 @@ def _patched_for_a_while():
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
     from adapters import engine_demos
-    classes = (LMCacheEngine, LMCacheAsyncLookupClient, LMCacheAsyncLookupServer, LMCacheLookupClient,
-               ZmqReqRepClientTransport, ChunkedTokenDatabase)
-    saved = [(c, dict(c.__dict__)) for c in classes]
     try:
-        yield
+        with classes_restored(LMCacheEngine, LMCacheAsyncLookupClient, LMCacheAsyncLookupServer, LMCacheLookupClient,
+                              ZmqReqRepClientTransport, ChunkedTokenDatabase):
+            yield
     finally:
-        for cls, attrs in saved:
-            for name in set(cls.__dict__) - set(attrs):
-                delattr(cls, name)
-            for name, value in attrs.items():
-                if cls.__dict__.get(name) is not value and name not in ("__dict__", "__weakref__"):
-                    setattr(cls, name, value)
         engine_demos._DONE.clear()
 
 
