@@ -144,7 +144,7 @@ class ValkeyServer:
         self.port = port
         self.password = password
         self.proc: subprocess.Popen | None = None
-        self.fresh: subprocess.Popen | None = None  # spawned for it and not yet its `proc` (see `_Spawner.popen`)
+        self.fresh: subprocess.Popen | None = None  # spawned for it, not yet its `proc` (`adapters.spawning`)
         self.dir: str | None = None
         self.start_seconds: float | None = None
         self.paused = False
