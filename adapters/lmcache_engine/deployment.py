@@ -25,6 +25,7 @@ it started whatever happens. Calls are not bounded here: the caller (`engines.en
 """
 from __future__ import annotations
 
+import collections
 import time
 import uuid
 from typing import Any, Sequence
@@ -175,12 +176,12 @@ class LMCacheDeployment:
         """What the engine's own objects counted of what they did, summed over every rank and lookup client (a
         patched engine's fixes count the runs of their own paths: `adapters.engine_patched.E2_DEFERRED`...; a stock
         engine counts nothing)."""
-        out: dict[str, int] = {}
-        for counts in [side.facts() for side in self.rank_sides] + [dict(getattr(c, "facts", None) or {})
-                                                                     for c in self.clients]:
-            for name, count in counts.items():
-                out[name] = out.get(name, 0) + int(count)
-        return out
+        out: collections.Counter = collections.Counter()
+        for side in self.rank_sides:
+            out.update(side.facts())
+        for client in self.clients:
+            out.update(getattr(client, "facts", None) or {})
+        return dict(out)
 
     # -- faults ---------------------------------------------------------------------------------------------------
     def evict(self, d: int, rank: int, request: EngineRequest, chunk: int, tier: str) -> None:

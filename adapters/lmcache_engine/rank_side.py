@@ -8,6 +8,7 @@ integration turns a request into LMCache's arguments (`tokens_of`, `request_conf
 """
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import threading
@@ -209,11 +210,10 @@ class RankSide:
     def facts(self) -> dict[str, int]:
         """The counts this rank's engines keep of what they did (`facts`, optional: a patched engine's fixes count
         the runs of their own paths), summed over its deployments."""
-        out: dict[str, int] = {}
+        out: collections.Counter = collections.Counter()
         for rank in self.ranks:
-            for name, count in dict(getattr(rank.engine, "facts", None) or {}).items():
-                out[name] = out.get(name, 0) + int(count)
-        return out
+            out.update(getattr(rank.engine, "facts", None) or {})
+        return dict(out)
 
     def evict_local(self, d: int, key_str: str) -> None:
         """LMCache's own forced remove of one chunk from LocalCPU."""
