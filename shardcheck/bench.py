@@ -83,19 +83,24 @@ def format_bench(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def histories_command(directory: str | None, write: str | None, *, as_json: bool) -> int:
-    """`shardcheck bench --histories DIR [--write-histories DIR]`: the checker on a directory of history files
-    (the same files another checker can read), one row per file. Exit 0; 2 on a bad directory or file."""
+def histories_command(directory: str | None, write: str | None, *, as_json: bool, repeat: int | None = None) -> int:
+    """`shardcheck bench --histories DIR [--write-histories DIR] [--repeat N]`: the checker on a directory of history
+    files (the same files another checker can read), one row per file, each the best of `repeat` runs. Exit 0; 2 on a
+    bad directory, file or option."""
     import os
     import sys
 
     from engines.concurrency_bench import check_directory, write_histories
     from shardcheck.errors import EXIT_USAGE
+    if repeat is not None and (repeat < 1 or not directory):
+        why = f"--repeat must be at least 1, not {repeat}" if repeat < 1 else "--repeat needs --histories DIR"
+        print(f"shardcheck bench: {why}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if write:
             paths = write_histories(write)
             print(f"wrote {len(paths)} histories into {write}", file=sys.stderr)
-        rows = check_directory(directory) if directory else []
+        rows = check_directory(directory, repeat=repeat or 1) if directory else []
     except (OSError, ValueError) as exc:
         print(f"shardcheck bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -106,11 +111,13 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
         from shardcheck.output import print_json
         print_json(rows)
         return 0
-    print(f"{'file':<40} {'ops':>8} {'verdict':>10} {'seconds':>9}  method")
+    best = f"best of {repeat}" if repeat and repeat > 1 else "one run"
+    print(f"{'file':<40} {'ops':>8} {'verdict':>10} {'seconds':>9} {'cpu s':>9}  method   ({best})")
     for row in rows:
         v = row["verdict"]
         verdict = {True: "ok", False: "violated", None: "undecided"}[v["linearizable"]]
         methods = ",".join(f"{k}:{n}" for k, n in sorted(v["methods"].items()))
-        print(f"{os.path.basename(row['file']):<40} {row['n_ops']:>8,} {verdict:>10} {row['seconds']:>9.3f}  {methods}"
-              + (f"  ({v['why']})" if v.get("why") else ""))
+        print(f"{os.path.basename(row['file']):<40} {row['n_ops']:>8,} {verdict:>10} {row['seconds']:>9.4f} "
+              f"{row['cpu_seconds']:>9.4f}  {methods}" + (f"  ({v['why']})" if v.get("why") else "")
+              + ("  (the verdict changed between runs)" if row["verdict_changed"] else ""))
     return 0

@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--write-histories", default=None, metavar="DIR",
                    help="write the side-by-side histories (engines.concurrency_bench.SPECS) into DIR first; an "
                         "existing file is not overwritten (default: off)")
+    b.add_argument("--repeat", type=int, default=None, metavar="N",
+                   help="with --histories: check each file N times and report the least wall and CPU seconds, the "
+                        "best of N as other checkers' harnesses report it (default: 1)")
 
     s = sub.add_parser("show", help="draw a trace as a timeline (and an SVG)")
     s.add_argument("trace", help="a trace file")

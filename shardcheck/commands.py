@@ -46,8 +46,8 @@ def cmd_show(args: Any) -> int:
 # -- bench ------------------------------------------------------------------------------------------
 def cmd_bench(args: Any) -> int:
     from shardcheck.bench import histories_command, run_bench
-    if args.histories or args.write_histories:
-        return histories_command(args.histories, args.write_histories, as_json=args.json)
+    if args.histories or args.write_histories or args.repeat is not None:
+        return histories_command(args.histories, args.write_histories, as_json=args.json, repeat=args.repeat)
     result = run_bench(seconds=args.seconds, progress=None if args.json else _err)
     if args.json:
         print_json(result)

@@ -1,6 +1,8 @@
 """The linearizability checker on hand-made histories, each able to fail either way."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engines.linearizability import check, partitions
@@ -306,3 +308,29 @@ def test_history_files_feed_the_checker_and_are_never_overwritten(tmp_path):
     assert rows[1]["spec"]["pending"] == 0.05 and rows[1]["spec"]["violation"] is True
     with pytest.raises(ValueError, match="not overwritten"):
         write_histories(str(tmp_path), specs)
+
+
+def test_bench_histories_reports_the_best_of_n_runs_and_refuses_bad_options(tmp_path, capsys, monkeypatch):
+    """`shardcheck bench --histories DIR --repeat N`: each file checked N times, the least wall and CPU seconds
+    reported (what another checker's best-of-N harness reports); a bad N, or N without a directory, is one line and
+    exit 2, and so is a directory with a file that is not a history."""
+    from engines.concurrency_bench import check_directory, write_histories
+    from shardcheck.cli import main
+    import engines.concurrency_bench as bench
+    write_histories(str(tmp_path), [("a", 200, 4, 4, 0.0, False), ("b", 200, 4, 4, 0.0, True)])
+    calls = []
+    monkeypatch.setattr(bench, "check", lambda h, **kw: calls.append(len(h.ops)) or check(h, **kw))
+    rows = check_directory(str(tmp_path), repeat=3)
+    assert calls == [200] * 6
+    assert [(r["runs"], r["verdict_changed"], r["verdict"]["linearizable"]) for r in rows] == [(3, False, True),
+                                                                                             (3, False, False)]
+    assert all(0 < r["cpu_seconds"] and 0 < r["seconds"] for r in rows)
+    assert main(["bench", "--histories", str(tmp_path), "--repeat", "2", "--json"]) == 0
+    assert [r["runs"] for r in json.loads(capsys.readouterr().out)] == [2, 2]
+    for argv, why in ((["--histories", str(tmp_path), "--repeat", "0"], "--repeat must be at least 1, not 0"),
+                      (["--repeat", "2"], "--repeat needs --histories DIR")):
+        assert main(["bench", *argv]) == 2
+        assert capsys.readouterr().err == f"shardcheck bench: {why}\n"
+    (tmp_path / "c.json").write_text('{"nothing": 1}')
+    assert main(["bench", "--histories", str(tmp_path)]) == 2
+    assert "c.json: not a history" in capsys.readouterr().err
