@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "ARCHITECTURE.md", "properties/README.md", "counterexamples/README.md", "adapters/README.md",
-        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+        "tools/porcupine/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 PACKAGES = ("model", "runtime", "engines", "proofs", "properties", "adapters", "shardcheck", "tests")
-TOP_DIRS = PACKAGES + ("docs", "counterexamples", "requirements")
+TOP_DIRS = PACKAGES + ("docs", "counterexamples", "requirements", "tools")
 #: Paths that runs create (not in a clone): where counterexamples and plots are written.
 MADE_BY_RUNS = ("counterexamples/found", "shardcheck-tier", "out")
 #: Names of a user's own modules in the documents' examples (a user writes them).
