@@ -235,49 +235,14 @@ func load(path string, dropUnknownReads bool) ([]porcupine.Operation, int, error
 			op.Input = kvInput{kind: opPut, key: o.Keys[0], value: v}
 		case "delete":
 			op.Input = kvInput{kind: opDelete, key: o.Keys[0]}
-		case "get", "get_async", "get_sync":
+		case "get", "get_async", "get_sync", "contains", "get_batch":
 			if unknown && dropUnknownReads {
 				continue
 			}
-			op.Input = kvInput{kind: opGet, key: o.Keys[0]}
-			if unknown {
-				op.Output = unknownOut
-			} else {
-				op.Output = parseValue(o.Result)
-			}
-		case "contains":
-			if unknown && dropUnknownReads {
-				continue
-			}
-			op.Input = kvInput{kind: opContains, key: o.Keys[0]}
-			if unknown {
-				op.Output = unknownOut
-			} else {
-				var b bool
-				if err := json.Unmarshal(o.Result, &b); err != nil {
-					op.Output = malformedOut
-				} else {
-					op.Output = b
-				}
-			}
-		case "get_batch":
-			if unknown && dropUnknownReads {
-				continue
-			}
-			op.Input = kvInput{kind: opBatch, key: o.Keys[0], keys: o.Keys}
-			if unknown {
-				op.Output = unknownOut
-			} else {
-				var raws []json.RawMessage
-				if err := json.Unmarshal(o.Result, &raws); err != nil {
-					op.Output = malformedOut
-				} else {
-					vals := make([]interface{}, len(raws))
-					for i, x := range raws {
-						vals[i] = parseValue(x)
-					}
-					op.Output = vals
-				}
+			op.Input = readInput(o)
+			op.Output = unknownOut
+			if !unknown {
+				op.Output = readOutput(o)
 			}
 		default:
 			return nil, 0, fmt.Errorf("%s: op %d: path %q not modelled", path, o.ID, o.Path)
@@ -285,6 +250,41 @@ func load(path string, dropUnknownReads bool) ([]porcupine.Operation, int, error
 		ops = append(ops, op)
 	}
 	return ops, len(f.History), nil
+}
+
+// readInput is a read's input: a get or contains of its key, or a get_batch of its keys.
+func readInput(o jsonOp) kvInput {
+	switch o.Path {
+	case "contains":
+		return kvInput{kind: opContains, key: o.Keys[0]}
+	case "get_batch":
+		return kvInput{kind: opBatch, key: o.Keys[0], keys: o.Keys}
+	}
+	return kvInput{kind: opGet, key: o.Keys[0]}
+}
+
+// readOutput is what a completed read answered: a value (get), a bool (contains), a value per key (get_batch), or
+// malformedOut when the answer is not of that form.
+func readOutput(o jsonOp) interface{} {
+	switch o.Path {
+	case "contains":
+		var b bool
+		if err := json.Unmarshal(o.Result, &b); err != nil {
+			return malformedOut
+		}
+		return b
+	case "get_batch":
+		var raws []json.RawMessage
+		if err := json.Unmarshal(o.Result, &raws); err != nil {
+			return malformedOut
+		}
+		vals := make([]interface{}, len(raws))
+		for i, x := range raws {
+			vals[i] = parseValue(x)
+		}
+		return vals
+	}
+	return parseValue(o.Result)
 }
 
 // ---- timing -----------------------------------------------------------------
