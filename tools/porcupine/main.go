@@ -306,6 +306,10 @@ func main() {
 	freeOS := flag.Bool("free-os-memory", false, "return the heap to the OS before each run (each run starts cold, like a fresh process)")
 	header := flag.Bool("header", true, "print the TSV header")
 	flag.Parse()
+	if *nSmall < 1 || *nBig < 1 {
+		fmt.Fprintf(os.Stderr, "shardcheck-porcupine: -n and -nbig must be at least 1, not %d and %d\n", *nSmall, *nBig)
+		os.Exit(2)
+	}
 	runtime.GOMAXPROCS(1)
 	model := makeModel(!*noHash)
 	if *header {
