@@ -8,9 +8,11 @@ as `model.harness.run_case` (store, evict, every rank looks up, the scheduler co
 A case's `schedule` and `seed` are the simulator's: here the OS interleaves the ranks. An eviction during the
 load happens in the evicted rank's process before its own load step `step` (there is no global step order).
 
-Bounds: every phase has a deadline (`timeout`, the gloo collective timeout, plus a margin); a rank that has not
-reported by then is a `termination` violation, a rank process that dies is one too, and every process is
-killed and reaped when the case ends, whatever happens (also on KeyboardInterrupt).
+Bounds: starting the processes, their rendezvous and their stores is the harness's own work, bounded by
+`--setup-timeout` (`model.timing.SetupTimeout`, never a property); every phase after it has a bound (`timeout`, the
+gloo collective timeout; the load twice that), judged as every timing is (`model.timing`): a rank that has not
+reported within it is a `termination` violation, a rank process that dies is one too, and every process is killed
+and reaped when the case ends, whatever happens (also on KeyboardInterrupt).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from model.calls import DEFAULT_OP_TIMEOUT, ProtocolRaised, Stalled, protocol_ca
 from model.checks import check_outcome
 from model.harness import chunk_hashes, kv_bytes
 from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_run
+from model.timing import SetupTimeout, overran
+from runtime import starvation
 
 __all__ = ["ProcessRunner", "RunnerError", "DEFAULT_TIMEOUT"]
 
@@ -36,8 +40,6 @@ __all__ = ["ProcessRunner", "RunnerError", "DEFAULT_TIMEOUT"]
 #: one (whose ranks may spend several bounded store calls between two collectives).
 DEFAULT_TIMEOUT = 5.0
 REAL_CLIENT_TIMEOUT = 15.0
-#: Seconds the first phase may take on top of `timeout`: starting the processes and the rendezvous.
-START_GRACE = 20.0
 _CTX: Any = None
 
 
@@ -135,16 +137,16 @@ class _Case:
         """Each rank's next message, or why it has none (died, silent past the deadline, a gloo error)."""
         got: dict[int, tuple] = {}
         lost: dict[int, str] = {}
-        deadline = time.monotonic() + seconds
+        t0 = time.monotonic()
         while len(got) + len(lost) < self.n:
             waiting = [r for r in range(self.n) if r not in got and r not in lost]
-            left = deadline - time.monotonic()
-            if left <= 0:
+            over = overran(seconds, t0, time.monotonic(), f"the {phase} phase")
+            if over is not None:
                 for q in waiting:
-                    lost[q] = (f"rank {q} did not finish the {phase} phase within {seconds:g} s (stuck in its own "
+                    lost[q] = (f"rank {q} did not finish the {phase} phase within {over} (stuck in its own "
                                f"code or its store, never reaching its next collective)")
                 break
-            ready = mpc.wait([self.conns[q] for q in waiting], timeout=min(left, 0.5))
+            ready = mpc.wait([self.conns[q] for q in waiting], timeout=0.2)
             for q in waiting:
                 if self.conns[q] in ready:
                     try:
@@ -160,6 +162,18 @@ class _Case:
                         continue
                     got[q] = msg
         return got, lost
+
+    def _started(self) -> None:
+        """Every rank process started, met the others and made its store: the harness's own work, within
+        `--setup-timeout` (`SetupTimeout` otherwise; a rank that died or failed there is a `RunnerError`)."""
+        seconds = starvation.setup_timeout()
+        got, lost = self._collect("start", seconds)
+        if lost:
+            q, why = min(lost.items())
+            if self.procs[q].is_alive():
+                raise SetupTimeout(f"starting rank {q}'s process, its rendezvous and its store (the harness's own "
+                                   f"work) did not finish within --setup-timeout of {seconds:g} s (+ grace)")
+            raise RunnerError(why)
 
     def _dead(self, lost: dict[int, str], phase: str) -> Violation:
         """One violation for ranks that did not report: the dead or stuck rank first, gloo's view after."""
@@ -181,7 +195,8 @@ class _Case:
         case, n, k = self.case, self.n, self.case.n_chunks
         name = str(getattr(self.protocol, "name", type(self.protocol).__name__))
         out = Outcome(case, name, self.hashes, self.kv, {r: {} for r in range(n)}, frozenset(), 0)
-        got, lost = self._collect("store", self.runner.timeout + START_GRACE)
+        self._started()
+        got, lost = self._collect("store", self.runner.timeout)
         for r in sorted(got):
             out.written[r] = dict(got[r][1])
             out.events.extend(got[r][2])

@@ -254,6 +254,7 @@ def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, clie
     store = None
     try:
         store = _make_store(client, options, op_timeout)
+        conn.send(("ready",))
         _phases(conn, rank, n, protocol, store, case, hashes, kv)
     except RuntimeError as exc:  # gloo: a peer that died or did not come within the timeout
         conn.send(("gloo", f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))

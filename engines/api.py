@@ -133,6 +133,8 @@ class SearchContext:
     #: Checks an engine started that come due later (`Later`: a retention sample): polled while the engines after
     #: it run, finished at the end of the schedule, closed when the check ends.
     later: list = attrs.field(factory=list)
+    #: Why the harness could not judge what an engine ran (`model.timing.HarnessOutcome`, after its reruns).
+    undecided: list[str] = attrs.field(factory=list)
 
     def stores(self, n_ranks: int, **ours: Any) -> list:
         """Fresh stores of the target's client for `n_ranks` ranks (validated; `op_timeout` given where accepted)."""

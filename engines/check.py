@@ -4,7 +4,9 @@ stores and saved; the verdict with every engine's coverage (`CheckResult`).
 The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`: engines with no share run first to their end
 (their time counts in the budget); the others split what is left by their shares, the last taking the rest. A finding
 is minimised and measured (`CONFIRM_RUNS` runs on fresh stores, one when the run is deterministic) by
-`finish_by = max(deadline, found at) + FINISH_GRACE`, so `check` ends within its budget plus a few seconds.
+`finish_by = max(deadline, found at) + FINISH_GRACE`, so `check` ends within its budget plus a few seconds. An
+engine the machine starved past its reruns (`model.timing.HarnessOutcome`) judged nothing: its reason is kept, the
+engines after it still run, and with no finding the verdict is `undecided`; nothing is saved for it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import attrs
 from engines.api import DEFAULT_RETENTION, Coverage, Runner, SearchContext, Target, target_kind
 from engines.replay import ReplayOn, measure
 from model.finding import Finding, Rate
+from model.timing import HarnessOutcome
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
 from runtime.watchdog import forget
 
@@ -41,10 +44,13 @@ class CheckResult:
     seconds: float
     budget: float
     seed: int
+    #: Why the harness could not judge some of it (`model.timing.HarnessOutcome`s that stayed after their reruns).
+    undecided: list[str] = attrs.field(factory=list)
 
     @property
     def verdict(self) -> str:
-        return "held" if self.finding is None else "violated"
+        """`violated` (a finding), else `undecided` (the harness could not judge all it ran), else `held`."""
+        return "violated" if self.finding is not None else "undecided" if self.undecided else "held"
 
     def to_json(self) -> dict:
         """The contract's JSON of `check`."""
@@ -55,6 +61,8 @@ class CheckResult:
                       "seed": self.seed, "runner": t.runner, "coverage": self.coverage.to_json()}}
         if t.engine is not None:
             out["engine"] = t.engine.name
+        if self.verdict == "undecided":
+            out["undecided"] = list(self.undecided)
         f = self.finding
         if f is not None:
             seen = set()
@@ -102,8 +110,16 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
     if finding is not None:
         now = time.monotonic()
         finish_by = max(ctx.deadline, now) + FINISH_GRACE
-        finding = _minimised(ctx, finding, now + MINIMISE_SHARE * (finish_by - now))
-        finding = _measured(ctx, finding, fresh_runner, finish_by)
+        try:
+            finding = _minimised(ctx, finding, now + MINIMISE_SHARE * (finish_by - now))
+        except HarnessOutcome as exc:  # the finding stands (it was judged); only its minimising stopped
+            finding.notes.append(f"minimising stopped: {exc.reason}")
+        try:
+            finding = _measured(ctx, finding, fresh_runner, finish_by)
+        except HarnessOutcome as exc:
+            finding.notes.append(f"measuring stopped: {exc.reason}")
+            if finding.rate is None:
+                finding.measured(Rate(1, 1))
         try:
             path = finding.trace.save_unique(out_dir, target.protocol.name if finding.trace.kind == "protocol"
                                              else target.engine.name if target.engine is not None
@@ -111,7 +127,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
         except OSError as exc:
             raise OSError(f"cannot write the counterexample under {out_dir}: {exc}") from None
     return CheckResult(target=target, finding=finding, path=path, coverage=coverage,
-                       seconds=time.monotonic() - t0, budget=budget, seed=seed)
+                       seconds=time.monotonic() - t0, budget=budget, seed=seed, undecided=ctx.undecided)
 
 
 def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Finding | None:
@@ -145,11 +161,20 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
         ctx.phase_end = phase_end
         late: list[Finding] = []
         ctx.should_stop = _stopper(ctx, phase_end, on_progress, late)
-        finding = resolve_engine(name).search(ctx)
+        try:
+            finding = resolve_engine(name).search(ctx)
+        except HarnessOutcome as exc:  # nothing of it is judged; the engines after it still run
+            ctx.undecided.append(f"{name}: {exc.reason}")
+            ctx.coverage.skip(name, f"undecided: {exc.reason}")
+            continue
         if finding is not None or late:
             return finding if finding is not None else late[0]
     for job in ctx.later:  # what came due after the engines that started it: waited for if it fits the budget
-        finding = job.finish(ctx.deadline)
+        try:
+            finding = job.finish(ctx.deadline)
+        except HarnessOutcome as exc:
+            ctx.undecided.append(f"a check that came due later: {exc.reason}")
+            continue
         if finding is not None:
             return finding
     return None

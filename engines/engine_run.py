@@ -21,6 +21,8 @@ optional `facts()`, in the last event: `facts`) and closes the deployment (bound
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from typing import Any, Callable
@@ -32,9 +34,11 @@ from model.engine_case import EngineCase, EnginePrompt, Step, kv_identity, promp
 from model.engine_oracle import Ledger, RankView, check_lookup, check_pins, check_retrieve, kv_bytes, prefix, \
     returns_violation
 from model.outcome import Violation
+from model.timing import HarnessOutcome, SetupTimeout, over_text, overran, rerun_starved, wait_judged
+from runtime import starvation
 from runtime.bounded import call_bounded
 
-__all__ = ["Bounds", "EngineRun", "EngineOutcome", "run_engine_case", "Stuck"]
+__all__ = ["Bounds", "EngineRun", "EngineOutcome", "run_engine_case", "build_deployment", "Stuck"]
 
 
 @attrs.frozen
@@ -104,8 +108,8 @@ class EngineRun:
     def _call(self, what: str, seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return call_bounded(seconds, what, "", fn, *args)
-        except StoreCallTimeout:
-            self._returns(what, f"did not return within {seconds:g} s")
+        except StoreCallTimeout as exc:
+            self._returns(what, f"did not return within {over_text(seconds, exc.waited)}")
         except Exception as exc:  # noqa: BLE001 - a call that raises is the outcome `engine-returns`
             self._returns(what, f"raised {type(exc).__name__}: {exc}")
 
@@ -259,8 +263,9 @@ class EngineRun:
             if got is not None:
                 self._answered(step, req, got)
                 return
-            if time.monotonic() > req.issued_at + limit:
-                self._returns(f"the lookup of {req.engine.id}", f"had no answer {limit:g} s after it was issued "
+            over = overran(limit, req.issued_at, time.monotonic(), f"the lookup of {req.engine.id}")
+            if over is not None:
+                self._returns(f"the lookup of {req.engine.id}", f"had no answer within {over} after it was issued "
                               "(lookup_cache kept answering 'in flight')")
             time.sleep(0.001)
 
@@ -373,8 +378,8 @@ class EngineRun:
         self._event(None, text="close", **({"facts": facts} if facts else {}))
         try:
             errors = call_bounded(self.bounds.close + 2.0, "close", "", self.dep.close)
-        except StoreCallTimeout:
-            errors = [f"close() did not return within {self.bounds.close + 2.0:g} s"]
+        except StoreCallTimeout as exc:
+            errors = [f"close() did not return within {over_text(self.bounds.close + 2.0, exc.waited)}"]
         except Exception as exc:  # noqa: BLE001 - reported
             errors = [f"close() raised {type(exc).__name__}: {exc}"]
         for e in errors or []:
@@ -384,17 +389,24 @@ class EngineRun:
 
 def run_engine_case(make: Callable[[EngineCase], Any], case: EngineCase, *, bounds: Bounds = Bounds(),
                     salt: str | None = None, stop_at_first: bool = True) -> EngineOutcome:
-    """The whole case on a fresh deployment `make(case)` (built within the store bound): every step, then `finish`.
-    With `stop_at_first`, the steps stop at the first violation (the rest of the case would only show its echoes).
-    `salt` (default: a fresh one) gives the run its own token space: a tier shared with earlier runs (`urls`) never
-    holds its chunks."""
-    t0 = time.monotonic()
+    """The whole case on a fresh deployment `make(case)`: every step, then `finish`. With `stop_at_first`, the steps
+    stop at the first violation (the rest of the case would only show its echoes). `salt` (default: a fresh one)
+    gives the run its own token space: a tier shared with earlier runs (`urls`) never holds its chunks. Building the
+    deployment is the harness's work, bounded by `--setup-timeout` (`SetupTimeout`, never a property); a run the
+    machine starved (`model.timing.HarnessOutcome`) runs again on a fresh deployment, and the last one propagates."""
     salt = f"{uuid.uuid4().hex[:8]}-" if salt is None else salt
-    try:
-        dep = call_bounded(bounds.store * 4, "build the deployment", "", make, case)
-    except StoreCallTimeout:
-        return EngineOutcome(case, [returns_violation("building the deployment",
-                                                      f"did not return within {bounds.store * 4:g} s")], [], 0.0)
+    attempt = [0]
+
+    def once() -> EngineOutcome:
+        attempt[0] += 1
+        return _run_once(make, case, bounds, salt if attempt[0] == 1 else f"{salt}a{attempt[0]}-", stop_at_first)
+    return rerun_starved(once)
+
+
+def _run_once(make: Callable[[EngineCase], Any], case: EngineCase, bounds: Bounds, salt: str,
+              stop_at_first: bool) -> EngineOutcome:
+    t0 = time.monotonic()
+    dep = build_deployment(make, case)
     if hasattr(dep, "close_timeout"):  # (optional member: how long the deployment's close waits for the engine's)
         dep.close_timeout = bounds.close
     run = EngineRun(dep, case, bounds, salt)
@@ -402,6 +414,53 @@ def run_engine_case(make: Callable[[EngineCase], Any], case: EngineCase, *, boun
         for step in case.steps:
             if run.apply(step) and stop_at_first:
                 break
+    except HarnessOutcome:
+        run.stuck = True  # nothing more is asked of the deployment: it is only closed
+        raise
     finally:
         run.finish()
     return EngineOutcome(case, run.violations, run.events, round(time.monotonic() - t0, 3))
+
+
+def build_deployment(make: Callable[[EngineCase], Any], case: EngineCase) -> Any:
+    """`make(case)` within `--setup-timeout` (`runtime.starvation.setup_timeout`, judged as every timing is): the
+    deployment, or `SetupTimeout`. A deployment that arrives after the harness gave up on it is closed."""
+    seconds = starvation.setup_timeout()
+    box: list = []
+    done, lock, gave_up = threading.Event(), threading.Lock(), [False]
+
+    def build() -> None:
+        try:
+            got = (True, make(case))
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            got = (False, exc)
+        with lock:
+            late = gave_up[0]
+            box.append(got)
+            done.set()
+        if late and got[0]:
+            with contextlib.suppress(Exception):
+                got[1].close()
+
+    def give_up() -> bool:
+        """True: the build is abandoned (closed when it arrives); False: it arrived meanwhile."""
+        with lock:
+            gave_up[0] = not done.is_set()
+            return gave_up[0]
+
+    threading.Thread(target=build, name="shardcheck-build-deployment", daemon=True).start()
+    try:
+        waited = wait_judged(done.wait, seconds, "building the deployment")
+    except BaseException:
+        if not give_up() and box[0][0]:
+            with contextlib.suppress(Exception):
+                box[0][1].close()
+        raise
+    if waited is not None and give_up():
+        raise SetupTimeout(f"building the deployment (the harness's own work, not the engine's) did not finish within "
+                           f"--setup-timeout {over_text(seconds, waited)}; give a longer --setup-timeout on a slow "
+                           "or loaded machine")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value

@@ -15,6 +15,7 @@ from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op s
 from model.codec import preview
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
+from model.timing import rerun_starved
 from model.history import READ_PATHS, answer, read_args, wrong_key
 from model.trace import Trace, decode, encode
 from model.trace_validate import STORE_OPS
@@ -243,7 +244,13 @@ def run(trace: Trace, factory: Callable[..., list],
     trace recorded), or, for a trace of several clients of the same servers (`needs_shared`), on
     `factory.shared(n_ranks, clients, **options)` (`bounded_factory`); returns (records, violations) — at most one
     violation, the first (a factory that raised is `store-error` at op index -1). `CannotRun` when the trace
-    cannot run on this factory. Fault ops strike through `control_for(stores)` (closed after)."""
+    cannot run on this factory. Fault ops strike through `control_for(stores)` (closed after). A run the machine
+    starved (`model.timing.HarnessOutcome`) runs again on fresh stores; the last one propagates."""
+    return rerun_starved(lambda: _run_once(trace, factory, control_for))
+
+
+def _run_once(trace: Trace, factory: Callable[..., list],
+              control_for: Callable[[list], Any] | None) -> tuple[list[dict], list[Violation]]:
     cfg = dict(trace.config)
     n = int(cfg.get("n_ranks", 1))
     timeout = float(cfg.get("op_timeout", DEFAULT_OP_TIMEOUT))

@@ -11,10 +11,12 @@ An engine that forgets the context loses stall detection, so there is no other w
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from types import TracebackType
 from typing import Any
 
 from model.contract import StoreCallTimeout
+from model.timing import had, over_text, wait_judged
 
 __all__ = ["STEPS", "Stalled", "protocol_call", "note_raised", "swallowed", "ProtocolRaised", "DEFAULT_OP_TIMEOUT",
            "wait_future"]
@@ -25,13 +27,14 @@ DEFAULT_OP_TIMEOUT = 2.0
 
 
 def wait_future(future: concurrent.futures.Future, seconds: float, op: str, key: str) -> Any:
-    """The result of a store client's future, or `StoreCallTimeout(op, key, seconds)` when it takes longer."""
-    try:
-        return future.result(timeout=seconds)
-    except concurrent.futures.TimeoutError:
-        if future.done():  # the read itself failed with a TimeoutError (a socket timeout): its error, not our bound
-            raise
-        raise StoreCallTimeout(op, key, seconds) from None
+    """The result of a store client's future, or `StoreCallTimeout(op, key, seconds)` when it is not done once it
+    had its allowance of `seconds` (`model.timing`: the bound, a grace, in the time the machine let it run)."""
+    t0 = time.monotonic()
+    waited = wait_judged(lambda s: bool(concurrent.futures.wait([future], s).done), seconds,
+                         f"the completion of {op}({key!r})", t0=t0)
+    if waited is not None:
+        raise StoreCallTimeout(op, key, seconds, waited, waited - had(t0, t0 + waited))
+    return future.result()  # (a read that failed with a TimeoutError, a socket's own: its error, not our bound)
 
 #: Entries into protocol code so far.
 STEPS = [0]
@@ -43,10 +46,12 @@ _CAUGHT = "; it caught the interruption and went on"
 class Stalled(BaseException):
     """Protocol code ran `seconds` without returning (a BaseException, so `except Exception` cannot swallow it)."""
 
-    def __init__(self, method: str, rank: int | None, where: str, seconds: float, again: bool = False) -> None:
+    def __init__(self, method: str, rank: int | None, where: str, seconds: float, again: bool = False,
+                 waited: float | None = None, taken: float = 0.0) -> None:
         who = f"rank {rank}'s " if rank is not None else ""
         before = "; this line stalled before, so the shorter limit" if again else ""
-        super().__init__(f"{who}{method} did not return within {seconds:g} s (blocked at {where}{before})")
+        within = over_text(seconds, waited, taken) if waited is not None and not again else f"{seconds:g} s"
+        super().__init__(f"{who}{method} did not return within {within} (blocked at {where}{before})")
         self.method, self.rank, self.where, self.seconds, self.again = method, rank, where, seconds, again
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 import attrs
 
 from model.effects import Effect
+from model.timing import over_text
 
 __all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
            "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS", "EngineRequest", "EngineRetrieve",
@@ -67,11 +68,13 @@ STORE_METHODS = ("put", "get", "contains", "delete", "get_async", "close")
 class StoreCallTimeout(Exception):
     """A bounded store client call did not return within `seconds`: the outcome 'hang'."""
 
-    def __init__(self, op: str, key: str, seconds: float) -> None:
-        super().__init__(f"store call {op}({key!r}) did not return within {seconds:g} s")
+    def __init__(self, op: str, key: str, seconds: float, waited: float | None = None, taken: float = 0.0) -> None:
+        within = over_text(seconds, waited, taken) if waited is not None else f"{seconds:g} s"
+        super().__init__(f"store call {op}({key!r}) did not return within {within}")
         self.op = op
         self.key = key
         self.seconds = seconds
+        self.waited = waited
 
 
 #: The paths of a client that declares none: the contract's own reads.

@@ -93,6 +93,8 @@ class Op:
     completions: int = 0
     client: int = 0
     server: bool = False
+    #: Seconds of [invoked, completed] the machine kept the harness and the subject off the CPU (`model.timing`).
+    stolen: float = 0.0
 
     @property
     def key(self) -> str:
@@ -133,7 +135,8 @@ class Op:
         return {"id": self.id, "caller": self.caller, "path": self.path, "keys": list(self.keys),
                 "value": None if self.value is None else bytes(self.value).hex(), "invoked": self.invoked,
                 "completed": self.completed, "result": res, "error": self.error, "completions": self.completions,
-                **({"client": self.client} if self.client else {}), **({"server": True} if self.server else {})}
+                **({"client": self.client} if self.client else {}), **({"server": True} if self.server else {}),
+                **({"stolen": round(self.stolen, 4)} if self.stolen else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "Op":
@@ -147,7 +150,8 @@ class Op:
                    value=None if d.get("value") is None else bytes.fromhex(d["value"]),
                    invoked=float(d["invoked"]), completed=None if d.get("completed") is None else float(d["completed"]),
                    result=unhex(d.get("result")), error=d.get("error"), completions=int(d.get("completions", 1)),
-                   client=int(d.get("client", 0)), server=bool(d.get("server", False)))
+                   client=int(d.get("client", 0)), server=bool(d.get("server", False)),
+                   stolen=float(d.get("stolen", 0.0)))
 
 
 @attrs.define

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
+from model.timing import overran
 
 __all__ = ["Probe", "probe", "default_recovery_seconds", "RECOVERY_OP_TIMEOUTS"]
 
@@ -63,8 +64,8 @@ def _round(store: Any, key: str, value: bytes, op_timeout: float) -> str:
 def probe(store: Any, *, healed_at: float | None, recovery_seconds: float, op_timeout: float = DEFAULT_OP_TIMEOUT,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
           key: str | None = None) -> Probe:
-    """Probe `store` until a round succeeds or `recovery_seconds` after `healed_at` (now when None) have passed; the
-    probe key is deleted afterwards (best effort)."""
+    """Probe `store` until a round succeeds or `recovery_seconds` after `healed_at` (now when None) have passed (their
+    allowance, `model.timing`, with the real clock); the probe key is deleted afterwards (best effort)."""
     start = clock() if healed_at is None else healed_at
     deadline = start + recovery_seconds
     key = key or f"shardcheck-recovery-probe:{next(_nonce)}:{int(clock() * 1e6) % 10**9}"
@@ -80,6 +81,10 @@ def probe(store: Any, *, healed_at: float | None, recovery_seconds: float, op_ti
             except Exception:  # noqa: BLE001 - the probe key is the probe's own: removing it is best effort
                 pass
             return Probe(True, round(max(0.0, now - start), 4), attempts)
-        if now >= deadline:
+        if clock is time.monotonic:  # judged as every timing is (`model.timing`)
+            over = overran(recovery_seconds, start, now, "the recovery probe")
+            if over is not None:
+                return Probe(False, None, attempts, f"{why} (still failing past {over})")
+        elif now >= deadline:
             return Probe(False, None, attempts, why)
-        sleep(min(0.05, max(0.0, deadline - now)))
+        sleep(0.05 if clock is time.monotonic else min(0.05, max(0.0, deadline - now)))

@@ -7,8 +7,9 @@ traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a st
 `--retention` (the least age a value nobody deleted is read back at), `--stall-seconds` (seconds one protocol
 method may run without returning; every property test runs under
 `runtime.watchdog.watching`, so a blocking protocol fails with a termination violation instead of hanging),
-`--client-option KEY=VALUE` (the factory's options, as for `check`) and `--max-ranks`. A real client whose tier
-cannot be reached ends the session at once with exit 2 and one line.
+`--client-option KEY=VALUE` (the factory's options, as for `check`), `--max-ranks` and `--setup-timeout`. A real
+client whose tier cannot be reached ends the session at once with exit 2 and one line; a test the machine starved
+past its reruns is skipped as `undecided` (`model.timing`), never failed.
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
 `--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
 """
@@ -20,7 +21,9 @@ import pytest
 
 from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
-from runtime.options import ENGINE_FLAGS, NEMESIS_FLAGS, add_options
+from model.timing import HarnessOutcome
+from runtime import starvation
+from runtime.options import ENGINE_FLAGS, HARNESS_FLAGS, NEMESIS_FLAGS, add_options
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
@@ -54,7 +57,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(group.addoption, "--client-option")
     group.addoption("--max-ranks", default=None, type=int, metavar="N",
                     help="no machine uses more than N ranks (default: as many as --client-option urls names, else 4)")
-    add_options(group.addoption, *ENGINE_FLAGS, *NEMESIS_FLAGS)
+    add_options(group.addoption, *ENGINE_FLAGS, *NEMESIS_FLAGS, *HARNESS_FLAGS)
     group.addoption("--retention", default=DEFAULT_RETENTION, type=float, metavar="SECONDS",
                     help="the least age a value put and never deleted is read back at (a client's own `retention` "
                          f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
@@ -76,6 +79,11 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     protocol, client = config.getoption("protocol"), config.getoption("client")
+    try:
+        starvation.set_setup_timeout(config.getoption("setup_timeout"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    starvation.start()
     stall, op = config.getoption("stall_seconds"), config.getoption("op_timeout")
     if not stall > 0 or not op > 0:
         raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
@@ -156,11 +164,16 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    """shardcheck's own property tests run under the watchdog (a blocking protocol fails, never hangs); no other."""
+    """shardcheck's own property tests run under the watchdog (a blocking protocol fails, never hangs); no other. A
+    test the machine starved past its reruns (`model.timing.HarnessOutcome`) judged nothing: it is skipped as
+    undecided, with the reason, never failed."""
     if not _ours(item):
         return (yield)
     with watching(item.config.getoption("stall_seconds")):
-        return (yield)
+        try:
+            return (yield)
+        except HarnessOutcome as exc:
+            pytest.skip(f"undecided: {exc.reason}")
 
 
 _PROPERTIES_DIR = Path(__file__).resolve().parent

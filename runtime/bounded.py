@@ -1,5 +1,6 @@
 """Bounding store-client calls: `call_bounded` runs one call on a daemon worker thread and raises
-`StoreCallTimeout` when it does not return in time; `BoundedStore` wraps a whole `RankStore` that way.
+`StoreCallTimeout` when it does not return within its allowance (`model.timing`); `BoundedStore` wraps a whole
+`RankStore` that way.
 
 A call stuck forever inside a client abandons its worker (a new one serves later calls); being a daemon,
 it can never block the run or the interpreter's exit. A bounded call made from inside a bounded call (a
@@ -12,10 +13,13 @@ import _thread
 import concurrent.futures
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 from model.contract import StoreCallTimeout, declared_paths
 from model.history import MULTI_KEY_READS
+from model.timing import HarnessOutcome, had, wait_judged
+from runtime import starvation
 
 __all__ = ["call_bounded", "BoundedStore"]
 
@@ -45,11 +49,13 @@ _worker_lock = threading.Lock()
 
 
 def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, or `StoreCallTimeout(op, key, seconds)` when it takes longer than `seconds` (inline when
-    called from inside a bounded call: that call's bound holds)."""
+    """`fn(*args)`, or `StoreCallTimeout(op, key, seconds)` when it has not returned once it had its allowance of
+    `seconds` (`model.timing`: the bound plus a grace, in the time the machine let it run; `HarnessStarved` when the
+    machine did not let it). Inline when called from inside a bounded call: that call's bound holds."""
     global _worker
     if getattr(_on_worker, "active", False):
         return fn(*args)
+    starvation.start()
     with _worker_lock:
         if _worker is None:
             _worker = _Worker()
@@ -57,16 +63,28 @@ def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *arg
     done = _thread.allocate_lock()
     done.acquire()
     box: list = []
+    started = time.monotonic()
     worker.jobs.put((fn, args, box, done))
-    if not done.acquire(timeout=seconds):
-        with _worker_lock:
-            if _worker is worker:
-                _worker = None  # stuck in the client: abandon it
-        raise StoreCallTimeout(op, key, seconds)
+    try:
+        waited = wait_judged(lambda s: done.acquire(True, s), seconds, f"{op}({key!r})", t0=started)
+    except HarnessOutcome:
+        _abandon(worker)
+        raise
+    if waited is not None:
+        _abandon(worker)
+        raise StoreCallTimeout(op, key, seconds, waited, waited - had(started, started + waited))
     ok, value = box[0]
     if ok:
         return value
     raise value
+
+
+def _abandon(worker: _Worker) -> None:
+    """The worker is stuck in the client (or may be): later calls get a new one."""
+    global _worker
+    with _worker_lock:
+        if _worker is worker:
+            _worker = None
 
 
 class BoundedStore:
@@ -126,7 +144,7 @@ class BoundedStore:
         """Close the client, never blocking longer than `seconds` (a hung client's close may never return)."""
         try:
             call_bounded(self.seconds, "close", "", self.inner.close)
-        except StoreCallTimeout:
-            self.close_error = f"close() did not return within {self.seconds:g} s"
+        except StoreCallTimeout as exc:
+            self.close_error = str(exc).replace("store call close('')", "close()")
         except Exception as exc:  # recorded: closing a broken client may fail
             self.close_error = f"close() raised {type(exc).__name__}: {exc}"

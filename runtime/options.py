@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from model.faults import SERVER_KIND_NAMES
 
-__all__ = ["SHARED_OPTIONS", "ENGINE_FLAGS", "NEMESIS_FLAGS", "add_options"]
+__all__ = ["SHARED_OPTIONS", "ENGINE_FLAGS", "NEMESIS_FLAGS", "HARNESS_FLAGS", "add_options"]
 
 #: flag -> keyword arguments of `add_argument` / `addoption`.
 SHARED_OPTIONS: dict[str, dict[str, Any]] = {
@@ -41,9 +41,16 @@ SHARED_OPTIONS: dict[str, dict[str, Any]] = {
         type=float, default=None, metavar="SECONDS",
         help="once a faulted server is back, the client's calls must succeed again within this bound (default: "
              "twice the op timeout)"),
+    "--setup-timeout": dict(
+        type=float, default=None, metavar="SECONDS",
+        help="seconds the harness's own set-up (a deployment, its servers, rank processes) may take; never a "
+             "property of the subject: past it the case runs again, then the verdict is undecided (exit 4) "
+             "(default: 60 s scaled by the machine's measured speed, at most 300)"),
 }
 
 ENGINE_FLAGS = ("--engine", "--lookup", "--engine-option", "--engine-patch")
+#: The harness's own bounds (`runtime.starvation`).
+HARNESS_FLAGS = ("--setup-timeout",)
 NEMESIS_FLAGS = ("--nemesis", "--recovery-seconds")
 
 

@@ -15,6 +15,7 @@ import attrs
 
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case, Outcome, run_case
+from model.timing import rerun_starved
 from runtime.bounded import BoundedStore
 from runtime.registry import Client, resolve_client
 
@@ -45,7 +46,11 @@ class ClientPool:
         return self.sets[n_ranks]
 
     def run(self, protocol: Any, case: Case) -> Outcome:
-        """Run `case` with keys salted for this run (a real store keeps earlier runs' keys)."""
+        """Run `case` with keys salted for this run (a real store keeps earlier runs' keys); a run the machine starved
+        (`model.timing.HarnessOutcome`) runs again on a fresh store set, and the last one propagates."""
+        return rerun_starved(lambda: self._run(protocol, case), on_rerun=lambda exc: self.restart(case.n_ranks))
+
+    def _run(self, protocol: Any, case: Case) -> Outcome:
         salted = case if case.salt.startswith(self.run_tag) else attrs.evolve(
             case, salt=f"{self.run_tag}{next(self._runs)}-{case.salt}")
         stores = self.stores(case.n_ranks)
@@ -86,7 +91,8 @@ def case_runner(client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT, optio
     `ClientPool` (closed at the end) whose cases with real-server faults strike through `nemesis(stores)`."""
     if client.in_memory:
         def run(protocol: Any, case: Case) -> Outcome:
-            return run_case(protocol, case, client.stores(case.n_ranks, **(options or {})), wait_bound=op_timeout)
+            return rerun_starved(lambda: run_case(protocol, case, client.stores(case.n_ranks, **(options or {})),
+                                                  wait_bound=op_timeout))
         yield run
         return
     with ClientPool(client, op_timeout=op_timeout, options=options, nemesis=nemesis,

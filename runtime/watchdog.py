@@ -7,7 +7,10 @@ entries in `STEPS`; when `STEPS` has not moved for `seconds` while a method of t
 stack, that call has not returned, however it spends the time (sleeping, waiting on a lock, spinning, polling a
 store). The sampler then signals the main thread (`SIGNAL`), whose handler raises `Stalled` right there. The
 simulator, the harness and the explorer turn `Stalled` into a termination violation of the rank that stalled, so
-a blocking protocol is reported and minimised like any other counterexample.
+a blocking protocol is reported and minimised like any other counterexample. The limit is judged as every timing
+is (`model.timing`): the call stalls once it had the limit plus its grace of the time the machine let it run; when
+the machine starves the harness too long to tell, `HarnessStarved` is raised instead (the case runs again, else the
+verdict is `undecided`).
 
 Time in store calls made from protocol code counts, so `seconds` must exceed the store time one legitimate call
 may take (a lookup that checks k keys on a slow client: k x the per-call time); the command line keeps it at
@@ -41,6 +44,7 @@ import attrs
 
 from model.calls import STEPS, Stalled, note_raised
 from model.contract import PROTOCOL_METHODS
+from model.timing import STARVED_FACTOR, HarnessStarved, allowance, had
 
 __all__ = ["TICK", "FAST_TICK", "STALL_SECONDS", "HARD_GRACE", "EXIT_UNINTERRUPTIBLE", "SIGNAL", "watching",
            "forget"]
@@ -101,7 +105,8 @@ class _Sampler:
         self.since = 0.0
         self.spot: tuple[int, Any, int] | None = None  # (id, code, line) of the innermost frame, since spot_since
         self.spot_since = 0.0
-        self.fired: tuple[float, int, float, bool] | None = None  # (when, STEPS, limit, again) of a sent signal
+        #: (when, STEPS, limit, again, starved reason or None, waited, taken) of a sent signal
+        self.fired: tuple | None = None
         self.raised: tuple[tuple[int, int], float] | None = None  # (mark, when) of the last Stalled raised
         self.previous: Any = None
         self.thread = threading.Thread(target=self._loop, name="shardcheck-watchdog", daemon=True)
@@ -133,12 +138,24 @@ class _Sampler:
         if mark != self.mark:
             self.mark, self.since = mark, now
             return
-        # the full limit for the call; the short one only while it sits where a stall was raised before
+        # the full limit for the call, judged as every timing is (`model.timing`: its allowance, in the time the
+        # machine let it run); the short one only while it sits where a stall was raised before
         again = (frame.f_code, frame.f_lineno, proto.f_code, proto.f_lineno) in self.stalled_at \
             and now - self.spot_since >= limits.again
-        if again or now - self.since >= limits.seconds:
-            self.fired = (now, STEPS[0], limits.again if again else limits.seconds, again)
-            signal.pthread_kill(self.main, SIGNAL)
+        starved = None
+        if not again:
+            limit, waited = allowance(limits.seconds), now - self.since
+            if waited < limit:
+                return
+            got = had(self.since, now)
+            if got < limit:
+                if waited < STARVED_FACTOR * limit:
+                    return
+                starved = (f"a protocol call: the machine kept the harness and the subject from running for "
+                           f"{waited - got:.1f} of {waited:.1f} s; its limit of {limits.seconds:g} s cannot be judged")
+        self.fired = (now, STEPS[0], limits.again if again else limits.seconds, again, starved, now - self.since,
+                      0.0 if again else (now - self.since) - had(self.since, now))
+        signal.pthread_kill(self.main, SIGNAL)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler, on the main thread: raise `Stalled` in the protocol call that has not returned."""
@@ -159,7 +176,9 @@ class _Sampler:
         owner = entry.f_locals.get("self")
         method = f"{type(owner).__name__}.{entry.f_code.co_name}" if owner is not None else entry.f_code.co_name
         where = _where(proto) + (f", inside {_where(frame)}" if frame is not proto else "")
-        exc = Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3])
+        if fired[4] is not None:  # the machine, not the protocol: nothing to judge
+            raise HarnessStarved(fired[4])
+        exc = Stalled(method, rank if isinstance(rank, int) else None, where, fired[2], fired[3], fired[5], fired[6])
         note_raised(exc)
         raise exc
 

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from engines.api import DEFAULT_RETENTION
-from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
+from shardcheck.errors import EXIT_HELD, EXIT_UNDECIDED, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,
                                 build_target, case_runner_of, fresh_runner_of, nemesis_plan_of)
@@ -121,7 +121,7 @@ def cmd_check(args: Any) -> int:
         print_json(result)
     else:
         _print_check(result)
-    return EXIT_VIOLATED if result["verdict"] == "violated" else EXIT_HELD
+    return {"violated": EXIT_VIOLATED, "undecided": EXIT_UNDECIDED}.get(result["verdict"], EXIT_HELD)
 
 
 def _size_arg(text: str | None) -> tuple[int, int] | None:
@@ -153,6 +153,8 @@ def _print_check(r: dict) -> None:
                 print(f"  {engine}: not run ({why})")
         else:
             print(f"  {name}: {cov['text']}")
+    for why in r.get("undecided", []):
+        print(f"  undecided: {why}")
     for v in r["violations"]:
         print(f"  {v['property']}: {v['summary']}\n    counterexample: {v['counterexample']}")
     found = s.get("counterexample")

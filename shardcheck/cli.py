@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from shardcheck.errors import EXIT_USAGE, UsageError
+from shardcheck.errors import EXIT_UNDECIDED, EXIT_USAGE, UsageError
 
 __all__ = ["HANDLERS", "main", "REAL_CLIENT_MIN_STALL", "stall_limit"]
 
@@ -92,14 +92,25 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _interrupt_once)
     from model.calls import Stalled
+    from model.timing import HarnessOutcome
+    from runtime import starvation
     from runtime.registry import ResolveError
     from runtime.watchdog import watching
     import importlib
     from shardcheck.output import json_stdout
     handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
+    starvation.start()  # the harness's measure of its own lateness (`model.timing`)
+    try:
+        starvation.set_setup_timeout(getattr(args, "setup_timeout", None))
+    except ValueError as exc:
+        print(f"shardcheck {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with json_stdout(bool(getattr(args, "json", False))), watching(stall_limit(args)):
             return handler(args)
+    except HarnessOutcome as exc:  # outside any case: nothing was judged
+        print(f"shardcheck {args.command}: undecided: {exc.reason}", file=sys.stderr)
+        return EXIT_UNDECIDED
     except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
               file=sys.stderr)

@@ -17,7 +17,10 @@ import subprocess
 import sys
 import time
 
+from model.timing import HarnessStarved, wait_judged
+from runtime import starvation
 from runtime.watchdog import EXIT_UNINTERRUPTIBLE
+from shardcheck.errors import EXIT_UNDECIDED
 
 __all__ = ["SUPERVISED", "DUMP_SIGNAL", "deadline", "supervise", "in_child"]
 
@@ -47,16 +50,30 @@ def in_child() -> bool:
     return True
 
 
+def _exited(child: subprocess.Popen, seconds: float) -> bool:
+    try:
+        child.wait(timeout=seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def supervise(argv: list[str], seconds: float, command: str) -> int:
     """Run `python -m shardcheck ARGV` as a child; its exit status, or `EXIT_UNINTERRUPTIBLE` after `seconds`."""
     child = subprocess.Popen([sys.executable, "-m", "shardcheck", *argv], env={**os.environ, SUPERVISED: "1"})
     previous = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     try:
-        end = time.monotonic() + seconds
+        starvation.start()
+        t0 = time.monotonic()
+        starved = None
         while True:
-            try:
-                return child.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            try:  # the deadline judged as every timing is (`model.timing`): in the time the machine let the run have
+                waited = wait_judged(lambda s: _exited(child, s), seconds, command, t0=t0)
+                if waited is None:
+                    return child.wait()
+                break
+            except HarnessStarved as exc:
+                starved = exc.reason
                 break
             except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the child too: give it a moment, then pass it on
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # (until exit: a second Ctrl-C must not cut the child's
@@ -71,6 +88,11 @@ def supervise(argv: list[str], seconds: float, command: str) -> int:
                     child.kill()
                     child.wait()
                     return 130
+        if starved is not None:
+            child.kill()
+            child.wait()
+            print(f"shardcheck {command}: undecided: {starved} (exit {EXIT_UNDECIDED})", file=sys.stderr, flush=True)
+            return EXIT_UNDECIDED
         print(f"shardcheck {command}: error: still running {seconds:g} s after it started (its --budget and a "
               "grace); protocol code that cannot be interrupted (stuck in C?) is the likely cause. Its stack:",
               file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, ContextManager, Iterator
 
-from runtime.options import ENGINE_FLAGS, NEMESIS_FLAGS, add_options
+from runtime.options import ENGINE_FLAGS, HARNESS_FLAGS, NEMESIS_FLAGS, add_options
 from shardcheck.errors import UsageError
 
 __all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
@@ -20,7 +20,7 @@ def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
                        "MOD:ATTR (default: paper)")
     p.add_argument("--client", default=None, help="model, lmcache, lmcache-native, lmcache-valkey, "
                    "lmcache-patched, or MOD:ATTR of a factory (default: model)")
-    add_options(p.add_argument, "--client-option")
+    add_options(p.add_argument, "--client-option", *HARNESS_FLAGS)
     p.add_argument("--runner", choices=("sim", "processes"), default="sim",
                    help="sim: every rank in one simulator; processes: one OS process per rank with real collectives "
                         "(torch.distributed, gloo) (default: sim)")

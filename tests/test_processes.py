@@ -120,7 +120,7 @@ def test_stuck_rank_is_a_termination_within_the_bound():
         out = runner.run(StuckOnRank0(), Case(2, 2))
     assert out.violated() == ["termination"]
     assert out.violations[0].detail["rank"] == 0
-    assert "did not finish the load phase within 1 s" in out.violations[0].summary
+    assert "did not finish the load phase within its bound of 1 s (+0.25 s grace" in out.violations[0].summary
     assert _gone(runner.last_pids)
 
 

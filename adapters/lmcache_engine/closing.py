@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from model.timing import had, over_text, wait_judged
+
 __all__ = ["close_all", "wake", "unstick", "quiet_loop", "WAKE_ID"]
 
 #: The lookup id of the messages that wake a parked receive (never a request id of a case).
@@ -28,7 +30,8 @@ WAKE_ID = "__shardcheck_wake__"
 
 
 def close_all(jobs: list[tuple[str, Callable[[], Any]]], timeout: float) -> list[str]:
-    """Run every job on its own daemon thread at once; what has not returned by `timeout`, or raised."""
+    """Run every job on its own daemon thread at once; what has not returned within the allowance of `timeout`, or
+    raised."""
     errors: list[str] = []
     threads = []
     for what, fn in jobs:
@@ -40,11 +43,11 @@ def close_all(jobs: list[tuple[str, Callable[[], Any]]], timeout: float) -> list
         t = threading.Thread(target=run, name="shardcheck-engine-close", daemon=True)
         t.start()
         threads.append((what, t))
-    deadline = time.monotonic() + timeout
-    for what, t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            errors.append(f"{what} did not return within {timeout:g} s")
+    t0 = time.monotonic()
+    for what, t in threads:  # (judged as every timing is: `model.timing`)
+        waited = wait_judged(lambda s, t=t: (t.join(s), not t.is_alive())[1], timeout, what, t0=t0)
+        if waited is not None:
+            errors.append(f"{what} did not return within {over_text(timeout, waited, waited - had(t0, t0 + waited))}")
     return errors
 
 
