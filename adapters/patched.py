@@ -48,7 +48,12 @@ LMCache (a subclass or a config switch); no LMCache code is copied.
    same key is still in flight (`exists_in_put_tasks`). When the key is evicted after the first put lands
    (a DEL racing the re-store of a chunk), the second put "completes" and the key stays absent: a read
    after both puts completed misses (`get_prefix -> []`). Fix: a `RemoteBackend` subclass whose
-   `submit_put_task` first waits (bounded by half the op timeout) for the in-flight put of that key.
+   `submit_put_task` first waits (bounded by half the op timeout) for the in-flight put of that key. A store client
+   whose put promises the value is stored once it returns (`put_gives_up`) then gives up (`StoreCallTimeout`: the
+   put did not happen) when the first put is still in flight, instead of falling through to the stock path that
+   drops it (seen once shardcheck stopped cutting such puts short at the bare op timeout: on a loaded machine the
+   first put outlived the wait in 1 of 47 runs of the corpus trace); an engine's store after prefill is best effort
+   in LMCache (its futures are not awaited), so the engine keeps the stock path there.
 
 8. A buffer shared by two reads (finding `wrong-caller`, found by the concurrent layer): when fix 2 gave up on
    a stuck GET it cancelled it; the cancelled `RESPConnector._get` dropped its memory object, the allocator
@@ -110,6 +115,7 @@ from adapters.lmcache_stores import (
     ValkeyBackendStore,
     _make,
 )
+from model.contract import StoreCallTimeout
 
 __all__ = ["patched_factory", "PatchedBackendStore", "patched_resp_connector_class",
            "PATCHED_EXTRA_CONFIG", "patched_valkey_factory", "PatchedValkeyStore",
@@ -152,11 +158,17 @@ def patched_remote_backend_class() -> type:
         writes, instead of returning at once without writing."""
 
         put_wait: float = 1.0
+        #: Give up (raise) rather than drop a put whose key is still being put after `put_wait`.
+        put_gives_up: bool = False
 
         def submit_put_task(self, key: Any, memory_obj: Any, on_complete_callback: Any = None) -> Any:
             if getattr(self.loop, "_thread_id", None) != threading.get_ident():  # never block the loop itself
                 deadline = time.monotonic() + self.put_wait
-                while self.exists_in_put_tasks(key) and time.monotonic() < deadline:
+                while self.exists_in_put_tasks(key):
+                    if time.monotonic() >= deadline:
+                        if self.put_gives_up:  # the stock path would drop this put and report it done
+                            raise StoreCallTimeout("put", str(key), self.put_wait)
+                        break
                     time.sleep(0.0005)
             return super().submit_put_task(key, memory_obj, on_complete_callback)
 
@@ -189,6 +201,7 @@ class PatchedBackendStore(BackendStore):
         # Fix 7: the backend is re-classed the same way (same object); only submit_put_task changes.
         self.backend.__class__ = patched_remote_backend_class()
         self.backend.put_wait = max(0.05, self.op_timeout / 2)
+        self.backend.put_gives_up = True
 
 
 def patched_factory(n_ranks: int, **options: Any) -> list[PatchedBackendStore]:
@@ -216,6 +229,7 @@ class PatchedValkeyStore(ValkeyBackendStore):
                          num_workers=num_workers, extra_config={**extra, **(extra_config or {})})
         self.backend.__class__ = patched_remote_backend_class()  # fix 7
         self.backend.put_wait = max(0.05, self.op_timeout / 2)
+        self.backend.put_gives_up = True
 
 
 def patched_valkey_factory(n_ranks: int, **options: Any) -> list[PatchedValkeyStore]:

@@ -121,8 +121,11 @@ class GuardedConnector:
         return await self._call(make, late) if status == "gone" else (status, value)
 
     @staticmethod
-    def _unanswered(what: str, status: str, value: Any) -> ConnectionError:
-        """The error of a call that did not answer (fix 14: never read as a miss, which it may not be)."""
+    def _unanswered(what: str, status: str, value: Any) -> OSError:
+        """The error of a call that did not answer (fix 14: never read as a miss, which it may not be): a
+        `TimeoutError` when its own bound ran out, else a `ConnectionError`."""
+        if status == "timeout":
+            return TimeoutError(f"{what} did not answer within its bound")
         return ConnectionError(f"{what} did not answer ({status}: {value})")
 
     async def _exists(self, key: Any) -> bool:
@@ -214,6 +217,8 @@ class GuardedConnector:
                                           late=lambda t: memory_obj.ref_count_down())
         if status != "timeout":
             memory_obj.ref_count_down()
+        if status == "timeout":  # its own bound: a timeout (the harness tells a starved machine from a slow client)
+            raise TimeoutError(f"put of {key.to_string()} did not land within its bound")
         if status != "ok":
             raise ConnectionError(f"put of {key.to_string()} did not land ({status}: {value})")
 

@@ -23,7 +23,7 @@ from model.timing import HarnessOutcome
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
 from runtime.watchdog import forget
 
-__all__ = ["FINISH_GRACE", "CONFIRM_RUNS", "MINIMISE_SHARE", "CheckResult", "run_check"]
+__all__ = ["FINISH_GRACE", "CONFIRM_RUNS", "MINIMISE_SHARE", "CheckResult", "SaveError", "run_check"]
 
 #: Seconds past the budget (or past the moment of the finding, when later) that minimising and measuring may take.
 FINISH_GRACE = 5.0
@@ -31,6 +31,11 @@ FINISH_GRACE = 5.0
 CONFIRM_RUNS = 10
 #: The share of the time left for a finding that minimising may take; measuring it has the rest.
 MINIMISE_SHARE = 0.6
+
+
+class SaveError(OSError):
+    """The counterexample could not be written under `--out` (and nothing else: a client's own OSErrors, e.g. a
+    `ConnectionError`, are not this)."""
 
 
 @attrs.define(kw_only=True)
@@ -125,7 +130,7 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
                                              else target.engine.name if target.engine is not None
                                              else target.client.name, finding.property)
         except OSError as exc:
-            raise OSError(f"cannot write the counterexample under {out_dir}: {exc}") from None
+            raise SaveError(f"cannot write the counterexample under {out_dir}: {exc}") from None
     return CheckResult(target=target, finding=finding, path=path, coverage=coverage,
                        seconds=time.monotonic() - t0, budget=budget, seed=seed, undecided=ctx.undecided)
 

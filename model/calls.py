@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from model.contract import StoreCallTimeout
-from model.timing import had, over_text, wait_judged
+from model.timing import had, over_text, starved_error, wait_judged
 
 __all__ = ["STEPS", "Stalled", "protocol_call", "note_raised", "swallowed", "ProtocolRaised", "DEFAULT_OP_TIMEOUT",
            "wait_future"]
@@ -34,7 +34,12 @@ def wait_future(future: concurrent.futures.Future, seconds: float, op: str, key:
                          f"the completion of {op}({key!r})", t0=t0)
     if waited is not None:
         raise StoreCallTimeout(op, key, seconds, waited, waited - had(t0, t0 + waited))
-    return future.result()  # (a read that failed with a TimeoutError, a socket's own: its error, not our bound)
+    error = future.exception()
+    if error is not None:  # (a read that failed with its own timeout: its error, unless the machine starved it)
+        starved = starved_error(error, seconds, t0, time.monotonic(), f"the completion of {op}({key!r})")
+        if starved is not None:
+            raise starved from error
+    return future.result()
 
 #: Entries into protocol code so far.
 STEPS = [0]

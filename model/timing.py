@@ -22,7 +22,7 @@ import time
 from typing import Callable, TypeVar
 
 __all__ = ["GRACE_FRACTION", "GRACE_MIN", "STARVED_FACTOR", "RERUNS", "grace", "allowance", "stolen", "had",
-           "measure_with", "over_text", "overran", "wait_judged", "HarnessOutcome", "HarnessStarved", "SetupTimeout",
+           "measure_with", "over_text", "overran", "starved_error", "wait_judged", "HarnessOutcome", "HarnessStarved", "SetupTimeout",
            "rerun_starved"]
 
 #: The grace on a bound: this fraction of it, and at least `GRACE_MIN` seconds.
@@ -101,6 +101,20 @@ def overran(bound: float, t0: float, t1: float, what: str, *, ended: bool = Fals
         raise HarnessStarved(f"{what}: the machine kept the harness and the subject from running for "
                              f"{waited - got:.1f} of {waited:.1f} s; its bound of {bound:g} s cannot be judged")
     return None
+
+
+def starved_error(exc: BaseException, bound: float, t0: float, t1: float, what: str) -> HarnessStarved | None:
+    """A subject's own timeout (`exc`: a `TimeoutError`, or a `StoreCallTimeout` of a self-bounded client, over
+    [t0, t1]) while the machine kept it from running for more than the grace of that span: the machine's doing, not
+    the subject's (`HarnessStarved`, to run again); None otherwise (its own timeout on a machine that let it run is
+    its own answer). `bound` is the bound the subject was handed (the subject's own may be shorter)."""
+    if not (isinstance(exc, TimeoutError) or type(exc).__name__ == "StoreCallTimeout"):
+        return None
+    taken = stolen(t0, t1)
+    if taken <= grace(min(bound, t1 - t0)):
+        return None
+    return HarnessStarved(f"{what} gave up at its own timeout after {t1 - t0:.2f} s, while the machine kept it from "
+                          f"running for {taken:.2f} s of that")
 
 
 def wait_judged(wait: Callable[[float], bool], bound: float, what: str, *, t0: float | None = None,

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from model.contract import StoreCallTimeout, declared_paths
 from model.history import MULTI_KEY_READS
-from model.timing import HarnessOutcome, had, wait_judged
+from model.timing import HarnessOutcome, had, starved_error, wait_judged
 from runtime import starvation
 
 __all__ = ["call_bounded", "BoundedStore"]
@@ -76,6 +76,9 @@ def call_bounded(seconds: float, op: str, key: str, fn: Callable[..., Any], *arg
     ok, value = box[0]
     if ok:
         return value
+    starved = starved_error(value, seconds, started, time.monotonic(), f"{op}({key!r})")
+    if starved is not None:
+        raise starved from value
     raise value
 
 

@@ -48,7 +48,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               engine_options: list[str] | dict | None = None, engine_patches: Any = ()) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
     own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines")."""
-    from engines.check import run_check as check
+    from engines.check import SaveError, run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
@@ -82,7 +82,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
                            note=_err if progress else (lambda text: None), retention=retention, nemesis=plan)
-        except OSError as exc:
+        except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
 
@@ -92,7 +92,7 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     on fresh deployments of the engine)."""
     import contextlib
 
-    from engines.check import run_check as check
+    from engines.check import SaveError, run_check as check
     from shardcheck.progress import Progress
 
     def no_runner(protocol: Any, case: Any) -> Any:
@@ -104,7 +104,7 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
             result = check(target, run=no_runner, fresh_runner=lambda: contextlib.nullcontext(no_runner),
                            budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
                            note=_err if progress else (lambda text: None))
-        except OSError as exc:
+        except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
 

@@ -43,11 +43,25 @@ def deadline(budget: float) -> float:
 
 
 def in_child() -> bool:
-    """Whether this process is a supervised child (then: install the stack dump on `DUMP_SIGNAL`)."""
+    """Whether this process is a supervised child (then: install the stack dump on `DUMP_SIGNAL`, and have the
+    kernel kill it when its supervisor goes, however it goes: a child stuck in C could not notice)."""
     if os.environ.get(SUPERVISED) != "1":
         return False
     faulthandler.register(DUMP_SIGNAL, all_threads=False)
+    _die_with_supervisor()
     return True
+
+
+def _die_with_supervisor() -> None:
+    """PR_SET_PDEATHSIG=SIGKILL (Linux); when the supervisor is already gone, exit at once."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent or parent == 1:
+        os._exit(EXIT_UNINTERRUPTIBLE)
 
 
 def _exited(child: subprocess.Popen, seconds: float) -> bool:

@@ -135,3 +135,17 @@ def test_a_bad_setup_timeout_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, "-m", "shardcheck", "check", "--setup-timeout", "0", "--budget", "5"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("got 0.0"), proc.stderr
+
+
+def test_a_subjects_own_timeout_on_a_starved_machine_runs_again(machine):
+    """A client that gives up at its own timeout while the machine kept it off the CPU is not judged: the harness
+    was starved (`HarnessStarved`); on a machine that let it run, its timeout is its own answer."""
+    def own_timeout() -> None:
+        time.sleep(0.3)
+        raise TimeoutError("the client's own bound")
+    with pytest.raises(TimeoutError):
+        call_bounded(1.0, "get", "k", own_timeout)
+    machine[0] = 0.9
+    with pytest.raises(HarnessStarved) as exc:
+        call_bounded(1.0, "get", "k", own_timeout)
+    assert "gave up at its own timeout" in exc.value.reason
