@@ -263,13 +263,7 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         pass
     for w in workers:
         w.join(max(0.0, deadline[0] - clock()))
-    # the ops in flight get the run's bound, judged as every timing is (`model.timing`; a fake clock: wall time)
-    judged = clock is time.monotonic
-    while (overran(bound, start, clock(), "a concurrent run") is None) if judged else clock() < deadline[0]:
-        with lock:
-            if all(op.completions for op in started):
-                break
-        time.sleep(0.001)
+    _await_in_flight(started, lock, bound, start, clock)
     with lock:  # ops never invoked (a caller stuck before them) are not part of the history
         ids = {op.id for op in started}
         history = History([attrs.evolve(op) for op in ops if op.id in ids], [dict(f) for f in struck])
@@ -280,6 +274,18 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         _after_faults(target.clients[0], history, sorted({k for op in ops for k in op.keys}), control, clock,
                       recovery_seconds if recovery_seconds is not None else default_recovery_seconds(op_timeout))
     return history
+
+
+def _await_in_flight(started: list[Op], lock: threading.Lock, bound: float, start: float,
+                     clock: Callable[[], float]) -> None:
+    """Until every op started has completed, or the run's bound is over: judged as every timing is
+    (`model.timing`), in wall time with a fake clock."""
+    judged = clock is time.monotonic
+    while (overran(bound, start, clock(), "a concurrent run") is None) if judged else clock() < start + bound:
+        with lock:
+            if all(op.completions for op in started):
+                return
+        time.sleep(0.001)
 
 
 def _after_faults(store: Any, history: History, keys: list[str], control: Any, clock: Callable[[], float],

@@ -211,9 +211,9 @@ def test_register_path_and_search_agree_with_a_brute_force():
     """On many random one-key histories (duplicate values, deletes, misses, contains, pending ops) the verdict
     of the register path, of the plain search and of a brute force are the same."""
     from hypothesis import given, settings, strategies as st, HealthCheck
-    from engines.linearizability_greedy import greedy_order
-    from engines.linearizability_register import linearization_holds
-    from engines.linearizability_replay import replay_order
+    from engines.linearizability.greedy import greedy_order
+    from engines.linearizability.register import linearization_holds
+    from engines.linearizability.midpoints import replay_order
     from model.history import KV_MODEL
 
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -234,7 +234,7 @@ def test_register_path_and_search_agree_with_a_brute_force():
 
 def _register_path(ops):
     """The register path's own verdict on a one-key part (what `check` takes when the greedy pass gives up)."""
-    from engines.linearizability_register import decide_register
+    from engines.linearizability.register import decide_register
     from model.history import KV_MODEL
     return decide_register(("k",), ops, KV_MODEL, max_states=1_000_000, deadline=None)
 

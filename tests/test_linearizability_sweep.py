@@ -1,4 +1,4 @@
-"""The register path's exact sweep (`engines.linearizability_sweep`) against a brute force and against the search,
+"""The register path's exact sweep (`engines.linearizability.sweep`) against a brute force and against the search,
 on one-key histories where every put writes its own value: deletes (several), misses before any write, `contains`
 both ways, puts and deletes that never completed; and the violation it names."""
 from __future__ import annotations
@@ -7,12 +7,12 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engines import linearizability_register, linearizability_replay, linearizability_sweep
+from engines.linearizability import register as linearizability_register, midpoints as linearizability_replay, sweep as linearizability_sweep
 from engines.concurrency_bench import synthetic_history
 from engines.linearizability import check, partitions, split_parts
-from engines.linearizability_greedy import greedy_order
-from engines.linearizability_register import REJECTED, decide_register, linearization_holds
-from engines.linearizability_replay import replay_order
+from engines.linearizability.greedy import greedy_order
+from engines.linearizability.register import REJECTED, decide_register, linearization_holds
+from engines.linearizability.midpoints import replay_order
 from model.history import KV_MODEL, Op
 from tests.test_linearizability import _brute_force, op
 

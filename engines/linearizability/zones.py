@@ -1,4 +1,4 @@
-"""The necessary condition of `engines.linearizability_sweep` (Gibbons & Korach's zones): for one key's part whose
+"""The necessary condition of `engines.linearizability.sweep` (Gibbons & Korach's zones): for one key's part whose
 puts each write their own value, the puts with their gets, the deletes and the puts nobody reads -- the misses
 and `contains` reads left out -- must already order. Each such write is a block from its call (or the latest call
 of a get of its value, if later) to its deadline (its own return, or the earliest return of a get of its value);
@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from engines.linearizability_sweep import Instance
+from engines.linearizability.sweep import Instance
 
 __all__ = ["conflict", "two_cycle"]
 

@@ -1,4 +1,4 @@
-"""The exact sweep of `engines.linearizability_register`: one key of a register whose puts each write their own
+"""The exact sweep of `engines.linearizability.register`: one key of a register whose puts each write their own
 value, with deletes, reads of a miss and `contains` reads, decided without general search.
 
 # The problem
@@ -37,7 +37,7 @@ So every linearization maps to a path of the sweep's choices (1-4), and every pa
 tries, depth first with a memo of configurations already tried, exactly these choices. A found path is also
 turned into an order of the ops (`witness`), which the caller checks against the model before it trusts it.
 
-A cheap necessary condition comes first (`engines.linearizability_zones`): the puts with their gets, the deletes
+A cheap necessary condition comes first (`engines.linearizability.zones`): the puts with their gets, the deletes
 and the puts nobody reads, without the misses and contains reads, must already order (Gibbons & Korach's zones).
 """
 from __future__ import annotations

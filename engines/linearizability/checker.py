@@ -7,13 +7,13 @@ it says about each key over its own interval, and every key is a part; with `sna
 must instead see one instant of all its keys, and it joins them into one part.
 
 Each part is decided by one of two paths, after first tries that can only say "linearizable": a replay of its ops
-in the order of their midpoints, repaired locally where the model refuses one (`engines.linearizability_replay`),
-and for a one-key part of a model with a `register_view`, a greedy pass (`engines.linearizability_greedy`: reads as
+in the order of their midpoints, repaired locally where the model refuses one (`engines.linearizability.midpoints`),
+and for a one-key part of a model with a `register_view`, a greedy pass (`engines.linearizability.greedy`: reads as
 early as the model accepts them, writes as late as real time and the reads allow); each order either gets to the
 end and is a linearization (the model's `step` accepted every op, real time kept), or gives up. Then:
-- the register path (`engines.linearizability_register`), for a model with a `register_view`: when every put
+- the register path (`engines.linearizability.register`), for a model with a `register_view`: when every put
   of the key writes its own value, the part is decided by an exact sweep over the writes' instants
-  (`engines.linearizability_sweep`, where the argument is), misses, `contains` reads, deletes and writes that
+  (`engines.linearizability.sweep`, where the argument is), misses, `contains` reads, deletes and writes that
   never completed included, whose answer is checked against the model before "linearizable" is given;
   otherwise it only simplifies the part (exactly) for the search;
 - the search: Wing & Gong's, with Lowe's memo of (set of linearized ops, model state) pairs already tried.
@@ -37,10 +37,10 @@ import gc
 import time
 from typing import Callable, Iterator, Sequence
 
-from engines.linearizability_greedy import greedy_linearizes
-from engines.linearizability_register import decide_register
-from engines.linearizability_replay import replay_order
-from engines.linearizability_search import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
+from engines.linearizability.greedy import greedy_linearizes
+from engines.linearizability.register import decide_register
+from engines.linearizability.midpoints import replay_order
+from engines.linearizability.wing_gong import DEFAULT_MAX_STATES, SearchStopped, Verdict, search_part
 from model.history import KV_MODEL, History, Model, Op, split_per_key
 
 __all__ = ["Verdict", "check", "partitions", "split_parts", "per_key", "search_part", "DEFAULT_MAX_STATES"]

@@ -1,7 +1,7 @@
 """The register path of `engines.linearizability`: one key's part, for a model with a `register_view`.
 
 When every put of the key writes its own value, the part is decided by the exact sweep of
-`engines.linearizability_sweep` (see there for why it is exact): first its necessary condition (the zones of the
+`engines.linearizability.sweep` (see there for why it is exact): first its necessary condition (the zones of the
 puts with their gets, the deletes and the puts nobody reads); then the sweep itself, whose path is turned into an
 order of the ops that is checked against the model's own `step` and real-time order before "linearizable" is
 answered (a path that failed that check would be a bug: the part then goes to the search, and the verdict's
@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from engines.linearizability_search import SearchStopped, Verdict, search_part, unknown
-from engines.linearizability_sweep import Instance, OverBudget, SweepStopped, build, first_dead_end, sweep, witness
-from engines.linearizability_zones import conflict
+from engines.linearizability.wing_gong import SearchStopped, Verdict, search_part, unknown
+from engines.linearizability.sweep import Instance, OverBudget, SweepStopped, build, first_dead_end, sweep, witness
+from engines.linearizability.zones import conflict
 from model.history import READ_ANY, Model, Op
 
 __all__ = ["decide_register", "simplify"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Sequence
 
-from engines.linearizability_search import unknown
+from engines.linearizability.wing_gong import unknown
 from model.history import Model, Op
 
 __all__ = ["replay_order"]
