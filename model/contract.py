@@ -12,7 +12,7 @@ from model.timing import over_text
 
 __all__ = ["ShardingProtocol", "RankStore", "PROTOCOL_METHODS", "STORE_METHODS",
            "StoreCallTimeout", "missing_members", "declared_paths", "DEFAULT_PATHS", "EngineRequest", "EngineRetrieve",
-           "EngineDeployment", "DEPLOYMENT_METHODS"]
+           "EngineDeployment", "DEPLOYMENT_METHODS", "StackRequest", "StackResult", "ServingStack", "STACK_METHODS"]
 
 
 @typing.runtime_checkable
@@ -180,3 +180,89 @@ class EngineDeployment(typing.Protocol):
 #: The methods of an `EngineDeployment` (what `factory(n_ranks, *, lookup, models, **options)` returns).
 DEPLOYMENT_METHODS = ("lookup_cache", "lookup", "clear_lookup_status", "store", "retrieve", "lookup_unpin",
                       "chunk_keys", "holdings", "pins", "evict", "fault", "reachable", "close")
+
+
+# -- serving stacks (CONTRACT.md, "Serving stacks") ----------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class StackRequest:
+    """One request to a serving stack: its id, its prompt's token ids, its tenant (vLLM's `cache_salt`: another
+    tenant's KV must never serve it), and how many tokens to generate (greedy)."""
+
+    id: str
+    tokens: tuple[int, ...] = attrs.field(converter=tuple)
+    tenant: str = ""
+    max_tokens: int = 4
+
+
+@attrs.frozen(kw_only=True)
+class StackResult:
+    """What a serving stack observed of one request once it ended: `status` (`finished`, `aborted`), the greedy
+    `output` tokens and, per output position, the log-probabilities of the chosen token and of the runner-up
+    (`top2`: ties are told apart from wrong KV); `reported`, the tokens the KV connector last answered as held
+    outside (its `get_num_new_matched_tokens` before the request was scheduled; None if it never answered a
+    number); `external`, the tokens vLLM took from the connector; `preemptions`; `seconds` from submission to the
+    end and `first_token_seconds` to the first output token."""
+
+    id: str
+    status: str
+    output: tuple[int, ...] = attrs.field(converter=tuple, default=())
+    top2: tuple[tuple[float, float], ...] = attrs.field(converter=lambda xs: tuple(tuple(x) for x in xs), default=())
+    reported: int | None = None
+    external: int = 0
+    preemptions: int = 0
+    seconds: float = 0.0
+    first_token_seconds: float | None = None
+
+
+@typing.runtime_checkable
+class ServingStack(typing.Protocol):
+    """A real serving stack (vLLM with a KV connector, SGLang HiCache...) over a tier of `n_ranks` ranks, each rank
+    with its own server. Requests go in, the stack serves them in its own order, observations come out:
+
+    `submit(request, reference=False)` queues a request (`reference`: served with no KV cache at all, the connector
+    left out: recompute, the oracle of `output-equality`); `step()` runs one scheduler step and returns the results
+    of the requests that ended in it; `abort(id)`; `pending()` (ids not ended). What the checks observe:
+    `chunk_keys(rank, request)` (the stack's own key of each full chunk of `chunk_size` tokens on that rank),
+    `holdings(rank, keys) -> (local, remote)` (which keys the rank holds in its local tier and on its server, a list
+    of bools each; `remote` None when the server cannot be reached), `leaks()` (`{"pins": [per rank], "pinned":
+    [request ids still pinned], "free_blocks": int, "total_blocks": int}`, once every request ended). Faults:
+    `evict(rank, key, tier)` (`local`, `remote`), `fault(rank, action)` (`pause`, `resume`, `kill`, `restart` of
+    the rank's server), `reachable(rank)`. `reset()` empties every tier and the stack's own prefix cache (a fresh
+    case on the same process: a stack start costs a minute); `close()` stops everything, returning what did not.
+    Members: `n_ranks`, `chunk_size` (tokens of one stored chunk), `block_size` (tokens of one KV block),
+    `connector` (the KV connector's name), `lookup_timeout` (seconds the stack gives a lookup before it recomputes)."""
+
+    n_ranks: int
+    chunk_size: int
+    block_size: int
+    connector: str
+    lookup_timeout: float
+
+    def submit(self, request: StackRequest, *, reference: bool = False) -> None: ...
+
+    def step(self) -> list[StackResult]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def pending(self) -> list[str]: ...
+
+    def chunk_keys(self, rank: int, request: StackRequest) -> list[str]: ...
+
+    def holdings(self, rank: int, keys: Sequence[str]) -> tuple[list[bool], list[bool] | None]: ...
+
+    def leaks(self) -> dict: ...
+
+    def evict(self, rank: int, key: str, tier: str) -> None: ...
+
+    def fault(self, rank: int, action: str) -> None: ...
+
+    def reachable(self, rank: int) -> bool: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> list[str]: ...
+
+
+#: The methods of a `ServingStack`.
+STACK_METHODS = ("submit", "step", "abort", "pending", "chunk_keys", "holdings", "leaks", "evict", "fault",
+                 "reachable", "reset", "close")
