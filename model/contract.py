@@ -225,7 +225,8 @@ class ServingStack(typing.Protocol):
     `chunk_keys(rank, request)` (the stack's own key of each full chunk of `chunk_size` tokens on that rank),
     `holdings(rank, keys) -> (local, remote)` (which keys the rank holds in its local tier and on its server, a list
     of bools each; `remote` None when the server cannot be reached), `leaks()` (`{"pins": [per rank], "pinned":
-    [request ids still pinned], "free_blocks": int, "total_blocks": int}`, once every request ended). Faults:
+    [request ids still pinned], "free_blocks": int, "total_blocks": int}`: the KV blocks free and the blocks requests
+    can hold, vLLM's null block excluded, so the pool is whole when they are equal). Faults:
     `evict(rank, key, tier)` (`local`, `remote`), `fault(rank, action)` (`pause`, `resume`, `kill`, `restart` of
     the rank's server), `reachable(rank)`. `reset()` empties every tier and the stack's own prefix cache (a fresh
     case on the same process: a stack start costs a minute); `close()` stops everything, returning what did not.

@@ -25,7 +25,7 @@ import attrs
 
 __all__ = ["LOOKUP_MODES", "TIERS", "FAULT_ACTIONS", "STEP_KINDS", "MAX_ENGINE_RANKS", "MAX_PROMPT_CHUNKS",
            "MAX_STEPS", "CaseError", "EnginePrompt", "Step", "EngineCase", "prompt_tokens", "kv_identity",
-           "case_from_json", "IMAGE_PLACEHOLDER"]
+           "case_from_json", "IMAGE_PLACEHOLDER", "json_int", "json_str", "prompt_from_json"]
 
 LOOKUP_MODES = ("sync", "async")
 TIERS = ("local", "remote", "both")
@@ -164,26 +164,31 @@ class EngineCase:
 
 
 # -- tokens and KV identities ---------------------------------------------------------------------------------
-def _block(seed: str, chunk: int, chunk_size: int) -> list[int]:
+def _block(seed: str, chunk: int, chunk_size: int, vocab: int | None = None) -> list[int]:
     digest = hashlib.blake2b(f"{seed}|{chunk}".encode(), digest_size=min(64, 2 * chunk_size)).digest()
     digest = (digest * (1 + 2 * chunk_size // len(digest)))[:2 * chunk_size]
-    return [1000 + int.from_bytes(digest[2 * i:2 * i + 2], "big") % 30000 for i in range(chunk_size)]
+    words = [int.from_bytes(digest[2 * i:2 * i + 2], "big") for i in range(chunk_size)]
+    if vocab is not None:  # (a model's own vocabulary; ids 0 and 1 are left to its special tokens)
+        return [2 + w % (vocab - 2) for w in words]
+    return [1000 + w % 30000 for w in words]
 
 
-def _seed(case: EngineCase, prompt: EnginePrompt, chunk: int) -> str:
+def _seed(case: Any, prompt: EnginePrompt, chunk: int) -> str:
     """The prompt whose tokens chunk `chunk` carries: the stem's for the shared chunks (recursively)."""
     while prompt.stem and chunk < prompt.shared:
         prompt = case.prompt(prompt.stem)
     return prompt.name
 
 
-def prompt_tokens(case: EngineCase, prompt: EnginePrompt, chunk_size: int, salt: str = "") -> list[int]:
+def prompt_tokens(case: Any, prompt: EnginePrompt, chunk_size: int, salt: str = "", *,
+                  vocab: int | None = None) -> list[int]:
     """The prompt's token ids: its full chunks, then `tail` more (`salt`: a run's own token space, so that a tier
-    shared with earlier runs never holds its chunks). An image fills positions 1..chunk_size-2 of chunk 0 with
-    vLLM's placeholder id (the engine's integration decides how the image reaches the cache key)."""
+    shared with earlier runs never holds its chunks; `vocab`: ids within a model's vocabulary). An image fills
+    positions 1..chunk_size-2 of chunk 0 with vLLM's placeholder id (the engine's integration decides how the image
+    reaches the cache key). `case`: anything with `prompt(name)` (an engine or a stack case)."""
     tokens: list[int] = []
     for c in range(prompt.chunks + (1 if prompt.tail else 0)):
-        block = _block(salt + _seed(case, prompt, c), c, chunk_size)
+        block = _block(salt + _seed(case, prompt, c), c, chunk_size, vocab)
         tokens.extend(block if c < prompt.chunks else block[:prompt.tail])
     if prompt.image and prompt.chunks:
         tokens[1:chunk_size - 1] = [IMAGE_PLACEHOLDER] * (chunk_size - 2)
@@ -198,34 +203,38 @@ def kv_identity(case: EngineCase, prompt: EnginePrompt, chunk: int) -> tuple:
 
 
 # -- JSON --------------------------------------------------------------------------------------------------------
-def _int(data: dict, name: str, where: str, lo: int, hi: int, default: Any = None) -> int:
+def json_int(data: dict, name: str, where: str, lo: int, hi: int, default: Any = None) -> int:
+    """`data[name]`, an integer in lo..hi (or `default`), else `CaseError` naming `where.name`."""
     v = data.get(name, default)
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise CaseError(f"{where}.{name}" if where else name, f"expected an integer in {lo}..{hi}, got {v!r}")
     return v
 
 
-def _str(data: dict, name: str, where: str, default: str = "") -> str:
+def json_str(data: dict, name: str, where: str, default: str = "") -> str:
+    """`data[name]`, a string (or `default`), else `CaseError` naming `where.name`."""
     v = data.get(name, default)
     if not isinstance(v, str):
         raise CaseError(f"{where}.{name}", f"expected a string, got {v!r}")
     return v
 
 
-def _prompt(data: Any, where: str) -> EnginePrompt:
+def prompt_from_json(data: Any, where: str) -> EnginePrompt:
+    """A prompt of a case's JSON (`where`: its place, for errors)."""
     if not isinstance(data, dict):
         raise CaseError(where, "expected an object")
     unknown = set(data) - {f.name for f in attrs.fields(EnginePrompt)}
     if unknown:
         raise CaseError(f"{where}.{sorted(unknown)[0]}", "unknown field")
-    name = _str(data, "name", where)
+    name = json_str(data, "name", where)
     if not name:
         raise CaseError(f"{where}.name", "expected a non-empty string")
-    return EnginePrompt(name=name, chunks=_int(data, "chunks", where, 0, MAX_PROMPT_CHUNKS),
-                        tail=_int(data, "tail", where, 0, 10_000, 0), stem=_str(data, "stem", where),
-                        shared=_int(data, "shared", where, 0, MAX_PROMPT_CHUNKS, 0),
-                        tenant=_str(data, "tenant", where), adapter=_str(data, "adapter", where),
-                        image=_str(data, "image", where), deployment=_int(data, "deployment", where, 0, MAX_MODELS, 0))
+    return EnginePrompt(name=name, chunks=json_int(data, "chunks", where, 0, MAX_PROMPT_CHUNKS),
+                        tail=json_int(data, "tail", where, 0, 10_000, 0), stem=json_str(data, "stem", where),
+                        shared=json_int(data, "shared", where, 0, MAX_PROMPT_CHUNKS, 0),
+                        tenant=json_str(data, "tenant", where), adapter=json_str(data, "adapter", where),
+                        image=json_str(data, "image", where),
+                        deployment=json_int(data, "deployment", where, 0, MAX_MODELS, 0))
 
 
 def _step(data: Any, where: str) -> Step:
@@ -243,13 +252,13 @@ def _step(data: Any, where: str) -> Step:
         if name not in data:
             raise CaseError(f"{where}.{name}", "missing")
         if name in ("rank", "chunk"):
-            fields[name] = _int(data, name, where, 0, 10_000)
+            fields[name] = json_int(data, name, where, 0, 10_000)
         elif name in ("wait", "scheduled"):
             if not isinstance(data[name], bool):
                 raise CaseError(f"{where}.{name}", f"expected true or false, got {data[name]!r}")
             fields[name] = data[name]
         else:
-            fields[name] = _str(data, name, where)
+            fields[name] = json_str(data, name, where)
     if kind == "evict" and fields["tier"] not in TIERS:
         raise CaseError(f"{where}.tier", f"expected one of {', '.join(TIERS)}, got {fields['tier']!r}")
     if kind == "fault" and fields["action"] not in FAULT_ACTIONS:
@@ -266,7 +275,7 @@ def case_from_json(data: Any) -> EngineCase:
     unknown = set(data) - {"n_ranks", "lookup", "models", "prompts", "steps"}
     if unknown:
         raise CaseError(sorted(unknown)[0], "unknown field")
-    n = _int(data, "n_ranks", "", 1, MAX_ENGINE_RANKS)
+    n = json_int(data, "n_ranks", "", 1, MAX_ENGINE_RANKS)
     lookup = data.get("lookup", "sync")
     if lookup not in LOOKUP_MODES:
         raise CaseError("lookup", f"expected one of {', '.join(LOOKUP_MODES)}, got {lookup!r}")
@@ -278,7 +287,7 @@ def case_from_json(data: Any) -> EngineCase:
         if not isinstance(data.get(name, []), list) or len(data.get(name, [])) > cap:
             raise CaseError(name, f"expected a list of at most {cap}")
     case = EngineCase(n_ranks=n, lookup=lookup, models=tuple(models),
-                      prompts=tuple(_prompt(p, f"prompts[{i}]") for i, p in enumerate(data.get("prompts", []))),
+                      prompts=tuple(prompt_from_json(p, f"prompts[{i}]") for i, p in enumerate(data.get("prompts", []))),
                       steps=tuple(_step(s, f"steps[{i}]") for i, s in enumerate(data.get("steps", []))))
     for field, problem in case.problems():
         raise CaseError(field, problem)

@@ -1,9 +1,10 @@
 """`Trace`: one run as data, with a versioned JSON round-trip.
 
-Four kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
+Five kinds: `protocol` (a run of a sharding protocol: config, fault plan, schedule, events, verdict),
 `store-ops` (a sequence of store-client operations per rank, replayed against a client and an oracle),
-`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate) and `engine`
-(engine steps replayed on a real engine's own lookup-and-load path, `--engine`, with its measured rate).
+`concurrent` (a layout of ops per caller thread run at once on one store, with its measured rate), `engine`
+(engine steps replayed on a real engine's own lookup-and-load path, `--engine`, with its measured rate) and `stack`
+(a stream of requests and faults replayed on a real serving stack, `--engine vllm`, with its measured rate).
 A malformed file raises `TraceError` naming the file and the field.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import attrs
 
 from model.codec import TraceError, decode, encode
 from model.engine_case import CaseError, case_from_json
+from model.stack_case import stack_case_from_json
 from model.faults import FaultPlan
 from model.harness import Case, Outcome
 from model.outcome import OtherPrompt
@@ -32,7 +34,7 @@ __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "de
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
-KINDS = ("protocol", "store-ops", "concurrent", "engine")
+KINDS = ("protocol", "store-ops", "concurrent", "engine", "stack")
 OUTCOMES = ("reproduces", "fixed")
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_CHUNKS, MAX_FILE_BYTES, MAX_OTHERS = 1024, 64 * 1024 * 1024, 16
@@ -159,7 +161,11 @@ class Trace:
         elif data["kind"] == "concurrent":
             validate_concurrent(data, path)
         elif data["kind"] == "engine":
-            _validate_engine(data, path)
+            _validate_engine(data, path, case_from_json)
+        elif data["kind"] == "stack":
+            _validate_engine(data, path, stack_case_from_json)
+            if not isinstance(data["config"].get("connector"), str) or not data["config"]["connector"]:
+                raise TraceError(path, "config.connector", "expected the KV connector's name")
         else:
             validate_store_ops(data, path)
         known = {f.name for f in attrs.fields(cls)}
@@ -203,15 +209,16 @@ def _validate_verdict(verdict: dict, path: Any) -> None:
                              "'detail': object}")
 
 
-def _validate_engine(data: dict, path: Any) -> None:
-    """An engine trace: `config.engine` (the engine's name), `config.case` (`model.engine_case`: ranks, lookup
-    mode, models, prompts, steps), `config.rate` `{"k", "n"}`, `config.options` (the factory options) and
-    `config.patches` (the `--engine-patch` functions applied)."""
+def _validate_engine(data: dict, path: Any, case_reader: Any) -> None:
+    """An engine or a stack trace: `config.engine` (the engine's name), `config.case` (`case_reader`'s:
+    `model.engine_case`'s ranks, lookup mode, models, prompts, steps, or `model.stack_case`'s), `config.rate`
+    `{"k", "n"}`, `config.options` (the factory options) and `config.patches` (the `--engine-patch` functions
+    applied); a stack trace also names its `config.connector`."""
     cfg = data["config"]
     if not isinstance(cfg.get("engine"), str) or not cfg["engine"]:
         raise TraceError(path, "config.engine", f"expected the engine's name, got {cfg.get('engine')!r}")
     try:
-        case_from_json(cfg.get("case"))
+        case_reader(cfg.get("case"))
     except CaseError as exc:
         raise TraceError(path, f"config.case.{exc.field}" if exc.field != "case" else "config.case",
                          str(exc).split(": ", 1)[-1]) from None

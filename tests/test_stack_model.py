@@ -1,0 +1,118 @@
+"""The serving-stack layer's own parts, on the in-memory stack (`model.stack_memory`): the case as data, the oracle of
+each stack property, and the interpreter (`engines.stack_run`). No real stack runs here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engines.stack_run import run_stack_case
+from model.contract import STACK_METHODS, ServingStack, StackRequest, StackResult
+from model.engine_case import CaseError, EnginePrompt
+from model.stack_case import StackCase, StackStep, stack_case_from_json
+from model.stack_memory import MemoryStack
+from model.stack_oracle import check_leaks, check_output, expected_tokens
+
+P0 = EnginePrompt(name="p0", chunks=2, tail=1)
+TENANT_B = EnginePrompt(name="p1", chunks=2, tail=1, stem="p0", shared=2, tenant="b")
+
+
+def _case(*steps: StackStep, n_ranks: int = 2, prompts=(P0, TENANT_B)) -> StackCase:
+    return StackCase(n_ranks=n_ranks, prompts=prompts, steps=steps)
+
+
+def serve(rid: str, prompt: str = "p0") -> StackStep:
+    return StackStep(kind="serve", request=rid, prompt=prompt)
+
+
+def test_the_memory_stack_is_a_serving_stack():
+    stack = MemoryStack(2)
+    assert isinstance(stack, ServingStack) and all(callable(getattr(stack, m)) for m in STACK_METHODS)
+
+
+def test_case_json_round_trip_and_field_errors():
+    case = _case(serve("q1"), StackStep(kind="evict", prompt="p0", rank=1, chunk=1, tier="local"),
+                 StackStep(kind="step", count=3), StackStep(kind="abort", request="q1"))
+    assert stack_case_from_json(json.loads(json.dumps(case.to_json()))) == case
+    bad = [({"steps": [{"kind": "jump"}]}, "steps[0].kind"),
+           ({"steps": [{"kind": "evict", "prompt": "p0", "rank": 5, "chunk": 0, "tier": "local"}]}, "steps[0].rank"),
+           ({"steps": [{"kind": "evict", "prompt": "p0", "rank": 0, "chunk": 0, "tier": "both"}]}, "steps[0].tier"),
+           ({"steps": [{"kind": "abort", "request": "q9"}]}, "steps[0].request"),
+           ({"steps": [{"kind": "serve", "request": "q1", "prompt": "p0"}] * 2}, "steps[1].request"),
+           ({"max_tokens": 0}, "max_tokens"), ({"colour": 1}, "colour")]
+    for change, field in bad:
+        with pytest.raises(CaseError) as exc:
+            stack_case_from_json({**case.to_json(), **change})
+        assert exc.value.field == field, (change, exc.value)
+
+
+def test_a_prompt_held_whole_is_one_token_short():
+    assert expected_tokens(2, 4, 9) == 8 and expected_tokens(2, 4, 8) == 7 and expected_tokens(0, 4, 1) == 0
+
+
+def test_the_memory_stack_holds_every_property():
+    """Hits, evictions, a paused server, another tenant, an abort: nothing violated."""
+    case = _case(serve("q1"), serve("q2"), StackStep(kind="evict", prompt="p0", rank=1, chunk=1, tier="remote"),
+                 StackStep(kind="evict", prompt="p0", rank=1, chunk=1, tier="local"), serve("q3"), serve("q4", "p1"),
+                 StackStep(kind="fault", rank=0, action="pause"), serve("q5"),
+                 StackStep(kind="fault", rank=0, action="resume"),
+                 StackStep(kind="submit", request="q6", prompt="p0"), StackStep(kind="abort", request="q6"))
+    out = run_stack_case(MemoryStack(2), case)
+    assert out.violations == []
+    reported = {e["request"].split("-")[-1]: e["reported"] for e in out.events if e.get("request")}
+    assert reported == {"q1": 0, "q2": 8, "q3": 4, "q4": 0, "q5": 0}, reported
+
+
+class OverReport(MemoryStack):
+    def lookup(self, request):
+        hit = super().lookup(request)
+        return hit + self.chunk_size if hit else hit
+
+
+class WrongBlocks(MemoryStack):
+    def load(self, request, hit):
+        return ["another request's KV"] * (hit // self.chunk_size)
+
+
+class NeverEnds(MemoryStack):
+    def step(self):
+        return [r for r in super().step() if not r.external]
+
+
+class Leaky(MemoryStack):
+    def abort(self, request_id):
+        pins = self.pinned.get(request_id)
+        super().abort(request_id)
+        if pins:
+            self.pinned[request_id] = pins
+
+
+class SharesTenants(MemoryStack):
+    def chunk_keys(self, rank, request):
+        return super().chunk_keys(rank, StackRequest(id=request.id, tokens=request.tokens))
+
+
+@pytest.mark.parametrize("stack,steps,prop", [
+    (OverReport, (serve("q1"), serve("q2")), "hit-accuracy"),
+    (WrongBlocks, (serve("q1"), serve("q2")), "output-equality"),
+    (NeverEnds, (serve("q1"), serve("q2")), "request-returns"),
+    (Leaky, (serve("q1"), StackStep(kind="submit", request="q2", prompt="p0"), StackStep(kind="step", count=1),
+             StackStep(kind="abort", request="q2")), "kv-leaks"),
+    (SharesTenants, (serve("q1"), serve("q2", "p1")), "engine-isolation"),
+], ids=["over-report", "wrong-blocks", "never-ends", "leaky", "shares-tenants"])
+def test_each_broken_stack_is_violated_by_its_property(stack, steps, prop):
+    out = run_stack_case(stack(2, lookup_timeout=0.05), _case(*steps))
+    assert out.violations and out.violations[0].property == prop, out.violations
+
+
+def test_output_equality_stops_at_a_tie_and_compares_log_probabilities():
+    ref = StackResult(id="r", status="finished", output=(5, 6, 7), top2=[(-0.1, -3.0), (-1.0, -1.0005), (-0.1, -2)])
+    assert check_output(StackResult(id="q", status="finished", output=(5, 9, 1), top2=ref.top2), ref, prompt="p") == []
+    moved = StackResult(id="q", status="finished", output=(5, 6, 7), top2=[(-0.2, -3.0)] + list(ref.top2[1:]))
+    assert [v.property for v in check_output(moved, ref, prompt="p")] == ["output-equality"]
+
+
+def test_leaks_name_what_is_held():
+    assert check_leaks({"pins": [0, 0], "pinned": [], "free_blocks": 5, "total_blocks": 5}, when="end") == []
+    found = check_leaks({"pins": [2, 0], "pinned": ["q1"], "free_blocks": 4, "total_blocks": 5}, when="end")
+    assert found and "pins held per rank [2, 0]" in found[0].summary and "4 of 5 KV blocks free" in found[0].summary
