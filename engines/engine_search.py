@@ -340,6 +340,7 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
                   max_ranks: int | None = None, runner: str = "in-process") -> EngineTarget:
     """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
     most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+    from runtime.options import check_engine_options
     from runtime.registry import ResolveError, resolve_serving_engine
     if lookup not in ("sync", "async", "both"):
         raise ResolveError(f"--lookup {lookup!r}: expected sync, async or both")
@@ -358,9 +359,13 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
     if unknown:
         raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes ranks, "
                            f"{', '.join(o for o in engine.options or () if o not in shardchecks)})")
+    check_engine_options(opts)
     if runner == "processes" and engine.options is not None and "runner" not in engine.options:
         raise ResolveError(f"engine {engine.name!r} cannot run its ranks in processes (--runner processes)")
     cap = ranks or max_ranks or (len(opts["urls"]) if opts.get("urls") else 4)
+    if opts.get("urls") and len(opts["urls"]) < cap:  # (a case of n ranks is given the first n urls, one per rank)
+        raise ResolveError(f"--engine-option urls names {len(opts['urls'])} server(s): cases of up to {cap} ranks "
+                           "need one per rank (give more urls, or a smaller --max-ranks / ranks=)")
     return EngineTarget(engine=engine, lookups=lookups, options=opts, max_ranks=cap, runner=runner)
 
 

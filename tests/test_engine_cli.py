@@ -19,6 +19,15 @@ from tests.conftest import run_cli
     (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
     (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
     (["check", "--engine", "lmcache", "--nemesis", "all"], "strike their own"),
+    # bad values of the options an engine takes are refused when parsed, naming the option (never a traceback)
+    (["check", "--engine", "lmcache", "--engine-option", "lookup_timeout_ms=abc"], "lookup_timeout_ms='abc'"),
+    (["check", "--engine", "lmcache-patched", "--engine-option", "lookup_timeout_ms=0"], "lookup_timeout_ms=0"),
+    (["check", "--engine", "lmcache", "--engine-option", "close_timeout=-1"], "close_timeout=-1"),
+    (["check", "--engine", "lmcache", "--engine-option", "close_timeout=soon"], "close_timeout='soon'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=garbage"], "urls='garbage'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1,h:port"], "urls='127.0.0.1:1,h:port'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1", "--max-ranks", "2"],
+     "urls names 1 server(s)"),
 ])
 def test_bad_engine_input_is_exit_2(args, says):
     got = run_cli(*args, "--budget", "5", timeout=60)
