@@ -270,7 +270,7 @@ class Concurrency:
         bound = CONCURRENT_BOUND["real" if real else "in-memory"]
         ours = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
         options = ctx.target.store_options(**ours)
-        phase_stop, whole_stop = ctx.should_stop, ctx.deadline - bound
+        phase_stop, whole_stop = ctx.should_stop, ctx.finish_by - bound
         coverage = ctx.coverage.of(self.name, ConcurrencyCoverage)
         fresh, coverage.not_shared = targets(client, **options)
         target = fresh()

@@ -41,8 +41,6 @@ __all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "E
            "facts_of", "facts_note",
            "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
-#: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
-FINISH_GRACE = 5.0
 #: The most runs one minimisation candidate of a racy finding gets.
 MAX_CANDIDATE_RUNS = 6
 
@@ -401,7 +399,8 @@ class EngineCases:
         cov = ctx.coverage.of(self.name, EngineCasesCoverage)
         findings = engine_search(target.make, lookups=target.lookups, max_ranks=target.max_ranks, seed=ctx.seed,
                                  should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
-                                 minimise_stop=lambda: time.monotonic() >= ctx.deadline + FINISH_GRACE,
+                                 # (no run is started that the cases so far say would end past finish_by)
+                                 minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
                                  minimise_seconds=float("inf"), stop_before=ctx.phase_end)
         if not findings:
             return None

@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(importlib.import_module(f"shardcheck.{HANDLERS[args.command]}"), f"cmd_{args.command}")
     try:
         with json_stdout(bool(getattr(args, "json", False))), watching(stall_limit(args)):
-            return handler(args)
+            code = handler(args)
+        if argv is None and args.command == "check" and supervise.in_child():
+            supervise.quick_exit(code)  # (its clean-up done: the interpreter's finalisation would overrun the budget)
+        return code
     except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
               file=sys.stderr)
