@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from engines.api import SearchContext
-from engines.engine_cases import enumeration, random_case
+from engines.engine_cases import FIRST_CASES, enumeration, random_case
 from engines.engine_run import Bounds, EngineOutcome, run_engine_case
 from engines.minimise import ddmin
 from model.engine_case import EngineCase, case_from_json
@@ -112,7 +112,7 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     enumerated = enumeration(max_ranks, lookups)
     rng = random.Random(seed)
     i = 0
-    level0 = 6 * max_ranks * len(lookups)  # the recurring and isolation shapes first; then cases in turn with random ones
+    level0 = FIRST_CASES * max_ranks * len(lookups)  # every shape's first cases; then cases in turn with random ones
     while not should_stop():
         if stop_before is not None and time.monotonic() + 2 * max(1.0, stats.seconds_per_case) > stop_before:
             break  # a case started now would end past the phase

@@ -246,7 +246,7 @@ CATALOG: tuple[Property, ...] = (
     _engine("engine-soundness", "a lookup never answers more than the minimum over ranks of each rank's stored "
             "prefix, whatever failed", "take_max"),
     _engine("engine-completeness", "with nothing failed, a lookup answers exactly the minimum over ranks of each "
-            "rank's stored prefix", "one_chunk_short"),
+            "rank's stored prefix", "one_chunk_short", "memoise_sync_lookup"),
     _engine("engine-integrity", "a retrieve returns exactly the stored bytes of the planned prefix (never freed "
             "memory, never fewer chunks with nothing failed)", "flip_retrieved_byte"),
     _engine("engine-isolation", "under the engine's own key scheme, a lookup never counts and a retrieve never "

@@ -36,6 +36,25 @@ def test_bad_engine_input_is_exit_2(args, says):
 
 
 @pytest.mark.real
+def test_a_sync_client_that_memoises_per_request_id_is_found_by_its_property_in_the_first_cases(tmp_path):
+    """A scheduler-side sync client that answers a request id it has looked up before from a memo (the engine demo
+    `memoise_sync_lookup`, on lmcache-patched, which holds without it: stock LMCache's own close never returns and
+    is found first on every case) is found by engine-completeness among the first cases of the enumeration: one
+    request looked up before its prompt is stored and again after (it was found at case ~100 when the enumeration
+    looked a request id up again only in its disturbed shapes). Counted in cases, not timed (the budget is room for
+    importing LMCache and building the first deployments on a loaded machine)."""
+    from engines.engine_cases import FIRST_CASES
+    got = run_cli("check", "--engine", "lmcache-patched", "--lookup", "sync", "--engine-patch",
+                  "adapters.engine_demos:memoise_sync_lookup", "--budget", "90",
+                  "--json", "--out", str(tmp_path), timeout=300)
+    assert got.returncode == 1, got.stderr[-2000:]
+    result = json.loads(got.stdout)
+    assert result["violations"][0]["property"] == "engine-completeness", result["violations"]
+    cases = result["stats"]["coverage"]["engine-cases"]
+    assert result["stats"]["counterexample"]["engine"] == "engine-cases" and cases["cases"] <= FIRST_CASES, cases
+
+
+@pytest.mark.real
 def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
     """Stock LMCache's async path violates an engine property within a short budget; the trace reproduces on it and
     is fixed on lmcache-patched."""
