@@ -27,8 +27,8 @@ from model.finding import Finding, Rate
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
 from runtime.watchdog import forget
 
-__all__ = ["FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE", "Deadlines",
-           "CheckResult", "run_check"]
+__all__ = ["FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
+           "Deadlines", "CheckResult", "run_check"]
 
 #: The most seconds kept at the end of the budget for minimising and measuring a finding made at the last moment ...
 FINISH_GRACE = 5.0

@@ -79,7 +79,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
-    bar = Progress(budget, enabled=progress)
+    bar = Progress(budget, enabled=progress, started=started)
     with case_runner_of(target, op_timeout, plan) as run, bar:
         try:
             result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
@@ -103,7 +103,7 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     def no_runner(protocol: Any, case: Any) -> Any:
         raise UsageError("a protocol case cannot run on a serving engine target")
 
-    bar = Progress(budget, enabled=progress)
+    bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
             result = check(target, run=no_runner, fresh_runner=lambda: contextlib.nullcontext(no_runner),
