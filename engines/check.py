@@ -39,7 +39,7 @@ FINISH_SHARE = 0.1
 TEARDOWN_SECONDS = {"in-memory": 0.3, "real": 2.0, "deployment": 1.5}
 #: The least share of the budget the search has after the set-up, however long that took (a machine so slow that
 #: setting up takes more than the rest ends late by the difference, rather than search for nothing).
-MIN_SEARCH_SHARE = 0.25
+MIN_SEARCH_SHARE = 0.5
 #: Runs on fresh stores that measure a finding's rate before it is saved (one when deterministic).
 CONFIRM_RUNS = 10
 #: The share of the time left for a finding that minimising may take; measuring it has the rest.
