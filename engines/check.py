@@ -128,11 +128,12 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
         start = time.monotonic()
     else:
         finding, start = None, t0
+    schedule = _resolved(ctx)  # (importing the engines is set-up too: Hypothesis takes seconds on a loaded machine)
     ends = Deadlines.of(start, budget, target_kind(target), ready=time.monotonic())
     ctx.deadline, ctx.finish_by = ends.search, ends.finish
     try:
         if finding is None:
-            finding = _schedule(ctx, on_progress)
+            finding = _schedule(ctx, on_progress, schedule)
     finally:
         for job in ctx.later:
             job.close()
@@ -152,16 +153,22 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
                        seconds=time.monotonic() - t0, budget=budget, seed=seed)
 
 
-def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Finding | None:
-    """Every engine of the target's schedule in turn; the first finding."""
+def _resolved(ctx: SearchContext) -> list[tuple[str, float | str | None, Any]]:
+    """The target's schedule: (name, share, engine) in order, every engine made (its module imported)."""
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
     if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
         schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
+    return [(name, share, resolve_engine(name)) for name, share in schedule]
+
+
+def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None],
+              schedule: list[tuple[str, float | str | None, Any]]) -> Finding | None:
+    """Every engine of the target's schedule (`_resolved`) in turn; the first finding."""
     budgeted_from = None
     share_so_far = 0.0
-    for name, share in schedule:
+    for name, share, engine in schedule:
         now = time.monotonic()
         if now >= ctx.deadline:
             ctx.coverage.skip(name, "the budget ended first")
@@ -183,7 +190,7 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
         ctx.phase_end = phase_end
         late: list[Finding] = []
         ctx.should_stop = _stopper(ctx, phase_end, on_progress, late)
-        finding = resolve_engine(name).search(ctx)
+        finding = engine.search(ctx)
         if finding is not None or late:
             return finding if finding is not None else late[0]
     for job in ctx.later:  # what came due after the engines that started it: waited for if it fits the budget
