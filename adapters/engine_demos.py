@@ -6,6 +6,9 @@ engine built afterwards in this process has the bug):
 
 - `take_max`: the scheduler takes the maximum over the ranks' answers instead of the minimum (`engine-soundness`);
 - `one_chunk_short`: the scheduler answers one chunk less than it found (`engine-completeness`);
+- `memoise_sync_lookup`: the scheduler's sync lookup client answers a request id it has looked up before from its
+  own memo, without asking the ranks again (`engine-completeness`: a request looked up before its prompt was
+  stored keeps its miss; looked up again after an eviction it would keep a stale hit, `engine-soundness`);
 - `flip_retrieved_byte`: a retrieve corrupts one byte of what it loads (`engine-integrity`);
 - `drop_request_tags`: the token database ignores the request configs, so tenants' tags (and the patched
   integration's adapter tag) no longer reach the cache key (`engine-isolation`);
@@ -18,8 +21,8 @@ import functools
 import threading
 from typing import Any, Callable
 
-__all__ = ["take_max", "one_chunk_short", "flip_retrieved_byte", "drop_request_tags", "drop_lookup_unpin",
-           "stuck_close", "DEMOS"]
+__all__ = ["take_max", "one_chunk_short", "memoise_sync_lookup", "flip_retrieved_byte", "drop_request_tags",
+           "drop_lookup_unpin", "stuck_close", "DEMOS"]
 
 _DONE: set[str] = set()
 #: Answers each async lookup server sent, per lookup id (in-process: the `take_max` demo's scheduler reads them).
@@ -95,6 +98,26 @@ def one_chunk_short() -> None:
             setattr(cls, name, short)
 
     _once("one_chunk_short", apply)
+
+
+def memoise_sync_lookup() -> None:
+    """The sync lookup client keeps each request id's first answer and hands it back whenever that id is looked up
+    again (vLLM asks about a waiting request at every scheduler step), whatever was stored or evicted since."""
+    def apply() -> None:
+        from lmcache.v1.lookup_client.lmcache_lookup_client import LMCacheLookupClient
+
+        lookup = LMCacheLookupClient.lookup
+
+        @functools.wraps(lookup)
+        def memoised(self: Any, token_ids: Any, lookup_id: str, *args: Any, **kwargs: Any) -> Any:
+            memo = self.__dict__.setdefault("_shardcheck_demo_memo", {})
+            if lookup_id not in memo:
+                memo[lookup_id] = lookup(self, token_ids, lookup_id, *args, **kwargs)
+            return memo[lookup_id]
+
+        LMCacheLookupClient.lookup = memoised
+
+    _once("memoise_sync_lookup", apply)
 
 
 def flip_retrieved_byte() -> None:

@@ -214,9 +214,11 @@ WAIT_BOUND = DEFAULT_OP_TIMEOUT
 _HUNG = object()
 
 
-def _make_store(client: Any, options: dict, op_timeout: float) -> Any:
-    """This rank's store of `client` (a resolved `runtime.registry.Client`), bounded unless in memory."""
-    store = client.stores(1, **options)[0]
+def _make_store(client: Any, rank: int, options: dict, op_timeout: float) -> Any:
+    """This rank's store of `client` (a resolved `runtime.registry.Client`; on the rank's own server of a user's
+    `urls`), bounded unless in memory."""
+    from runtime.registry import options_for_ranks
+    store = client.stores(1, **options_for_ranks(options, 1, first=rank))[0]
     if client.in_memory:
         return store
     from runtime.bounded import BoundedStore
@@ -253,7 +255,7 @@ def rank_main(conn: Any, rank: int, n: int, rendezvous: str, protocol: Any, clie
         return
     store = None
     try:
-        store = _make_store(client, options, op_timeout)
+        store = _make_store(client, rank, options, op_timeout)
         conn.send(("ready",))
         _phases(conn, rank, n, protocol, store, case, hashes, kv)
     except RuntimeError as exc:  # gloo: a peer that died or did not come within the timeout

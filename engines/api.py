@@ -113,7 +113,8 @@ class Coverage:
 @attrs.define(kw_only=True)
 class SearchContext:
     """Everything an engine searches with. `should_stop()` is the current phase's stop (the schedule sets it, with
-    `phase_end`); `deadline` is the end of the whole check."""
+    `phase_end`); `deadline` is the end of the whole search, `finish_by` the latest a finding may be minimised and
+    measured (`engines.check.Deadlines`)."""
 
     target: Target
     run: Runner
@@ -121,9 +122,10 @@ class SearchContext:
     op_timeout: float = 2.0
     coverage: Coverage = attrs.field(factory=Coverage)
     should_stop: Callable[[], bool] = lambda: False
-    #: The end of the current phase and of the whole check (monotonic seconds).
+    #: The end of the current phase, of the whole search, and of a finding's minimising and measuring (monotonic s).
     phase_end: float = float("inf")
     deadline: float = float("inf")
+    finish_by: float = float("inf")
     explore_workers: int = 1
     note: Callable[[str], None] = lambda text: None
     #: The real faults of the run (`engines.nemesis.NemesisPlan`, `--nemesis`), or None: none.

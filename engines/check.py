@@ -1,10 +1,17 @@
 """`check` as a function: the search engines in turn within the budget, the first finding minimised, measured on fresh
 stores and saved; the verdict with every engine's coverage (`CheckResult`).
 
+One deadline: the whole check ends `budget` seconds after it `started` (the command's start: setting up the target,
+its clients and servers counts), and `Deadlines` splits that time from its end: the last `teardown` seconds close
+what the check opened and end the process, the `finish` seconds before them minimise and measure a finding (a
+finding made earlier has all the time up to `Deadlines.finish`), and the engines search until `Deadlines.search`
+(but for at least `MIN_SEARCH_SHARE` of the budget once the target is set up: a set-up slower than the rest of the
+budget makes the check end late by the difference).
 The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`: engines with no share run first to their end
-(their time counts in the budget); the others split what is left by their shares, the last taking the rest. A finding
-is minimised and measured (`CONFIRM_RUNS` runs on fresh stores, one when the run is deterministic) by
-`finish_by = max(deadline, found at) + FINISH_GRACE`, so `check` ends within its budget plus a few seconds. An
+(their time counts in the budget); the others split what is left by their shares, the last taking the rest. No
+engine starts a unit of its work (a case, a run, a batch) that its longest unit so far says would end past its
+phase (`_stopper`); a finding is measured by `CONFIRM_RUNS` runs on fresh stores (one when the run is
+deterministic), none started that would end past `Deadlines.finish`. An
 engine the machine starved past its reruns (`model.timing.HarnessOutcome`) judged nothing: its reason is kept, the
 engines after it still run, and with no finding the verdict is `undecided`; nothing is saved for it.
 """
@@ -23,10 +30,19 @@ from model.timing import HarnessOutcome
 from runtime.registry import CHECK_SCHEDULE, resolve_engine
 from runtime.watchdog import forget
 
-__all__ = ["FINISH_GRACE", "CONFIRM_RUNS", "MINIMISE_SHARE", "CheckResult", "SaveError", "run_check"]
+__all__ = ["FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
+           "Deadlines", "CheckResult", "SaveError", "run_check"]
 
-#: Seconds past the budget (or past the moment of the finding, when later) that minimising and measuring may take.
+#: The most seconds kept at the end of the budget for minimising and measuring a finding made at the last moment ...
 FINISH_GRACE = 5.0
+#: ... and the share of the budget they may be at most.
+FINISH_SHARE = 0.1
+#: Seconds kept at the very end for closing what the check opened (clients, servers, deployments) and ending the
+#: process, per kind of target (`engines.api.target_kind`); at most `FINISH_SHARE` of the budget.
+TEARDOWN_SECONDS = {"in-memory": 0.3, "real": 2.0, "deployment": 1.5}
+#: The least share of the budget the search has after the set-up, however long that took (a machine so slow that
+#: setting up takes more than the rest ends late by the difference, rather than search for nothing).
+MIN_SEARCH_SHARE = 0.5
 #: Runs on fresh stores that measure a finding's rate before it is saved (one when deterministic).
 CONFIRM_RUNS = 10
 #: The share of the time left for a finding that minimising may take; measuring it has the rest.
@@ -36,6 +52,26 @@ MINIMISE_SHARE = 0.6
 class SaveError(OSError):
     """The counterexample could not be written under `--out` (and nothing else: a client's own OSErrors, e.g. a
     `ConnectionError`, are not this)."""
+
+
+@attrs.frozen
+class Deadlines:
+    """The one deadline of a check, split from its end (see the module doc): `search` (the engines stop), `finish`
+    (a finding's minimising and measuring stop) and `end` (`started + budget`: everything is closed)."""
+
+    search: float
+    finish: float
+    end: float
+
+    @classmethod
+    def of(cls, started: float, budget: float, kind: str, ready: float | None = None) -> "Deadlines":
+        """Those of a check of `budget` seconds from `started` on a target of `kind`, set up at `ready` (default:
+        `started`); the search has at least `MIN_SEARCH_SHARE` of the budget from `ready` on."""
+        teardown = min(TEARDOWN_SECONDS.get(kind, max(TEARDOWN_SECONDS.values())), FINISH_SHARE * budget)
+        finish = min(FINISH_GRACE, FINISH_SHARE * budget)
+        search = max(started + budget - teardown - finish, (started if ready is None else ready) +
+                     MIN_SEARCH_SHARE * budget)
+        return cls(search=search, finish=search + finish, end=search + finish + teardown)
 
 
 @attrs.define(kw_only=True)
@@ -91,10 +127,11 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
               explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
               note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION,
-              nemesis: Any = None) -> CheckResult:
-    """Search `target` within `budget` seconds (see the module doc). `run` runs a protocol case over the target's
-    client (kept for the whole check); `fresh_runner()` a context giving one over fresh stores (the measurement)."""
-    t0 = time.monotonic()
+              nemesis: Any = None, started: float | None = None) -> CheckResult:
+    """Search `target` within `budget` seconds of `started` (monotonic; default: now), see the module doc. `run` runs
+    a protocol case over the target's client (kept for the whole check); `fresh_runner()` a context giving one over
+    fresh stores (the measurement)."""
+    t0 = time.monotonic() if started is None else min(started, time.monotonic())
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
     ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=op_timeout, coverage=coverage,
@@ -104,17 +141,19 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
         start = time.monotonic()
     else:
         finding, start = None, t0
-    ctx.deadline = start + budget
+    schedule = _resolved(ctx)  # (importing the engines is set-up too: Hypothesis takes seconds on a loaded machine)
+    ends = Deadlines.of(start, budget, target_kind(target), ready=time.monotonic())
+    ctx.deadline, ctx.finish_by = ends.search, ends.finish
     try:
         if finding is None:
-            finding = _schedule(ctx, on_progress)
+            finding = _schedule(ctx, on_progress, schedule)
     finally:
         for job in ctx.later:
             job.close()
     path = None
     if finding is not None:
         now = time.monotonic()
-        finish_by = max(ctx.deadline, now) + FINISH_GRACE
+        finish_by = max(ends.finish, now)  # (past it: nothing is minimised, and one run measures)
         try:
             finding = _minimised(ctx, finding, now + MINIMISE_SHARE * (finish_by - now))
         except HarnessOutcome as exc:  # the finding stands (it was judged); only its minimising stopped
@@ -135,16 +174,22 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
                        seconds=time.monotonic() - t0, budget=budget, seed=seed, undecided=ctx.undecided)
 
 
-def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Finding | None:
-    """Every engine of the target's schedule in turn; the first finding."""
+def _resolved(ctx: SearchContext) -> list[tuple[str, float | str | None, Any]]:
+    """The target's schedule: (name, share, engine) in order, every engine made (its module imported)."""
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
     if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
         schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
+    return [(name, share, resolve_engine(name)) for name, share in schedule]
+
+
+def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None],
+              schedule: list[tuple[str, float | str | None, Any]]) -> Finding | None:
+    """Every engine of the target's schedule (`_resolved`) in turn; the first finding."""
     budgeted_from = None
     share_so_far = 0.0
-    for name, share in schedule:
+    for name, share, engine in schedule:
         now = time.monotonic()
         if now >= ctx.deadline:
             ctx.coverage.skip(name, "the budget ended first")
@@ -167,7 +212,7 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
         late: list[Finding] = []
         ctx.should_stop = _stopper(ctx, phase_end, on_progress, late)
         try:
-            finding = resolve_engine(name).search(ctx)
+            finding = engine.search(ctx)
         except HarnessOutcome as exc:  # nothing of it is judged; the engines after it still run
             ctx.undecided.append(f"{name}: {exc.reason}")
             ctx.coverage.skip(name, f"undecided: {exc.reason}")
@@ -187,12 +232,21 @@ def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None]) -> Fi
 
 def _stopper(ctx: SearchContext, phase_end: float, on_progress: Callable[[Coverage], None],
              late: list[Finding]) -> Callable[[], bool]:
-    """The phase's stop: its end, or a finding of a check that came due meanwhile (`ctx.later`, into `late`)."""
+    """The phase's stop: a finding of a check that came due meanwhile (`ctx.later`, into `late`), or the phase's end
+    as its engine's longest unit of work so far foresees it: an engine asks between two units (cases, runs,
+    batches), so the longest time between two askings is the longest unit, and none is started that would end past
+    `phase_end` (the first unit is not foreseen: engines keep theirs small)."""
+    asked = [None, 0.0]  # (when it was last asked, the longest time between two askings)
+
     def should_stop() -> bool:
         on_progress(ctx.coverage)
         if not late:
             late.extend(f for f in (job.poll() for job in ctx.later) if f is not None)
-        return bool(late) or time.monotonic() >= phase_end
+        now = time.monotonic()
+        if asked[0] is not None:
+            asked[1] = max(asked[1], now - asked[0])
+        asked[0] = now
+        return bool(late) or now + asked[1] >= phase_end
     return should_stop
 
 

@@ -240,7 +240,9 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         cov.ops += rate.n * layout.n_ops
         if not rate.k:
             continue
-        want = rate.first.violations[0]["property"]
+        # the property most of its failing runs lead with (a race shows several: a crossed reply that carried a miss
+        # is only `linearizability`, one that carried another key's bytes `wrong-caller`)
+        want = max(rate.properties, key=rate.properties.get)
         stop = minimise_stop or should_stop
         if fresh is not None:
             rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
@@ -270,7 +272,7 @@ class Concurrency:
         bound = CONCURRENT_BOUND["real" if real else "in-memory"]
         ours = {"op_timeout": CONCURRENT_OP_TIMEOUT} if real else {}
         options = ctx.target.store_options(**ours)
-        phase_stop, whole_stop = ctx.should_stop, ctx.deadline - bound
+        phase_stop, whole_stop = ctx.should_stop, ctx.finish_by - bound
         coverage = ctx.coverage.of(self.name, ConcurrencyCoverage)
         fresh, coverage.not_shared = targets(client, **options)
         target = fresh()

@@ -3,10 +3,12 @@
 Recurring prompts are the norm: every case looks a prompt up again after other prompts were stored, as a serving
 engine's tier sees a system prompt again and again.
 
-- `enumeration(max_ranks, lookups)`: level by level, every (ranks, lookup mode) in turn: the recurring episode
-  (store, look up, retrieve, end; another prompt stored; the first looked up again) and, next to it, the isolation
-  shapes (a prompt with the same tokens from another tenant, adapter, image, model, or another deployment of the
-  same model), then
+- `enumeration(max_ranks, lookups)`: level by level, every (ranks, lookup mode) in turn: the first cases
+  (`first_cases`): the recurring episode (store, look up, retrieve, end; another prompt stored; the first looked up
+  again), one request id looked up again after the tier changed under it (`recurring_request`: before and after
+  its prompt is stored, and before and after a chunk of it is evicted: vLLM asks about a waiting request at every
+  step, and a client that memoises an answer per request id keeps a stale one), and the isolation shapes (a prompt
+  with the same tokens from another tenant, adapter, image, model, or another deployment of the same model), then
   the recurring episode with one disturbance at every position: a chunk evicted (each rank, first and last chunk,
   each tier), a rank's server paused across a lookup (past the lookup timeout), restarted or killed, the lookup
   repeated, left unscheduled and asked again, or left in flight while another lookup runs; and with every pair of
@@ -21,7 +23,8 @@ from typing import Iterator
 
 from model.engine_case import EngineCase, EnginePrompt, Step
 
-__all__ = ["enumeration", "random_case", "recurring", "isolation_cases"]
+__all__ = ["enumeration", "random_case", "recurring", "recurring_request", "isolation_cases", "first_cases",
+           "FIRST_CASES"]
 
 _P0, _P1 = EnginePrompt(name="p0", chunks=3), EnginePrompt(name="p1", chunks=3)
 
@@ -33,6 +36,19 @@ def recurring(n_ranks: int, lookup: str) -> EngineCase:
         Step(kind="retrieve", request="q1"), Step(kind="end", request="q1"), Step(kind="store", prompt="p1"),
         Step(kind="lookup", request="q2", prompt="p0"), Step(kind="retrieve", request="q2"),
         Step(kind="end", request="q2")))
+
+
+def recurring_request(n_ranks: int, lookup: str) -> Iterator[tuple[str, EngineCase]]:
+    """One request id looked up again after the tier changed under it: looked up before p0 is stored and again after
+    (the answer grows), and looked up, a chunk of p0 evicted from the last rank's tiers, looked up again (it
+    shrinks)."""
+    q1 = Step(kind="lookup", request="q1", prompt="p0")
+    steps = {"grows": (q1, Step(kind="store", prompt="p0"), q1),
+             "shrinks": (Step(kind="store", prompt="p0"), q1,
+                         Step(kind="evict", prompt="p0", rank=n_ranks - 1, chunk=1, tier="both"), q1)}
+    for what, first in steps.items():
+        yield f"recurring-request-{what}", EngineCase(n_ranks=n_ranks, lookup=lookup, prompts=(_P0,), steps=first + (
+            Step(kind="retrieve", request="q1"), Step(kind="end", request="q1")))
 
 
 def isolation_cases(n_ranks: int, lookup: str) -> Iterator[tuple[str, EngineCase]]:
@@ -127,12 +143,23 @@ def _evolve(step: Step, **changes: object) -> Step:
     return Step(**{**step.to_json(), **changes})
 
 
+def first_cases(n_ranks: int, lookup: str) -> Iterator[tuple[str, EngineCase]]:
+    """A shape's first cases: the recurring episode, one request id looked up again, the isolation cases (a bug of
+    any of them shows in the first few cases of the enumeration)."""
+    yield "recurring", recurring(n_ranks, lookup)
+    yield from recurring_request(n_ranks, lookup)
+    yield from isolation_cases(n_ranks, lookup)
+
+
+#: How many first cases each shape has (the engine search runs them all before it mixes in random cases).
+FIRST_CASES = sum(1 for _ in first_cases(1, "sync"))
+
+
 def enumeration(max_ranks: int, lookups: tuple[str, ...]) -> Iterator[tuple[str, EngineCase]]:
     """The enumeration, smallest shapes first (see the module docstring)."""
     shapes = [(n, mode) for n in range(1, max_ranks + 1) for mode in lookups]
-    for n, mode in shapes:  # (each shape's isolation cases next to it: a tenant bug shows in the first few cases)
-        yield "recurring", recurring(n, mode)
-        yield from isolation_cases(n, mode)
+    for n, mode in shapes:
+        yield from first_cases(n, mode)
     generators = [g for n, mode in sorted(shapes, key=lambda s: s[0] == 1)
                   for g in (_disturbed(recurring(n, mode)), _paired(recurring(n, mode)))]
     while generators:  # round robin over the shapes: every shape gets its disturbances early

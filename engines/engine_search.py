@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from engines.api import SearchContext
-from engines.engine_cases import enumeration, random_case
+from engines.engine_cases import FIRST_CASES, enumeration, random_case
 from engines.engine_run import Bounds, EngineOutcome, run_engine_case
 from engines.minimise import ddmin
 from model.engine_case import EngineCase, case_from_json
@@ -41,8 +41,6 @@ __all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "E
            "facts_of", "facts_note",
            "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
-#: Seconds past check's deadline that minimising and measuring a finding may take (as `engines.check.FINISH_GRACE`).
-FINISH_GRACE = 5.0
 #: The most runs one minimisation candidate of a racy finding gets.
 MAX_CANDIDATE_RUNS = 6
 
@@ -114,7 +112,7 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
     enumerated = enumeration(max_ranks, lookups)
     rng = random.Random(seed)
     i = 0
-    level0 = 6 * max_ranks * len(lookups)  # the recurring and isolation shapes first; then cases in turn with random ones
+    level0 = FIRST_CASES * max_ranks * len(lookups)  # every shape's first cases; then cases in turn with random ones
     while not should_stop():
         if stop_before is not None and time.monotonic() + 2 * max(1.0, stats.seconds_per_case) > stop_before:
             break  # a case started now would end past the phase
@@ -340,6 +338,7 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
                   max_ranks: int | None = None, runner: str = "in-process") -> EngineTarget:
     """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
     most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+    from runtime.options import check_engine_options
     from runtime.registry import ResolveError, resolve_serving_engine
     if lookup not in ("sync", "async", "both"):
         raise ResolveError(f"--lookup {lookup!r}: expected sync, async or both")
@@ -358,9 +357,13 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
     if unknown:
         raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes ranks, "
                            f"{', '.join(o for o in engine.options or () if o not in shardchecks)})")
+    check_engine_options(opts)
     if runner == "processes" and engine.options is not None and "runner" not in engine.options:
         raise ResolveError(f"engine {engine.name!r} cannot run its ranks in processes (--runner processes)")
     cap = ranks or max_ranks or (len(opts["urls"]) if opts.get("urls") else 4)
+    if opts.get("urls") and len(opts["urls"]) < cap:  # (a case of n ranks is given the first n urls, one per rank)
+        raise ResolveError(f"--engine-option urls names {len(opts['urls'])} server(s): cases of up to {cap} ranks "
+                           "need one per rank (give more urls, or a smaller --max-ranks / ranks=)")
     return EngineTarget(engine=engine, lookups=lookups, options=opts, max_ranks=cap, runner=runner)
 
 
@@ -396,7 +399,8 @@ class EngineCases:
         cov = ctx.coverage.of(self.name, EngineCasesCoverage)
         findings = engine_search(target.make, lookups=target.lookups, max_ranks=target.max_ranks, seed=ctx.seed,
                                  should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
-                                 minimise_stop=lambda: time.monotonic() >= ctx.deadline + FINISH_GRACE,
+                                 # (no run is started that the cases so far say would end past finish_by)
+                                 minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
                                  minimise_seconds=float("inf"), stop_before=ctx.phase_end)
         if not findings:
             return None

@@ -202,12 +202,20 @@ def _nemesis(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="nemesis", about=about, demos=demos)
 
 
-#: Every property, in the order a run's violations are reported. Adding one: a record here (and its check),
-#: and a demo that violates it (ARCHITECTURE.md).
+#: Every property, in the order a run's violations are reported: the first names what is broken, so a protocol
+#: run's come first those that name a cause (another prompt's chunk counted, evicted or loaded; a key no store path
+#: wrote), then the wrong answers (plan, collectives, results, bytes), and last what is only lost (completeness,
+#: maximality), which those before often explain. Adding one: a record here (and its check), and a demo that
+#: violates it, first (ARCHITECTURE.md).
 CATALOG: tuple[Property, ...] = (
+    _protocol("isolation-lookup", "a lookup never counts another prompt's chunk as a hit", isolation_lookup,
+              "PositionKeys"),
+    _protocol("isolation-eviction", "another prompt's eviction changes this prompt's plan only through this prompt's "
+              "chunks", isolation_eviction, "PositionMarkedLookup"),
+    _protocol("isolation-load", "a load returns only bytes stored for this prompt's chunks", isolation_load,
+              "PositionKeyedLoad"),
+    _protocol("key-consistency", "a load reads only keys its store path wrote", key_consistency, "WrongAsyncKey"),
     _protocol("soundness", "planned <= LCP", soundness, "MaxCombine"),
-    _protocol("completeness", "planned >= LCP", completeness,
-              "OwnCountReport", "EmptyRankReportsZero", "MismatchedOwnership"),
     _protocol("desync", "the k-th collectives of all ranks match", None, "EarlyExitOnMiss"),
     _protocol("deadlock", "some rank can always progress", None, "SkipEmptyGather"),
     _protocol("hang", "no rank waits forever on a completion", None, "UnboundedWaitAsync"),
@@ -217,14 +225,9 @@ CATALOG: tuple[Property, ...] = (
     _protocol("agreement", "all ranks agree on u", agreement, "GiveUpOnLocalMiss"),
     _protocol("within-plan", "u <= planned", within_plan, "AlignedPlanGreedyLoad"),
     _protocol("integrity", "every returned value equals the stored KV", integrity, "ByteOffByOne"),
+    _protocol("completeness", "planned >= LCP", completeness,
+              "OwnCountReport", "EmptyRankReportsZero", "MismatchedOwnership"),
     _protocol("maximality", "u == planned without a fault after the lookup", maximality, "PessimisticLoad"),
-    _protocol("key-consistency", "a load reads only keys its store path wrote", key_consistency, "WrongAsyncKey"),
-    _protocol("isolation-load", "a load returns only bytes stored for this prompt's chunks", isolation_load,
-              "PositionKeyedLoad"),
-    _protocol("isolation-lookup", "a lookup never counts another prompt's chunk as a hit", isolation_lookup,
-              "PositionKeys"),
-    _protocol("isolation-eviction", "another prompt's eviction changes this prompt's plan only through this prompt's "
-              "chunks", isolation_eviction, "PositionMarkedLookup"),
     _store("store-hang", "every call and completion returns within the op timeout",
            "blocking_miss_factory", "lost_async_factory"),
     _store("store-roundtrip", "every answer equals the oracle's, on every read path",
@@ -243,7 +246,7 @@ CATALOG: tuple[Property, ...] = (
     _engine("engine-soundness", "a lookup never answers more than the minimum over ranks of each rank's stored "
             "prefix, whatever failed", "take_max"),
     _engine("engine-completeness", "with nothing failed, a lookup answers exactly the minimum over ranks of each "
-            "rank's stored prefix", "one_chunk_short"),
+            "rank's stored prefix", "one_chunk_short", "memoise_sync_lookup"),
     _engine("engine-integrity", "a retrieve returns exactly the stored bytes of the planned prefix (never freed "
             "memory, never fewer chunks with nothing failed)", "flip_retrieved_byte"),
     _engine("engine-isolation", "under the engine's own key scheme, a lookup never counts and a retrieve never "

@@ -34,6 +34,8 @@ class RunConfig:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     write_traces: bool = True
     minimise_seconds: float = 30.0
+    #: The latest (monotonic seconds) a failure may be minimised and measured to (`check`'s `finish_by`).
+    finish_by: float = float("inf")
     #: Failures' traces collected in memory instead of written (`properties.reporting.write_found`), or None.
     found: list | None = None
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
@@ -148,7 +150,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
                                                               "max_ranks", "shared", "retention", "engine", "nemesis_spec",
-                                                              "recovery_seconds")},
+                                                              "recovery_seconds", "finish_by")},
                            **changes})
     try:
         yield CURRENT

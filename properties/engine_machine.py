@@ -115,12 +115,15 @@ class EngineMachine(RuleBasedStateMachine):
         assert self.case is not None
         case = attrs.evolve(self.case, steps=tuple(self.steps))
         prop, call = violations[0].property, call_of(violations[0])
-        stop_at = time.monotonic() + self.cfg.minimise_seconds
+        now = time.monotonic()
+        stop_at = min(now + self.cfg.minimise_seconds, (now + self.cfg.finish_by) / 2)  # (half what is left at most)
         stop = lambda: time.monotonic() >= stop_at  # noqa: E731
         make, bounds = self.target.make, Bounds(close=0.3)
         small = minimise_case(lambda c: shows(_run(make, c, bounds).violations, prop, call), case, stop) \
             if self.cfg.minimise_seconds > 0 else case
-        k, n, first = measure_rate(make, small, prop, 3, bounds, call=call)
+        measured_by = min(stop_at + self.cfg.minimise_seconds, self.cfg.finish_by)  # (one run at least)
+        k, n, first = measure_rate(make, small, prop, 3, bounds, call=call,
+                                   stop=lambda: time.monotonic() >= measured_by)
         if first is None:
             from engines.engine_run import EngineOutcome
             small, k, n, first = case, 1, 1, EngineOutcome(case, list(violations), list(self.run.events), 0.0)
@@ -236,16 +239,16 @@ class EngineMachineSearch:
     def search(self, ctx: SearchContext) -> Finding | None:
         target = ctx.target.engine
         cov = ctx.coverage.of(self.name, EngineMachineCoverage)
-        left = max(5.0, ctx.deadline - time.monotonic())
         _STOP[0], _STOPPED[0] = ctx.should_stop, False
         try:
-            return self._batches(ctx, target, cov, left)
+            return self._batches(ctx, target, cov)
         finally:
             _STOP[0], _STOPPED[0] = (lambda: False), False
 
-    def _batches(self, ctx: SearchContext, target: Any, cov: EngineMachineCoverage, left: float) -> Finding | None:
+    def _batches(self, ctx: SearchContext, target: Any, cov: EngineMachineCoverage) -> Finding | None:
         found: list[Trace] = []
-        with config.using(engine=target, found=found, minimise_seconds=min(30.0, left / 2)):
+        # a failure is minimised and measured by `ctx.finish_by` (half of what is left then minimising)
+        with config.using(engine=target, found=found, minimise_seconds=30.0, finish_by=ctx.finish_by):
             batch = 0
             while not _stopped():
                 steps0 = RULE_STEPS["engine"]

@@ -2,11 +2,14 @@
 arguments both `argparse`'s `add_argument` and pytest's `addoption` take, so a help text or a default has one home."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from model.faults import SERVER_KIND_NAMES
+from runtime.registry import ResolveError
 
-__all__ = ["SHARED_OPTIONS", "ENGINE_FLAGS", "NEMESIS_FLAGS", "HARNESS_FLAGS", "add_options"]
+__all__ = ["SHARED_OPTIONS", "ENGINE_FLAGS", "NEMESIS_FLAGS", "HARNESS_FLAGS", "add_options",
+           "ENGINE_OPTION_VALUES", "check_engine_options"]
 
 #: flag -> keyword arguments of `add_argument` / `addoption`.
 SHARED_OPTIONS: dict[str, dict[str, Any]] = {
@@ -58,3 +61,42 @@ def add_options(add: Callable[..., Any], *flags: str) -> None:
     """Add each of `flags` through `add` (a parser's `add_argument` or a pytest group's `addoption`)."""
     for flag in flags:
         add(flag, **SHARED_OPTIONS[flag])
+
+
+def _url_ok(url: Any) -> bool:
+    from urllib.parse import urlparse
+    if not isinstance(url, str) or not url.strip():
+        return False
+    p = urlparse(url if "://" in url else f"resp://{url}")
+    try:
+        return bool(p.hostname) and p.port is not None
+    except ValueError:  # a port that is not a number, or out of range
+        return False
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+#: What the value of each engine option shardcheck gives a meaning to must be (any engine that takes the option,
+#: a `MOD:ATTR` one included: a trace's options are its case's conditions on whichever engine replays it); checked
+#: when the options are parsed (`check_engine_options`), so a bad value is one line and exit 2 before anything runs.
+ENGINE_OPTION_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "urls": ("a comma-separated list of HOST:PORT or SCHEME://[:PASSWORD@]HOST:PORT, one per rank",
+             lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_url_ok(u) for u in v)),
+    "lookup_timeout_ms": ("a whole number of milliseconds, at least 1", lambda v: _whole(v) and v >= 1),
+    "close_timeout": ("a number of seconds above 0", lambda v: _seconds(v) and v > 0),
+}
+
+
+def check_engine_options(options: dict, flag: str = "--engine-option") -> None:
+    """`ResolveError` naming the first option of `options` whose value `ENGINE_OPTION_VALUES` refuses."""
+    for key, value in options.items():
+        want = ENGINE_OPTION_VALUES.get(key)
+        if want is not None and not want[1](value):
+            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            raise ResolveError(f"{flag} {key}={shown!r}: expected {want[0]}")

@@ -12,7 +12,7 @@ import uuid
 
 from model.contract import StoreCallTimeout
 from runtime.bounded import BoundedStore
-from runtime.registry import Client, ResolveError
+from runtime.registry import Client, ResolveError, options_for_ranks
 
 __all__ = ["TierUnreachable", "reach", "is_connection_error"]
 
@@ -45,7 +45,7 @@ def _where(options: dict) -> str:
 def reach(client: Client, options: dict, *, n_ranks: int = 1, op_timeout: float = 2.0) -> None:
     """Raise `TierUnreachable` when `client`'s stores (made with `options`) cannot reach their servers."""
     try:
-        made = client.factory(n_ranks, **client.accepted(options))
+        made = client.factory(n_ranks, **client.accepted(options_for_ranks(options, n_ranks)))
     except Exception as exc:  # noqa: BLE001 - any failure to build the stores is an unusable tier or factory
         if is_connection_error(exc):
             raise TierUnreachable(f"client {client.name!r}: its tier cannot be reached{_where(options)}: "

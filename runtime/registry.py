@@ -5,6 +5,7 @@
 - `resolve_client(spec) -> Client`: a name of `CLIENTS` or `MOD:ATTR` naming a factory
   `factory(n_ranks, **options) -> list[RankStore]` (or a `RankStore` class, one instance per rank).
   `Client.stores(n_ranks, **options)` calls the factory and validates what it returns (count and methods).
+- `options_for_ranks(options, n_ranks, first=0)`: a factory call's `urls`, those of its own ranks (the one place).
 
 A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
 `in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
@@ -40,7 +41,8 @@ __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CL
            "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
            "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "by_verdict",
            "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine",
-           "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS"]
+           "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS",
+           "options_for_ranks"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = MEMORY_CLIENT
@@ -136,6 +138,17 @@ class ResolveError(ValueError):
     """A `--protocol`/`--client` value that cannot be used; the message names it and the problem."""
 
 
+def options_for_ranks(options: dict, n_ranks: int, first: int = 0) -> dict:
+    """`options` for one factory call (a client's or a serving engine's) of `n_ranks` ranks from rank `first` on:
+    a `urls` list naming more servers is cut to the call's own, `urls[first:first + n_ranks]` (one per rank; a list
+    too short for that is handed as given: one shared server, or the factory refuses). Every layer that calls a
+    factory goes through here (`Client.stores`, `ServingEngine.deployment`, the preflight, the rank processes)."""
+    urls = options.get("urls")
+    if not isinstance(urls, (list, tuple)) or len(urls) < first + n_ranks:
+        return options
+    return {**options, "urls": list(urls[first:first + n_ranks])}
+
+
 @attrs.frozen(kw_only=True)
 class Protocol:
     """A resolved protocol: the object, its contract `name`, and the `MOD:ATTR` a trace records to rebuild it."""
@@ -185,9 +198,10 @@ class Client:
 
     def stores(self, n_ranks: int, **options: Any) -> list:
         """`n_ranks` fresh stores, validated: one per rank, each with every `RankStore` method (`ResolveError`
-        otherwise; what was made is closed). Options the factory does not accept are dropped."""
+        otherwise; what was made is closed). Options the factory does not accept are dropped; `urls` are those of
+        these ranks (`options_for_ranks`)."""
         try:
-            made = list(self.factory(n_ranks, **self.accepted(options)))
+            made = list(self.factory(n_ranks, **self.accepted(options_for_ranks(options, n_ranks))))
         except ResolveError:
             raise
         except Exception as exc:  # noqa: BLE001 - a factory that cannot make stores is unusable input, never a crash
@@ -392,6 +406,7 @@ class ServingEngineEntry:
 #: `--runner` of the deployment, and `patches`, the `--engine-patch` functions a rank process applies first).
 ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout", "runner", "patches")
 
+
 #: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
 SERVING_ENGINES: dict[str, ServingEngineEntry] = {
     "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.factory:stock_factory", options=ENGINE_OPTIONS,
@@ -438,10 +453,11 @@ class ServingEngine:
 
     def deployment(self, n_ranks: int, **options: Any) -> Any:
         """A fresh deployment (the patches applied first), validated against `model.contract.EngineDeployment`
-        (`ResolveError` otherwise; what was made is closed)."""
+        (`ResolveError` otherwise; what was made is closed); `urls` are those of these ranks (`options_for_ranks`)."""
         apply_engine_patches(self.patches)
         lookup, models = options.pop("lookup", "sync"), options.pop("models", ("m",))
-        made = self.factory(n_ranks, lookup=lookup, models=tuple(models), **self.accepted(options))
+        made = self.factory(n_ranks, lookup=lookup, models=tuple(models),
+                            **self.accepted(options_for_ranks(options, n_ranks)))
         lacking = missing_members(made, DEPLOYMENT_METHODS)
         attrs_missing = [a for a in ("n_ranks", "deployments", "chunk_size", "chunk_bytes", "lookup_mode",
                                      "lookup_timeout") if not hasattr(made, a)]

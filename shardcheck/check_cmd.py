@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Any
 
 from engines.api import DEFAULT_RETENTION
@@ -45,9 +46,12 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               options: list[str] | dict | None = None, ranks: int | None = None,
               max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, nemesis: str | None = None,
               recovery_seconds: float | None = None, engine: Any = None, lookup: str = "both",
-              engine_options: list[str] | dict | None = None, engine_patches: Any = ()) -> dict:
+              engine_options: list[str] | dict | None = None, engine_patches: Any = (),
+              started: float | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
-    own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines")."""
+    own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines"). The budget counts from `started`
+    (monotonic seconds; default: now): building the target, its clients and servers, is within it."""
+    started = time.monotonic() if started is None else started
     from engines.check import SaveError, run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
     from shardcheck.progress import Progress
@@ -69,25 +73,26 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
                              "strike their own (fault steps: pause, resume, kill, restart of a rank's server)")
         target = build_engine_target(engine, lookup=lookup, options=engine_options, patches=engine_patches,
                                      max_ranks=ranks or max_ranks, runner=runner)
-        return _check_engine(target, budget=budget, seed=seed, out_dir=out_dir, progress=progress)
+        return _check_engine(target, budget=budget, seed=seed, out_dir=out_dir, progress=progress, started=started)
     if engine_options or engine_patches:
         raise UsageError("--engine-option and --engine-patch need --engine")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
-    bar = Progress(budget, enabled=progress)
+    bar = Progress(budget, enabled=progress, started=started)
     with case_runner_of(target, op_timeout, plan) as run, bar:
         try:
             result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None), retention=retention, nemesis=plan)
+                           note=_err if progress else (lambda text: None), retention=retention, nemesis=plan,
+                           started=started)
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
 
 
-def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool) -> dict:
+def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool, started: float) -> dict:
     """`check --engine`: the deployment schedule of `engines.check.run_check` (no protocol runner: every case runs
     on fresh deployments of the engine)."""
     import contextlib
@@ -98,25 +103,27 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     def no_runner(protocol: Any, case: Any) -> Any:
         raise UsageError("a protocol case cannot run on a serving engine target")
 
-    bar = Progress(budget, enabled=progress)
+    bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
             result = check(target, run=no_runner, fresh_runner=lambda: contextlib.nullcontext(no_runner),
                            budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None))
+                           note=_err if progress else (lambda text: None), started=started)
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
 
 
 def cmd_check(args: Any) -> int:
+    from shardcheck.supervise import started
     result = run_check(args.protocol, args.client, budget=args.budget, seed=args.seed, out_dir=args.out,
                        progress=not args.json, op_timeout=args.op_timeout,
                        until_exhausted=_size_arg(args.until_exhausted), runner=args.runner,
                        explore_workers=args.explore_workers, options=args.client_option, ranks=args.ranks,
                        max_ranks=args.max_ranks, retention=args.retention, nemesis=args.nemesis,
                        recovery_seconds=args.recovery_seconds, engine=args.engine, lookup=args.lookup,
-                       engine_options=args.engine_option, engine_patches=args.engine_patch)
+                       engine_options=args.engine_option, engine_patches=args.engine_patch,
+                       started=started())
     if args.json:
         print_json(result)
     else:

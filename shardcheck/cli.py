@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         with json_stdout(bool(getattr(args, "json", False))), watching(stall_limit(args)):
-            return handler(args)
+            code = handler(args)
+        if argv is None and args.command == "check" and os.environ.get(supervise.SUPERVISED) == "1":
+            supervise.quick_exit(code)  # (its clean-up done: the interpreter's finalisation would overrun the budget)
+        return code
     except HarnessOutcome as exc:  # outside any case: nothing was judged
         print(f"shardcheck {args.command}: undecided: {exc.reason}", file=sys.stderr)
         return EXIT_UNDECIDED

@@ -17,9 +17,10 @@ PLAIN_EVERY = 5.0
 class Progress:
     """`with Progress(budget, enabled=...) as p: ... p.update(coverage)`; `coverage` is an `engines.api.Coverage`."""
 
-    def __init__(self, budget: float, *, enabled: bool = True) -> None:
+    def __init__(self, budget: float, *, enabled: bool = True, started: float | None = None) -> None:
         self.budget, self.enabled = budget, enabled
-        self.start = self.last = time.monotonic()
+        self.last = time.monotonic()
+        self.start = self.last if started is None else started  # (the budget counts from the command's start)
         self.bar: Any = None
         self.task: Any = None
 

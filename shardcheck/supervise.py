@@ -7,6 +7,9 @@ stack (faulthandler on `DUMP_SIGNAL`, which works without the interpreter), kill
 PDEATHSIG), and exits `EXIT_UNINTERRUPTIBLE` with one line saying why. Output passes straight through; Ctrl-C and
 SIGTERM are passed on to the child, which ends cleanly, or is killed after `STOP_SECONDS`. Only the first Ctrl-C
 counts, here and in the child (`shardcheck.cli`): a second one never cuts the clean-up short.
+
+The budget counts from the command's start (`started`: this process's start, handed to the child in `STARTED`), and
+the child, once its clean-up ran, ends without the interpreter's slow finalisation (`quick_exit`).
 """
 from __future__ import annotations
 
@@ -22,10 +25,16 @@ from runtime import starvation
 from runtime.watchdog import EXIT_UNINTERRUPTIBLE
 from shardcheck.errors import EXIT_UNDECIDED
 
-__all__ = ["SUPERVISED", "DUMP_SIGNAL", "deadline", "supervise", "in_child"]
+__all__ = ["SUPERVISED", "STARTED", "DUMP_SIGNAL", "deadline", "supervise", "in_child", "started", "quick_exit"]
 
 #: Set in the child's environment; its presence means "do not supervise again".
 SUPERVISED = "SHARDCHECK_SUPERVISED"
+#: Set in the child's environment: the monotonic time the command started (Linux's CLOCK_MONOTONIC is one clock for
+#: every process), so that the child's budget counts the supervisor's start and its own.
+STARTED = "SHARDCHECK_STARTED"
+#: The most seconds a child may have started after its supervisor for the supervisor's start to count (a stale
+#: `STARTED` inherited from elsewhere is not this command's).
+STARTED_SLACK = 60.0
 #: Extra seconds past `--budget` before the parent ends the child (`SHARDCHECK_SUPERVISOR_GRACE` overrides).
 GRACE_SECONDS = 30.0
 #: Seconds a child may take to end after Ctrl-C before it is killed (its servers then die with it, but their dirs
@@ -40,6 +49,45 @@ def deadline(budget: float) -> float:
     from engines.check import FINISH_GRACE
     grace = float(os.environ.get("SHARDCHECK_SUPERVISOR_GRACE", GRACE_SECONDS))
     return budget + 2 * FINISH_GRACE + grace
+
+
+def _own_start() -> float:
+    """When this process started, in `time.monotonic()` seconds (its age from /proc; now where there is none)."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # (field 22, starttime: clock ticks since boot)
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0.0 <= age < 3600.0 else now
+
+
+def started() -> float | None:
+    """In a supervised child, when its command started (monotonic seconds): its supervisor's start (else its own);
+    `check` counts its budget from there. None elsewhere: an in-process call counts from its own call."""
+    if os.environ.get(SUPERVISED) != "1":
+        return None
+    own = _own_start()
+    try:
+        value = float(os.environ.get(STARTED, own))
+    except ValueError:
+        return own
+    return value if own - STARTED_SLACK <= value <= own + 1.0 else own
+
+
+def quick_exit(code: int) -> None:
+    """End a supervised child whose work and clean-up are done: the exit hooks run (servers stopped, files removed),
+    the output is flushed, and the interpreter's finalisation, which takes seconds once LMCache and torch are
+    imported, is skipped (`os._exit`)."""
+    import atexit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def in_child() -> bool:
@@ -74,7 +122,8 @@ def _exited(child: subprocess.Popen, seconds: float) -> bool:
 
 def supervise(argv: list[str], seconds: float, command: str) -> int:
     """Run `python -m shardcheck ARGV` as a child; its exit status, or `EXIT_UNINTERRUPTIBLE` after `seconds`."""
-    child = subprocess.Popen([sys.executable, "-m", "shardcheck", *argv], env={**os.environ, SUPERVISED: "1"})
+    child = subprocess.Popen([sys.executable, "-m", "shardcheck", *argv],
+                             env={**os.environ, SUPERVISED: "1", STARTED: repr(_own_start())})
     previous = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     try:
         starvation.start()

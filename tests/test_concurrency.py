@@ -21,7 +21,8 @@ def racy_layout(store, seed=0):
 
 @pytest.mark.parametrize("name", list(RACY_STORES))
 def test_racy_store_is_caught_with_its_property(name):
-    """Each racy client shows its own property in the runs of one fixed layout."""
+    """Each racy client shows its own property in the runs of one fixed layout: the one most failing runs lead with
+    (a race shows others now and then, e.g. a crossed reply that carried a miss is only `linearizability`)."""
     factory, prop = RACY_STORES[name]
     store = factory(1)[0]
     try:
@@ -29,7 +30,7 @@ def test_racy_store_is_caught_with_its_property(name):
     finally:
         store.close()
     assert rate.k >= 1, f"{name}: no violation in {rate.n} runs"
-    assert prop in rate.properties, rate.properties
+    assert max(rate.properties, key=rate.properties.get) == prop, rate.properties
 
 
 @pytest.mark.parametrize("name", list(RACY_STORES))

@@ -19,6 +19,15 @@ from tests.conftest import run_cli
     (["check", "--engine-patch", "adapters.engine_demos:take_max"], "need --engine"),
     (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1"], "cannot be reached"),
     (["check", "--engine", "lmcache", "--nemesis", "all"], "strike their own"),
+    # bad values of the options an engine takes are refused when parsed, naming the option (never a traceback)
+    (["check", "--engine", "lmcache", "--engine-option", "lookup_timeout_ms=abc"], "lookup_timeout_ms='abc'"),
+    (["check", "--engine", "lmcache-patched", "--engine-option", "lookup_timeout_ms=0"], "lookup_timeout_ms=0"),
+    (["check", "--engine", "lmcache", "--engine-option", "close_timeout=-1"], "close_timeout=-1"),
+    (["check", "--engine", "lmcache", "--engine-option", "close_timeout=soon"], "close_timeout='soon'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=garbage"], "urls='garbage'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1,h:port"], "urls='127.0.0.1:1,h:port'"),
+    (["check", "--engine", "lmcache", "--engine-option", "urls=127.0.0.1:1", "--max-ranks", "2"],
+     "urls names 1 server(s)"),
 ])
 def test_bad_engine_input_is_exit_2(args, says):
     got = run_cli(*args, "--budget", "5", timeout=60)
@@ -27,10 +36,30 @@ def test_bad_engine_input_is_exit_2(args, says):
 
 
 @pytest.mark.real
+def test_a_sync_client_that_memoises_per_request_id_is_found_by_its_property_in_the_first_cases(tmp_path):
+    """A scheduler-side sync client that answers a request id it has looked up before from a memo (the engine demo
+    `memoise_sync_lookup`, on lmcache-patched, which holds without it: stock LMCache's own close never returns and
+    is found first on every case) is found by engine-completeness among the first cases of the enumeration: one
+    request looked up before its prompt is stored and again after (it was found at case ~100 when the enumeration
+    looked a request id up again only in its disturbed shapes). Counted in cases, not timed (the budget is room for
+    importing LMCache and building the first deployments on a loaded machine)."""
+    from engines.engine_cases import FIRST_CASES
+    got = run_cli("check", "--engine", "lmcache-patched", "--lookup", "sync", "--engine-patch",
+                  "adapters.engine_demos:memoise_sync_lookup", "--budget", "90",
+                  "--json", "--out", str(tmp_path), timeout=300)
+    assert got.returncode == 1, got.stderr[-2000:]
+    result = json.loads(got.stdout)
+    assert result["violations"][0]["property"] == "engine-completeness", result["violations"]
+    cases = result["stats"]["coverage"]["engine-cases"]
+    assert result["stats"]["counterexample"]["engine"] == "engine-cases" and cases["cases"] <= FIRST_CASES, cases
+
+
+@pytest.mark.real
 def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
     """Stock LMCache's async path violates an engine property within a short budget; the trace reproduces on it and
     is fixed on lmcache-patched."""
-    got = run_cli("check", "--engine", "lmcache", "--lookup", "async", "--budget", "10", "--json", "--out",
+    # (the budget counts importing LMCache and building the first deployment: 10-20 s on a loaded machine)
+    got = run_cli("check", "--engine", "lmcache", "--lookup", "async", "--budget", "30", "--json", "--out",
                   str(tmp_path), timeout=240)
     assert got.returncode == 1, got.stderr[-2000:]
     result = json.loads(got.stdout)
@@ -119,7 +148,7 @@ def test_a_temp_dir_too_long_for_zmq_sockets_is_one_line_and_exit_2(tmp_path):
     deep = tmp_path / ("d" * 90)
     deep.mkdir()
     r = subprocess.run([sys.executable, "-m", "shardcheck", "check", "--engine", "lmcache", "--lookup", "sync",
-                        "--budget", "5", "--out", str(tmp_path / "found")], cwd=Path(__file__).resolve().parents[1],
+                        "--budget", "30", "--out", str(tmp_path / "found")], cwd=Path(__file__).resolve().parents[1],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(deep)})
     assert r.returncode == 2, r.stderr[-2000:]
     assert "TMPDIR" in r.stderr and "too long" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

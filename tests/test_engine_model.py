@@ -124,6 +124,20 @@ def test_generated_cases_are_consistent():
     assert random_case(random.Random(7), 2, "async") == random_case(random.Random(7), 2, "async")
 
 
+def test_a_request_looked_up_again_comes_among_the_first_cases_of_every_shape():
+    """Every (ranks, lookup) shape's first cases look one request id up again after the tier changed under it
+    (before and after its prompt is stored; before and after a chunk of it is evicted), right after the recurring
+    episode: a client that memoises its answer per request id is found in the first cases, not at case ~100."""
+    from engines.engine_cases import FIRST_CASES
+    cases = list(zip(range(4 * 2 * FIRST_CASES), enumeration(4, ("sync", "async"))))
+    for start in range(0, len(cases), FIRST_CASES):
+        origins = [origin for _, (origin, _) in cases[start:start + FIRST_CASES]]
+        assert origins[:3] == ["recurring", "recurring-request-grows", "recurring-request-shrinks"], origins
+    grows = dict(item for _, item in cases[:FIRST_CASES])["recurring-request-grows"]
+    kinds = [(s.kind, s.request) for s in grows.steps]
+    assert kinds[:3] == [("lookup", "q1"), ("store", ""), ("lookup", "q1")] and not grows.problems()
+
+
 def test_minimise_case_drops_what_is_not_needed():
     """Fewest ranks, then steps, then chunks, then unused prompts, keeping the failure (a pure predicate here)."""
     case = EngineCase(n_ranks=3, lookup="async", prompts=(EnginePrompt(name="p0", chunks=3),

@@ -20,14 +20,15 @@ def test_reference_holds_on_small_enumeration(name):
 
 @pytest.mark.parametrize("variant", list(DEMO_VARIANTS), ids=lambda v: v.__name__)
 def test_demo_variant_violates_its_property(variant):
-    """Each demo variant is caught, and its minimised counterexample violates the intended property."""
+    """Each demo variant is caught by its own property: the first violation of the case found, and of its minimised
+    counterexample, is the one the catalog names for it (what is broken leads; what follows from it comes after)."""
     budget = iter(range(200_000))
     found = search(variant(), should_stop=lambda: next(budget, None) is None)
     assert found is not None
     prop = DEMO_VARIANTS[variant]
-    assert prop in found.outcome.violated()
-    small = minimise(variant(), found.lead_with(prop))  # shrink towards the intended property
-    assert prop in run_case(variant(), small.case).violated()
+    assert found.property == prop, found.outcome.violated()
+    small = minimise(variant(), found)
+    assert run_case(variant(), small.case).violations[0].property == prop
 
 
 def test_every_property_has_a_demo_variant():
@@ -57,3 +58,15 @@ def test_store_path_written_keys_map_to_chunks():
     """The harness records, per rank, which chunk each key written by rank_store belongs to."""
     out = run_case(PaperProtocol(), Case(2, 3))
     assert sorted(out.written[0].values()) == [0, 2] and list(out.written[1].values()) == [1]
+
+
+@pytest.mark.parametrize("variant", list(DEMO_VARIANTS), ids=lambda v: v.__name__)
+def test_check_reports_each_demo_variant_by_its_own_property(variant, tmp_path):
+    """`check` on each demo variant (search, minimising, measuring, the saved trace) leads with the catalog's
+    property for it: the verdict's first violation and the trace's property."""
+    from model.trace import Trace
+    from shardcheck.check_cmd import run_check
+    r = run_check(f"{variant.__module__}:{variant.__name__}", None, budget=30, out_dir=str(tmp_path))
+    prop = DEMO_VARIANTS[variant]
+    assert r["verdict"] == "violated" and r["violations"][0]["property"] == prop, r["violations"]
+    assert Trace.load(r["violations"][0]["counterexample"]).property == prop

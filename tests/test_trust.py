@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RACY = "tests.user_clients:shared_reply_factory"
 CORRECT = "tests.user_clients:locked_reply_factory"
 USER = "tests.user_clients:valkey_factory"
+#: The same client with a factory that wants exactly one url per rank (issue 28: `factory(1)` was called with both).
+STRICT = "tests.user_clients:strict_valkey_factory"
 
 
 def sc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -65,10 +67,12 @@ def test_pytest_properties_on_a_down_tier_is_exit_2(tmp_path):
 
 
 @pytest.mark.real
-def test_a_factory_over_the_users_two_servers_is_checked_within_them(tmp_path):
-    """`--client-option urls=a,b --max-ranks 2`: every engine stays within the two servers, and the client holds."""
+@pytest.mark.parametrize("factory", [USER, STRICT])
+def test_a_factory_over_the_users_two_servers_is_checked_within_them(tmp_path, factory):
+    """`--client-option urls=a,b --max-ranks 2`: every engine stays within the two servers, and the client holds,
+    also when the factory wants exactly one url per rank (every layer hands a call of n ranks its n urls)."""
     with start_servers(2) as servers:
-        r = sc("check", "--client", USER, "--client-option", f"urls={','.join(servers.urls)}", "--max-ranks", "2",
+        r = sc("check", "--client", factory, "--client-option", f"urls={','.join(servers.urls)}", "--max-ranks", "2",
                "--budget", "12", "--json", "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(r.stdout)
@@ -77,6 +81,29 @@ def test_a_factory_over_the_users_two_servers_is_checked_within_them(tmp_path):
     for engine in ("enumerate", "random"):
         if cov.get(engine, {}).get("largest"):
             assert cov[engine]["largest"][0] <= 2, cov[engine]
+
+
+def test_a_factory_call_gets_the_urls_of_its_own_ranks():
+    """The one derivation of a call's urls: the first n of the user's for n ranks, rank r's alone in rank r's process,
+    and a list too short for the call handed as given (one shared server, or the factory's own refusal)."""
+    from adapters.rank_process import _make_store
+    from model.store import MemoryStore
+    from runtime.registry import Client, options_for_ranks
+    urls = ["redis://a:1", "redis://b:2", "redis://c:3"]
+    assert options_for_ranks({"urls": urls, "x": 1}, 2) == {"urls": urls[:2], "x": 1}
+    assert options_for_ranks({"urls": urls}, 1, first=2) == {"urls": urls[2:]}
+    assert options_for_ranks({"urls": urls[:1]}, 2) == {"urls": urls[:1]}
+    assert options_for_ranks({"op_timeout": 1.0}, 2) == {"op_timeout": 1.0}
+    calls: list = []
+
+    def factory(n_ranks, urls=None):
+        calls.append((n_ranks, urls))
+        return [MemoryStore() for _ in range(n_ranks)]
+    client = Client(name="rec", factory=factory, in_memory=True)
+    client.stores(1, urls=urls)
+    client.stores(3, urls=urls)
+    _make_store(client, 1, {"urls": urls}, 1.0)
+    assert calls == [(1, urls[:1]), (3, urls), (1, urls[1:2])]
 
 
 def test_client_options_parse_as_json_or_text_and_unknown_ones_are_refused():

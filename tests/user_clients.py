@@ -2,6 +2,7 @@
 
 - `valkey_factory`: a client over valkey-py (a connection pool per server, an executor for `get_async`, `MGET` for
   batches), over the user's servers (`urls=`) or embedded ones it starts and stops itself;
+  `strict_valkey_factory` is the same client as a stricter user writes its factory: exactly one url per rank;
 - `shared_reply_factory`: a client whose sync calls and async worker share one reply slot without a lock, as a
   hand-rolled pipeline on one socket does: a sync read now and then takes an async read's reply (racy, in memory);
   `locked_reply_factory` is the same client with the lock (correct).
@@ -17,7 +18,7 @@ import valkey
 
 from adapters.valkey_servers import start_servers
 
-__all__ = ["ValkeyPyStore", "valkey_factory", "SharedReplyStore", "shared_reply_factory", "locked_reply_factory"]
+__all__ = ["ValkeyPyStore", "valkey_factory", "strict_valkey_factory", "SharedReplyStore", "shared_reply_factory", "locked_reply_factory"]
 
 
 class ValkeyPyStore:
@@ -77,6 +78,14 @@ def valkey_factory(n_ranks: int, urls: Sequence[str] | None = None, op_timeout: 
     if len(urls) < n_ranks:
         raise ValueError(f"{n_ranks} ranks need {n_ranks} servers, got {len(urls)} urls")
     return [ValkeyPyStore(u, op_timeout) for u in urls[:n_ranks]]
+
+
+def strict_valkey_factory(n_ranks: int, urls: Sequence[str] | None = None,
+                          op_timeout: float = 2.0) -> list[ValkeyPyStore]:
+    """One store per rank on the user's servers, one url per rank, no more and no fewer."""
+    if urls is None or len(urls) != n_ranks:
+        raise ValueError(f"need {n_ranks} urls (one per rank), got {0 if urls is None else len(urls)}")
+    return [ValkeyPyStore(u, op_timeout) for u in urls]
 
 
 class SharedReplyStore:
