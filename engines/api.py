@@ -59,9 +59,10 @@ class Target:
 
 
 def target_kind(target: Target) -> str:
-    """`deployment` (an engine under test), `in-memory` (a client that cannot block) or `real`."""
+    """`deployment` (an engine's own path under test), `stack` (a serving stack), `in-memory` (a client that cannot
+    block) or `real`."""
     if target.engine is not None:
-        return "deployment"
+        return "stack" if getattr(target.engine, "connector", None) is not None else "deployment"
     return "in-memory" if target.client.in_memory else "real"
 
 

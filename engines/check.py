@@ -39,7 +39,7 @@ FINISH_GRACE = 5.0
 FINISH_SHARE = 0.1
 #: Seconds kept at the very end for closing what the check opened (clients, servers, deployments) and ending the
 #: process, per kind of target (`engines.api.target_kind`); at most `FINISH_SHARE` of the budget.
-TEARDOWN_SECONDS = {"in-memory": 0.3, "real": 2.0, "deployment": 1.5}
+TEARDOWN_SECONDS = {"in-memory": 0.3, "real": 2.0, "deployment": 1.5, "stack": 15.0}
 #: The least share of the budget the search has after the set-up, however long that took (a machine so slow that
 #: setting up takes more than the rest ends late by the difference, rather than search for nothing).
 MIN_SEARCH_SHARE = 0.5
@@ -102,6 +102,8 @@ class CheckResult:
                       "seed": self.seed, "runner": t.runner, "coverage": self.coverage.to_json()}}
         if t.engine is not None:
             out["engine"] = t.engine.name
+            if getattr(t.engine, "connector", None) is not None:
+                out["connector"] = t.engine.connector
         if self.verdict == "undecided":
             out["undecided"] = list(self.undecided)
         f = self.finding

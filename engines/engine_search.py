@@ -37,7 +37,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace, encode
 
-__all__ = ["finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+__all__ = ["CaseSource", "deployment_source", "finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
            "facts_of", "facts_note",
            "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
@@ -89,7 +89,7 @@ class EngineStats:
         self.steps += len(case.steps)
         kind = origin.split("@")[0]
         self.by_origin[kind] = self.by_origin.get(kind, 0) + 1
-        shape = f"{case.n_ranks} ranks {case.lookup}"
+        shape = f"{case.n_ranks} ranks {getattr(case, 'lookup', 'stack')}"
         self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
         self.seconds_per_case += (seconds - self.seconds_per_case) / self.cases
 
@@ -97,41 +97,68 @@ class EngineStats:
         return {**attrs.asdict(self), "seconds_per_case": round(self.seconds_per_case, 3)}
 
 
-def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed: int,
-                  should_stop: Callable[[], bool], stats: EngineStats, bounds: Bounds = Bounds(),
+@attrs.frozen(kw_only=True)
+class CaseSource:
+    """What the search runs on one serving layer (engine cases on deployments, stack cases on a stack): `run(case,
+    salt=None, quick=False) -> EngineOutcome` (`quick`: minimising, so a stuck close is not waited for), `cases()`
+    (the enumeration: (origin, case) pairs), `random_case(rng, i)`, and `first_level` (enumerated cases run before
+    random ones are mixed in)."""
+
+    run: Callable[..., EngineOutcome]
+    cases: Callable[[], Iterator[tuple[str, Any]]]
+    random_case: Callable[[random.Random, int], Any]
+    first_level: int
+    #: Whether a finding may be cut down to fewer ranks (not on a stack: its ranks are the stack's).
+    shrink_ranks: bool = True
+
+
+def deployment_source(make: Make, *, lookups: tuple[str, ...], max_ranks: int, bounds: Bounds = Bounds(),
+                      call: str | None = None) -> CaseSource:
+    """The `CaseSource` of a serving engine's deployments: engine cases on a fresh deployment each (`make(case)`);
+    while minimising a finding that is not about `close`, a stuck close is not waited for."""
+    def run(case: EngineCase, salt: str | None = None, quick: bool = False) -> EngineOutcome:
+        return run_engine_case(make, case, bounds=_quick_bounds(bounds, call) if quick else bounds, salt=salt)
+
+    def random_of(rng: random.Random, i: int) -> EngineCase:
+        return random_case(rng, rng.randint(1, max_ranks), lookups[i % len(lookups)])
+    return CaseSource(run=run, cases=lambda: enumeration(max_ranks, lookups), random_case=random_of,
+                      first_level=FIRST_CASES * max_ranks * len(lookups))
+
+
+def engine_search(source: CaseSource, *, seed: int, should_stop: Callable[[], bool], stats: EngineStats,
                   minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
                   random_after: Callable[[], bool] | None = None, faults: bool = True,
                   one: bool = False, minimise_seconds: float = 30.0,
                   stop_before: float | None = None, by_origin: bool = False) -> list[EngineFinding]:
-    """Run cases until `should_stop()`; one finding per property (just the first with `one`). `random_after()`
-    true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases that pause,
-    kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured for at most
-    `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness` once per kind
-    of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
+    """Run the source's cases until `should_stop()`; one finding per property (just the first with `one`).
+    `random_after()` true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases
+    that pause, kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured
+    for at most `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness`
+    once per kind of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
     findings: list[EngineFinding] = []
-    enumerated = enumeration(max_ranks, lookups)
+    enumerated = source.cases()
     rng = random.Random(seed)
     i = 0
-    level0 = FIRST_CASES * max_ranks * len(lookups)  # every shape's first cases; then cases in turn with random ones
     while not should_stop():
         if stop_before is not None and time.monotonic() + 2 * max(1.0, stats.seconds_per_case) > stop_before:
             break  # a case started now would end past the phase
         item = None
-        if not (random_after is not None and random_after()) and (stats.cases < level0 or stats.cases % 2 == 0):
+        if not (random_after is not None and random_after()) and (stats.cases < source.first_level
+                                                                  or stats.cases % 2 == 0):
             item = next(enumerated, None)
             stats.enumeration_done = item is None
         if item is None:
             i += 1
-            item = (f"random:{seed}:{i}", random_case(rng, rng.randint(1, max_ranks), lookups[i % len(lookups)]))
+            item = (f"random:{seed}:{i}", source.random_case(rng, i))
         origin, case = item
         if not faults and any(s.kind == "fault" for s in case.steps):
             continue
-        if any(k.startswith("engine-returns") for k in stats.found):  # a stuck close found already: do not wait on it
-            bounds = attrs.evolve(bounds, close=min(bounds.close, 0.3))
-        out = run_engine_case(make, case, bounds=bounds, salt=f"{seed}-{stats.cases}-")
+        # (a stuck close found already: do not wait on it again)
+        out = source.run(case, salt=f"{seed}-{stats.cases}-",
+                         quick=any(k.startswith("engine-returns@close") for k in stats.found))
         stats.count(origin, case, out.seconds)
         if os.environ.get("SHARDCHECK_ENGINE_TRACE"):
-            print(f"[engine] {origin} {case.n_ranks}r {case.lookup} {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
+            print(f"[engine] {origin} {case.n_ranks}r {out.seconds}s {out.violated()}", file=sys.stderr, flush=True)
         kind = origin.split("@")[0].split(":")[0].split("-")[0] if by_origin else ""
         new = [v for v in out.violations if finding_key(v, kind) not in stats.found]
         if not new:
@@ -139,12 +166,18 @@ def engine_search(make: Make, *, lookups: tuple[str, ...], max_ranks: int, seed:
         prop = new[0].property
         stats.found.append(finding_key(new[0], kind))
         outer = minimise_stop or should_stop
-        finding = _finding(make, case, out, prop, origin, bounds=bounds, outer=outer, seconds=minimise_seconds,
-                           measure_runs=measure_runs, stats=stats, call=call_of(new[0]))
+        call = call_of(new[0])
+        finding = _finding(_about(source, call), case, out, prop, origin, outer=outer, seconds=minimise_seconds,
+                           measure_runs=measure_runs, stats=stats, call=call, ranks=source.shrink_ranks)
         findings.append(finding)
         if one:
             break
     return findings
+
+
+def _about(source: CaseSource, call: str | None) -> Callable[..., EngineOutcome]:
+    """The source's run while minimising a finding about `call`: quick unless it is about `close`."""
+    return lambda case, salt=None: source.run(case, salt=salt, quick=call != "close")
 
 
 def finding_key(v: Any, kind: str) -> str:
@@ -171,35 +204,35 @@ def shows(violations: Any, prop: str, call: str | None = None) -> bool:
     return any(v.property == prop and (call is None or call_of(v) == call) for v in violations)
 
 
-def _shows(make: Make, case: EngineCase, prop: str, call: str | None, bounds: Bounds, runs: int,
+def _shows(run: Callable[..., EngineOutcome], case: Any, prop: str, call: str | None, runs: int,
            stop: Callable[[], bool], stats: EngineStats) -> EngineOutcome | None:
     """The first of up to `runs` runs of `case` that violates `prop` (about `call`), or None."""
     for _ in range(runs):
         if stop():
             return None
         stats.minimise_runs += 1
-        out = run_engine_case(make, case, bounds=bounds)
+        out = run(case)
         if shows(out.violations, prop, call):
             return out
     return None
 
 
-def _finding(make: Make, case: EngineCase, out: EngineOutcome, prop: str, origin: str, *, bounds: Bounds,
+def _finding(run: Callable[..., EngineOutcome], case: Any, out: EngineOutcome, prop: str, origin: str, *,
              outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats,
-             call: str | None = None) -> EngineFinding:
+             call: str | None = None, ranks: bool = True) -> EngineFinding:
     """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest). An
     `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is another finding)."""
     t0 = time.monotonic()
     stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
-    quick = _quick_bounds(bounds, call)
-    again = sum(1 for _ in range(2) if not stop() and _shows(make, case, prop, call, quick, 1, stop, stats))
+    again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
     runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
-    small = minimise_case(lambda c: _shows(make, c, prop, call, quick, runs, stop, stats) is not None, case, stop)
+    small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
+                          ranks=ranks)
     left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
-    k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
+    k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
     if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
         small = case
-        k, n, first = measure_rate(make, small, prop, measure_runs, quick, stop=left, call=call)
+        k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
     if first is None:  # no time left to measure: the runs made so far
         k, n, first = 1 + again, 3 if again or not stop() else 1, out
     return EngineFinding(prop, small, first, k, n, origin, case.size(), call)
@@ -210,15 +243,15 @@ def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
     return bounds if call == "close" else attrs.evolve(bounds, close=min(bounds.close, 0.3))
 
 
-def measure_rate(make: Make, case: EngineCase, prop: str, runs: int, bounds: Bounds = Bounds(), *,
+def measure_rate(run: Callable[..., EngineOutcome], case: Any, prop: str, runs: int, *,
                  stop: Callable[[], bool] = lambda: False, call: str | None = None) -> tuple:
-    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` violate `prop` (about `call`)
-    (fewer runs when `stop()` ends it; at least one)."""
+    """(k, n, the first failing outcome or None): how many of `runs` runs of `case` (`run(case)`) violate `prop`
+    (about `call`) (fewer runs when `stop()` ends it; at least one)."""
     k, n, first = 0, 0, None
     for i in range(runs):
         if i and stop():
             break
-        out = run_engine_case(make, case, bounds=bounds)
+        out = run(case)
         n += 1
         if shows(out.violations, prop, call):
             k += 1
@@ -226,11 +259,12 @@ def measure_rate(make: Make, case: EngineCase, prop: str, runs: int, bounds: Bou
     return k, n, first
 
 
-def minimise_case(fails: Callable[[EngineCase], bool], case: EngineCase, stop: Callable[[], bool]) -> EngineCase:
-    """Fewest ranks, then fewest steps (delta debugging), then fewest chunks, then fewer prompts and deployments,
-    keeping `fails(candidate)` true; every candidate is a consistent case."""
+def minimise_case(fails: Callable[[Any], bool], case: Any, stop: Callable[[], bool], *, ranks: bool = True) -> Any:
+    """Fewest ranks (unless not `ranks`), then fewest steps (delta debugging), then fewest chunks, then fewer prompts
+    and deployments, keeping `fails(candidate)` true; every candidate is a consistent case (an engine or a stack
+    case: the same prompts, steps of the same fields)."""
     current = case
-    while current.n_ranks > 1 and not stop():
+    while ranks and current.n_ranks > 1 and not stop():
         smaller = _fewer_ranks(current)
         if smaller is None or not fails(smaller):
             break
@@ -288,18 +322,22 @@ def _drop_unused(case: EngineCase, fails: Callable[[EngineCase], bool], stop: Ca
 
 # -- traces ----------------------------------------------------------------------------------------------------------
 def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches: tuple[str, ...] = (),
-                 expect: dict | None = None, runner: str = "in-process") -> Trace:
-    """The `engine` trace of a finding (see `counterexamples/README.md`)."""
+                 expect: dict | None = None, runner: str = "in-process", connector: str | None = None) -> Trace:
+    """The `engine` trace of a finding, or the `stack` trace of a serving stack's (its `connector` named; see
+    `counterexamples/README.md`)."""
     out = finding.outcome
     first = finding.violation
     ordered = [first] + [v for v in out.violations if v is not first]
     violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in ordered]
     rate = f"{finding.k} of {finding.n} runs" if finding.k < finding.n else f"every one of {finding.n} runs"
-    summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {finding.case.lookup} lookup, "
+    how = f"{finding.case.lookup} lookup" if connector is None else f"connector {connector}"
+    summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {how}, "
                f"{len(finding.case.steps)} steps; in {rate}")
-    return Trace(kind="engine", property=finding.property, summary=summary, protocol={"name": "-", "ref": None},
-                 client="-", config={"engine": engine, "case": finding.case.to_json(), "options": dict(options),
-                                     "patches": list(patches), "runner": runner,
+    stack = {} if connector is None else {"connector": connector}
+    return Trace(kind="engine" if connector is None else "stack", property=finding.property, summary=summary,
+                 protocol={"name": "-", "ref": None},
+                 client="-", config={"engine": engine, **stack, "case": finding.case.to_json(),
+                                     "options": dict(options), "patches": list(patches), "runner": runner,
                                      "rate": {"k": finding.k, "n": finding.n}},
                  events=[{k: encode(v) for k, v in e.items()} for e in out.events],
                  verdict={"violations": violations}, expect=dict(expect or {engine: "reproduces"}),
@@ -372,6 +410,8 @@ class EngineCasesCoverage:
     """What `EngineCases` ran (`EngineStats` in words and as data)."""
 
     stats: EngineStats = attrs.field(factory=EngineStats)
+    #: What its cases are, in words.
+    what: str = "engine cases"
 
     @property
     def cases(self) -> int:
@@ -381,7 +421,7 @@ class EngineCasesCoverage:
         s = self.stats
         shapes = ", ".join(f"{v} x {k}" for k, v in sorted(s.by_shape.items()))
         enum = "the enumeration done" if s.enumeration_done else "the enumeration not done"
-        return (f"{s.cases:,} engine cases ({s.steps:,} steps, {s.seconds_per_case:.2f} s each; {shapes}); {enum}; "
+        return (f"{s.cases:,} {self.what} ({s.steps:,} steps, {s.seconds_per_case:.2f} s each; {shapes}); {enum}; "
                 f"{s.minimise_runs} runs minimising")
 
     def to_json(self) -> dict:
@@ -397,8 +437,9 @@ class EngineCases:
     def search(self, ctx: SearchContext) -> Finding | None:
         target: EngineTarget = ctx.target.engine
         cov = ctx.coverage.of(self.name, EngineCasesCoverage)
-        findings = engine_search(target.make, lookups=target.lookups, max_ranks=target.max_ranks, seed=ctx.seed,
-                                 should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
+        source = deployment_source(target.make, lookups=target.lookups, max_ranks=target.max_ranks)
+        findings = engine_search(source, seed=ctx.seed, should_stop=ctx.should_stop, stats=cov.stats,
+                                 faults=target.faults, one=True,
                                  # (no run is started that the cases so far say would end past finish_by)
                                  minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
                                  minimise_seconds=float("inf"), stop_before=ctx.phase_end)

@@ -86,9 +86,10 @@ def _with(base: StackCase, steps: list[StackStep]) -> StackCase:
     return StackCase(n_ranks=base.n_ranks, prompts=base.prompts, steps=tuple(steps), max_tokens=base.max_tokens)
 
 
-def stack_enumeration(max_ranks: int) -> Iterator[tuple[str, StackCase]]:
-    """Every shape at every rank count (the most first: min-over-ranks needs two), then every disturbance."""
-    counts = sorted({max_ranks, 1}, reverse=True)
+def stack_enumeration(max_ranks: int, counts: tuple[int, ...] | None = None) -> Iterator[tuple[str, StackCase]]:
+    """Every shape at every rank count (`counts`, default `max_ranks` and 1, the most first: min-over-ranks needs
+    two), then every disturbance."""
+    counts = tuple(counts) if counts is not None else tuple(sorted({max_ranks, 1}, reverse=True))
     for n in counts:
         yield from ((f"{what}:{n}", case) for what, case in _shapes(n))
     for n in counts:

@@ -3,9 +3,9 @@ enough to read, and the fast target of the stack layer's own tests.
 
 Each rank has a local tier and a server (dicts of chunk key -> KV). A request waits until the scheduler admits it
 (blocks free), looks its prompt up (the minimum over ranks of each rank's leading held chunks, a down or paused
-server holding nothing: the stack gives up on it and recomputes), takes that many tokens (never the last one), loads
-their KV, computes the rest and its output, saves every full chunk on every reachable rank, and ends, one scheduler
-step after it was admitted. A chunk's KV is a function of its tokens alone (as a model's is); its key also names the
+server holding nothing: the stack gives up on it and recomputes), takes that many tokens (never the last one) and
+loads their KV in the same step, computes the rest and its output, saves every full chunk on every reachable rank,
+and ends one scheduler step after it was admitted. A chunk's KV is a function of its tokens alone (as a model's is); its key also names the
 tenant, so another tenant's KV never serves a request. The output is a function of the KV the request used: wrong KV
 gives another output.
 """
@@ -39,7 +39,8 @@ class MemoryStack:
         self.down: set[int] = set()
         self.paused: set[int] = set()
         self.waiting: list[tuple[StackRequest, bool]] = []
-        self.running: dict[str, tuple[StackRequest, bool, int, int]] = {}  # id -> (request, reference, hit, blocks)
+        #: id -> (request, reference, hit, KV loaded, blocks)
+        self.running: dict[str, tuple[StackRequest, bool, int, list[str], int]] = {}
         self.pinned: dict[str, int] = {}
 
     # -- what a real stack computes ------------------------------------------------------------------------------------
@@ -90,12 +91,11 @@ class MemoryStack:
             hit = 0 if reference else self.lookup(request)
             if hit:
                 self.pinned[request.id] = hit // self.chunk_size
-            self.running[request.id] = (request, reference, hit, need)
+            self.running[request.id] = (request, reference, hit, self.load(request, hit), need)
         return done
 
     def _finish(self, rid: str) -> StackResult:
-        request, reference, hit, _ = self.running.pop(rid)
-        kv = self.load(request, hit)
+        request, reference, hit, kv, _ = self.running.pop(rid)
         self.pinned.pop(rid, None)
         if not reference:
             for r in range(self.n_ranks):
@@ -159,6 +159,8 @@ class MemoryStack:
         return []
 
 
-def memory_stack(n_ranks: int = 1, **options: Any) -> MemoryStack:
-    """The factory of `MemoryStack` (`--engine memory-stack`)."""
-    return MemoryStack(n_ranks, **options)
+def memory_stack(n_ranks: int = 1, *, connector: str = "memory", tp: int | None = None, **options: Any) -> MemoryStack:
+    """The factory of `MemoryStack` (`--engine memory-stack`; its one connector is `memory`; `tp`: its ranks)."""
+    if connector != "memory":
+        raise ValueError(f"the memory stack has the one connector 'memory', not {connector!r}")
+    return MemoryStack(tp or n_ranks, **options)

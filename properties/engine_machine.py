@@ -122,7 +122,7 @@ class EngineMachine(RuleBasedStateMachine):
         small = minimise_case(lambda c: shows(_run(make, c, bounds).violations, prop, call), case, stop) \
             if self.cfg.minimise_seconds > 0 else case
         measured_by = min(stop_at + self.cfg.minimise_seconds, self.cfg.finish_by)  # (one run at least)
-        k, n, first = measure_rate(make, small, prop, 3, bounds, call=call,
+        k, n, first = measure_rate(lambda c: _run(make, c, bounds), small, prop, 3, call=call,
                                    stop=lambda: time.monotonic() >= measured_by)
         if first is None:
             from engines.engine_run import EngineOutcome

@@ -20,8 +20,12 @@ SHARED_OPTIONS: dict[str, dict[str, Any]] = {
     "--engine": dict(
         default=None, metavar="NAME|MOD:ATTR",
         help="a serving engine whose own lookup-and-load path is checked: lmcache, lmcache-patched or MOD:ATTR of a "
-             "deployment factory (default: none; check and replay then check a protocol and a client, pytest runs "
+             "deployment factory; or a serving stack served requests: vllm, memory-stack (default: none; check and replay then check a protocol and a client, pytest runs "
              "no engine layer)"),
+    "--connector": dict(
+        default=None, metavar="NAME|MOD:ATTR",
+        help="the KV connector of a serving stack (--engine vllm): lmcache, lmcache-patched, or MOD:ATTR of a "
+             "KVConnectorBase_V1 subclass (default: the stack's first)"),
     "--lookup": dict(
         choices=("sync", "async", "both"), default="both",
         help="the engine's scheduler-side lookup clients to drive (default: both)"),
@@ -51,7 +55,7 @@ SHARED_OPTIONS: dict[str, dict[str, Any]] = {
              "(default: 60 s scaled by the machine's measured speed, at most 300)"),
 }
 
-ENGINE_FLAGS = ("--engine", "--lookup", "--engine-option", "--engine-patch")
+ENGINE_FLAGS = ("--engine", "--connector", "--lookup", "--engine-option", "--engine-patch")
 #: The harness's own bounds (`runtime.starvation`).
 HARNESS_FLAGS = ("--setup-timeout",)
 NEMESIS_FLAGS = ("--nemesis", "--recovery-seconds")

@@ -117,6 +117,7 @@ CHECK_ENGINES: dict[str, str] = {
     "random": "engines.search:RandomCases",
     "engine-cases": "engines.engine_search:EngineCases",
     "engine-machine": "properties.engine_machine:EngineMachineSearch",
+    "stack-cases": "engines.stack_search:StackCases",
 }
 #: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
 #: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
@@ -125,6 +126,7 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "real": (("scenarios", None), ("retention", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15),
              ("enumerate", 0.3), ("random", "rest")),
     "deployment": (("engine-cases", 0.75), ("engine-machine", "rest")),
+    "stack": (("stack-cases", "rest"),),
 }
 
 
@@ -400,6 +402,11 @@ class ServingEngineEntry:
     #: What `check --engine NAME` is expected to give: "violated" (stock: its findings are searched for on it) or
     #: "held" (fixed: the findings are judged on it, the engine demos patched into it), as `ClientEntry.expect`.
     expect: str = "violated"
+    #: The seam it is driven through: "deployment" (`model.contract.EngineDeployment`, call by call) or "stack"
+    #: (`model.contract.ServingStack`, request by request; its factory takes `connector`, one of `connectors` or a
+    #: `MOD:ATTR`).
+    seam: str = "deployment"
+    connectors: tuple[str, ...] = ()
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -414,6 +421,10 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                  "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
     "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
                                    about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
+    "memory-stack": ServingEngineEntry(ref="model.stack_memory:memory_stack", seam="stack", connectors=("memory",),
+                                       options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
+                                       about="the serving stack in memory: the behaviour real stacks are judged "
+                                             "against", expect="held"),
 }
 _APPLIED_PATCHES: list[str] = []
 
@@ -444,6 +455,13 @@ class ServingEngine:
     lookups: tuple[str, ...] = ("sync", "async")
     options: tuple[str, ...] | None = None
     patches: tuple[str, ...] = ()
+    seam: str = "deployment"
+    connectors: tuple[str, ...] = ()
+
+    def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
+        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack")."""
+        apply_engine_patches(self.patches)
+        return self.factory(n_ranks, connector=connector, **options)
 
     def accepted(self, options: dict) -> dict:
         """The subset of `options` this engine's factory accepts."""
@@ -488,13 +506,14 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     entry = SERVING_ENGINES.get(spec)
     if entry is not None:
         return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
-                      options=entry.options, patches=tuple(patches or ()))
+                             options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
+                             connectors=entry.connectors)
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
         raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
     obj = load_attr(spec, "serving engine")
     if not callable(obj):
         raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
-    caps = {k: tuple(getattr(obj, k)) if k == "lookups" else getattr(obj, k) for k in ("lookups", "options")
-            if hasattr(obj, k)}
+    caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
+            for k in ("lookups", "options", "seam", "connectors") if hasattr(obj, k)}
     return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)

@@ -47,7 +47,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
               max_ranks: int | None = None, retention: float = DEFAULT_RETENTION, nemesis: str | None = None,
               recovery_seconds: float | None = None, engine: Any = None, lookup: str = "both",
               engine_options: list[str] | dict | None = None, engine_patches: Any = (),
-              started: float | None = None) -> dict:
+              connector: str | None = None, started: float | None = None) -> dict:
     """`shardcheck check` as a function: the contract's JSON result (a dict); with `engine`, the serving engine's
     own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines"). The budget counts from `started`
     (monotonic seconds; default: now): building the target, its clients and servers, is within it."""
@@ -72,10 +72,10 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
             raise UsageError("--nemesis and --recovery-seconds strike store clients' servers; an engine's cases "
                              "strike their own (fault steps: pause, resume, kill, restart of a rank's server)")
         target = build_engine_target(engine, lookup=lookup, options=engine_options, patches=engine_patches,
-                                     max_ranks=ranks or max_ranks, runner=runner)
+                                     max_ranks=ranks or max_ranks, runner=runner, connector=connector)
         return _check_engine(target, budget=budget, seed=seed, out_dir=out_dir, progress=progress, started=started)
-    if engine_options or engine_patches:
-        raise UsageError("--engine-option and --engine-patch need --engine")
+    if engine_options or engine_patches or connector:
+        raise UsageError("--engine-option, --engine-patch and --connector need --engine")
     target = build_target(protocol_spec, client_spec, options=options, ranks=ranks, max_ranks=max_ranks,
                           runner=runner, op_timeout=op_timeout)
     plan = nemesis_plan_of(target, nemesis, recovery_seconds=recovery_seconds)
@@ -103,6 +103,14 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     def no_runner(protocol: Any, case: Any) -> Any:
         raise UsageError("a protocol case cannot run on a serving engine target")
 
+    starting = getattr(target.engine, "stack", None)
+    if callable(starting):  # a serving stack starts once, as set-up (`--setup-timeout`), and serves every case
+        try:
+            starting()
+        except (ValueError, TypeError, OSError, RuntimeError) as exc:
+            target.engine.close()
+            raise UsageError(f"engine {target.engine.name!r}: starting the stack raised {type(exc).__name__}: "
+                             f"{exc}") from None
     bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
@@ -111,7 +119,13 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
                            note=_err if progress else (lambda text: None), started=started)
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
-    return result.to_json()
+        finally:  # (a serving stack started once for the whole check: closed with it)
+            closing = getattr(target.engine, "close", None)
+            left = closing() if callable(closing) else []
+    out = result.to_json()
+    if left:
+        out["stats"]["close"] = list(left)
+    return out
 
 
 def cmd_check(args: Any) -> int:
@@ -123,7 +137,7 @@ def cmd_check(args: Any) -> int:
                        max_ranks=args.max_ranks, retention=args.retention, nemesis=args.nemesis,
                        recovery_seconds=args.recovery_seconds, engine=args.engine, lookup=args.lookup,
                        engine_options=args.engine_option, engine_patches=args.engine_patch,
-                       started=started())
+                       connector=args.connector, started=started())
     if args.json:
         print_json(result)
     else:
@@ -152,7 +166,8 @@ def _err(msg: str) -> None:
 
 def _print_check(r: dict) -> None:
     s = r["stats"]
-    what = f"engine {r['engine']}" if "engine" in r else f"protocol {r['protocol']}  client {r['client']}"
+    what = (f"engine {r['engine']}" + (f" connector {r['connector']}" if "connector" in r else "")) if "engine" in r \
+        else f"protocol {r['protocol']}  client {r['client']}"
     print(f"{what}  verdict {r['verdict'].upper()}  ({s['seconds']:.1f} s of a {s['budget']:g} s budget)")
     for name, cov in s["coverage"].items():
         if name == "not_run":

@@ -33,7 +33,8 @@ FIRM_RUNS = 40
 def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
           modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
-    from engines.engine_search import EngineStats, engine_search, engine_target, engine_trace, call_of
+    from engines.engine_search import EngineStats, call_of, deployment_source, engine_search, engine_target, \
+        engine_trace
     from engines.replay import ReplayOn, judge
     from shardcheck.targets import NotUnderTest
 
@@ -44,9 +45,9 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
         stats = EngineStats()
         end = time.monotonic() + budget
         progress(f"engine findings, {mode} lookups: {budget:g} s of search on {STOCK} ...")
-        findings = engine_search(stock.make, lookups=(mode,), max_ranks=3, seed=0, stats=stats, by_origin=True,
-                                 should_stop=lambda: time.monotonic() >= end, minimise_seconds=MINIMISE_SECONDS,
-                                 measure_runs=MEASURE_RUNS)
+        findings = engine_search(deployment_source(stock.make, lookups=(mode,), max_ranks=3), seed=0, stats=stats,
+                                 by_origin=True, should_stop=lambda: time.monotonic() >= end,
+                                 minimise_seconds=MINIMISE_SECONDS, measure_runs=MEASURE_RUNS)
         progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
             f"{f.property} ({f.k}/{f.n})" for f in findings))
         for f in findings:
@@ -77,13 +78,13 @@ def _firm_rate(finding: Any, make: Callable, progress: Callable[[str], None]) ->
     would take a replay of hundreds of real deployments; make its case force the interleaving instead)."""
     import attrs
 
-    from engines.engine_search import measure_rate
+    from engines.engine_search import deployment_source, measure_rate
     from engines.replay import ENGINE_MAX_RUNS
     from model.finding import Rate
     k, n = finding.k, finding.n
     while k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS and n < FIRM_RUNS:
-        more_k, more_n, _ = measure_rate(make, finding.case, finding.property, min(10, FIRM_RUNS - n),
-                                         call=finding.call)
+        more_k, more_n, _ = measure_rate(deployment_source(make, lookups=(finding.case.lookup,), max_ranks=3).run,
+                                         finding.case, finding.property, min(10, FIRM_RUNS - n), call=finding.call)
         k, n = k + more_k, n + more_n
     if k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS:
         progress(f"  not saved: {finding.property} ({finding.origin}) showed in {k} of {n} runs, so a replay would "

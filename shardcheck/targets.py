@@ -67,15 +67,28 @@ class NotUnderTest:
 
 def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] | dict | None = None,
                         patches: Any = (), max_ranks: int | None = None, runner: str = "sim",
-                        preflight: bool = True) -> Any:
-    """The `engines.api.Target` of a serving engine (`--engine`), validated: an unknown engine, option or patch, or
-    servers (`urls`) that cannot be reached, are `UsageError` (exit 2) before any property runs."""
+                        preflight: bool = True, connector: str | None = None) -> Any:
+    """The `engines.api.Target` of a serving engine (`--engine`) or a serving stack (`--engine vllm --connector ...`),
+    validated: an unknown engine, connector, option or patch, or servers (`urls`) that cannot be reached, are
+    `UsageError` (exit 2) before any property runs."""
     from engines.api import Target
     from engines.engine_search import engine_target
-    from runtime.registry import ResolveError
+    from runtime.registry import ResolveError, resolve_serving_engine
     if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
+    try:
+        if connector is not None or resolve_serving_engine(spec, patches).seam == "stack":
+            from engines.stack_search import stack_target
+            if runner == "processes":
+                raise ResolveError("a serving stack runs its ranks its own way: no --runner processes")
+            stack = stack_target(spec, connector=connector, options=opts, patches=tuple(patches or ()),
+                                 max_ranks=max_ranks)
+            if preflight and opts.get("urls"):
+                _reach_urls(opts["urls"])
+            return Target(protocol=NotUnderTest(), client=NotUnderTest(), engine=stack, max_ranks=stack.n_ranks)
+    except ResolveError as exc:
+        raise UsageError(str(exc)) from None
     try:
         engine = engine_target(spec, lookup=lookup, options=opts, patches=tuple(patches or ()), max_ranks=max_ranks,
                                runner="processes" if runner == "processes" else "in-process")
