@@ -60,13 +60,13 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                engine_patches: Any = ()) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
     rows), each judged by its recorded rate (`engines.replay.judge`), a racy one against its recorded subject run
-    alternately beside it when the replay runs on another one that can run (a control: `_control_of`). A trace's
-    real-server faults strike at the same step through the nemesis (`--nemesis`: as for `check`). An `engine` trace
-    runs on the serving engine and patches it records unless `engine` or `engine_patches` name others (`engine`
-    alone: no patches); `engine_options` override the options it records, which hold on any engine (its case's
-    conditions, e.g. `lookup_timeout_ms`). Each trace's engine, patches and options apply to its own runs only (an
-    engine with patches runs in a fresh process: `engines.replay_arm`). A long replay reports its progress on
-    stderr."""
+    alternately beside it when the replay runs on another one that can run (a control: `_client_arms`,
+    `_engine_arms`). A trace's real-server faults strike at the same step through the nemesis (`--nemesis`: as for
+    `check`). An `engine` trace runs on the serving engine and patches it records unless `engine` or
+    `engine_patches` name others (`engine` alone: no patches); `engine_options` override the options it records,
+    which hold on any engine (its case's conditions, e.g. `lookup_timeout_ms`). Each trace's engine, patches and
+    options apply to its own runs only (an engine with patches runs in a fresh process: `engines.replay_arm`). A
+    long replay reports its progress on stderr."""
     from engines.replay import ReplayError, judge
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError, subject_key
@@ -100,7 +100,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             else:
                 on, control = _client_arms(trace, row, protocol_spec, options=options, runner=runner,
                                            op_timeout=op_timeout, nemesis=nemesis, targets=targets)
-            _judged(row, judge(trace, on, _progress_of(row["path"]), control=control))
+            _judged(row, judge(trace, on, _progress_of(row["path"]), control=control), control)
         except (UsageError, ReplayError) as exc:
             row["outcome"], row["why"] = "error", str(exc)
         except Exception as exc:  # noqa: BLE001 - whatever stops this trace from running is its row's error
@@ -110,13 +110,12 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
     return rows
 
 
-def _judged(row: dict, verdict: Any) -> None:
+def _judged(row: dict, verdict: Any, control: Any) -> None:
     """The row of a verdict: its outcome, why and runs, and a controlled replay's counts of both arms."""
     row["outcome"], row["why"], row["runs"] = verdict.outcome, verdict.why, verdict.runs
     if verdict.control is not None:
         row["candidate"] = {"k": verdict.candidate[0], "n": verdict.candidate[1]}
-        row["control"] = {"subject": row.get("control_subject"), "k": verdict.control[0], "n": verdict.control[1]}
-    row.pop("control_subject", None)
+        row["control"] = {"subject": control.subject, "k": verdict.control[0], "n": verdict.control[1]}
 
 
 def _racy(trace: Any) -> bool:
@@ -140,7 +139,6 @@ def _client_arms(trace: Any, row: dict, protocol_spec: str | None, *, options: A
         return on, None
     recorded = (trace.protocol.get("ref") or trace.protocol["name"]) if trace.kind == "protocol" else None
     subject = trace.client + (f" ({recorded})" if recorded else "")
-    row["control_subject"] = subject
     if row["client"] == trace.client and (spec is None or protocol_spec is None
                                           or protocol_spec in (trace.protocol.get("ref"), trace.protocol["name"])):
         return on, Control(subject, why="the candidate is the recorded subject")
@@ -195,7 +193,7 @@ def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, target
     if not _racy(trace):
         return on, None
     recorded = (trace.config["engine"], tuple(trace.config.get("patches", [])))
-    subject = row["control_subject"] = subject_key(*recorded)
+    subject = subject_key(*recorded)
     if recorded == (row["engine"], tuple(row["patches"])):
         return on, Control(subject, why="the candidate is the recorded subject")
     try:
@@ -212,8 +210,9 @@ def add_arguments(r: Any) -> None:
                    help="seconds one store call may take before it is a hang (default: 2; store-ops traces use "
                         "the timeout they record)")
     r.add_argument("--expect", action="store_true",
-                   help="exit 0 iff every outcome equals the trace's expectation for the client that ran it "
-                        "(default: off: exit 1 when any reproduces)")
+                   help="exit 0 iff every outcome equals the trace's expectation for what ran it (an engine with "
+                        "its patches: engine+MOD:ATTR); 4 when the only others are undecided (default: off: exit 1 "
+                        "when any reproduces, 4 when any is undecided)")
     r.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
     add_nemesis_arguments(r)
 
