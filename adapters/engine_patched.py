@@ -58,6 +58,7 @@ from typing import Any
 
 from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.factory import stock_factory
+from adapters.mixins import mixed_over
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
 __all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E4_ENDED",
@@ -387,38 +388,14 @@ class _RankCountingClient:
 
 
 def _derived(fix: type, base: type) -> type:
-    """The class of a fixed object: `fix`'s methods over `base`, the class the object was built as, looked up when
-    the deployment is built (after every `--engine-patch`): LMCache's own class, patched or not, or whatever class a
-    patch put in its place (a user's fork), so that a user's patch reaches the objects that run, under the fix. A
-    patch of a method the fix replaces without calling it (`REPLACES`) would not run: `ResolveError` says so.
-
-    The class is `base`'s direct subclass (so that `__class__` can be swapped whatever `base`'s layout), made for
-    each deployment, with the fix's methods (its mixins', flattened: they share no name) copied in, their
-    zero-argument `super()` meaning this class: what an unfix took out of a fix is out of every deployment built
-    afterwards."""
-    if getattr(base, "_shardcheck_fix", None) is fix:
-        return base
-    _check_not_replaced(fix, base)
-    cls = type(f"{fix.__name__.lstrip('_')}{base.__name__}", (base,),
-               {"__module__": __name__, "__doc__": fix.__doc__, "_shardcheck_fix": fix})
-    for mixin in reversed(fix.__mro__[:-1]):
-        for name, value in vars(mixin).items():
-            if name not in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__slots__"):
-                setattr(cls, name, _super_of(value, cls))
-    return cls
-
-
-def _super_of(value: Any, cls: type) -> Any:
-    """`value`, a mixin's attribute, for `cls`: a function whose zero-argument `super()` names the mixin is copied
-    with `cls` in its place (its `__class__` cell)."""
-    import types
-    if not isinstance(value, types.FunctionType) or "__class__" not in value.__code__.co_freevars:
-        return value
-    cells = tuple(types.CellType(cls) if name == "__class__" else cell
-                  for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()))
-    fn = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, cells)
-    fn.__kwdefaults__, fn.__qualname__, fn.__doc__ = value.__kwdefaults__, value.__qualname__, value.__doc__
-    return fn
+    """The class of an object fixed by `fix`: `fix`'s methods over `base`, the class the object was built as, looked
+    up when the deployment is built (after every `--engine-patch`): LMCache's own class, patched or not, or whatever
+    class a patch put in its place (a user's fork), so that a user's patch reaches the objects that run, under the
+    fix (`adapters.mixins.mixed_over`). A patch of a method the fix replaces without calling it (`REPLACES`) would not
+    run: `ResolveError` says so."""
+    if getattr(base, "_shardcheck_fix", None) is not fix:
+        _check_not_replaced(fix, base)
+    return mixed_over(fix, base)
 
 
 def _check_not_replaced(fix: type, base: type) -> None:
