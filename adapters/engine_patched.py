@@ -1,9 +1,13 @@
 """`--engine lmcache-patched`: the stock LMCache 0.5.6 deployment with shardcheck's fixes to its lookup-and-load path.
 
 Every fix is applied from outside LMCache, to the objects one deployment built (their class is swapped for a
-subclass, as `adapters.patched` does for the store client), so a stock deployment in the same process is left
-alone; no LMCache code is copied. Each fix answers a finding of the engine properties (README, "What shardcheck
-found in LMCache's engine path"):
+subclass, as `adapters.patched` does for the store client), so a stock deployment in the same process is left alone;
+no LMCache code is copied. Each fix is a mixin, and the subclass derives from the class the object was built as,
+looked up when the deployment is built (`_derived`): an `--engine-patch` of LMCache's own classes (a method, or a
+class a patch put in place of LMCache's, a user's fork) reaches the objects that run, under the fixes. A patch of
+the one method a fix replaces without calling it (E5's answer loop, `LMCacheAsyncLookupClient.
+process_responses_from_workers`) would not run, and building the deployment says so (`ResolveError`). Each fix
+answers a finding of the engine properties (README, "What shardcheck found in LMCache's engine path"):
 
 E1. An async retrieve releases the prefetched memory objects (`retrieve`: unpin and `ref_count_down`), but leaves
     the prefetch's LOADING event in place (`EventManager.get_event_future` does not pop, its docstring says it
@@ -54,6 +58,7 @@ from typing import Any
 
 from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.factory import stock_factory
+from adapters.mixins import mixed_over
 from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
 
 __all__ = ["patched_factory", "apply_fixes", "apply_rank_fixes", "RANK_SEP", "E2_DEFERRED", "E4_ENDED",
@@ -70,14 +75,13 @@ E2_DEFERRED, E5_DROPPED, E5_OWED, E5_GAVE_UP = ("E2 releases deferred", "E5 late
 #: Sync lookups whose request ended while they ran, and answers a rank could not deliver (the scheduler had given up
 #: on them): their pins released (E4).
 E4_ENDED, E4_UNDELIVERED = "E4 lookups outlived their request", "E4 undelivered answers released"
-_CLASSES: dict[str, type] = {}
 
 
 class _LookupPins:
-    """E3's and E4's ledger of a sync lookup's pins, mixed into the patched engine before `LMCacheEngine` (`super()`
-    here is LMCacheEngine's). It uses the engine's `facts`, `_pins_lock`, `_answer_pins`, `_looking_up`,
-    `_ended_while_looking`, `lookup_pins`, `transport`, `lookup_timeout`, `async_loading`, `storage_manager` and
-    `_release_when_done` (E2)."""
+    """E3's and E4's ledger of a sync lookup's pins, part of `_EngineFixes` (`super()` here is the class the engine was
+    built as: LMCacheEngine, or what a patch put in its place; `_derived`). It uses the engine's `facts`,
+    `_pins_lock`, `_answer_pins`, `_looking_up`, `_ended_while_looking`, `lookup_pins`, `transport`,
+    `lookup_timeout`, `async_loading`, `storage_manager` and `_release_when_done` (E2)."""
 
     def lookup_unpin(self, lookup_id: str) -> None:
         if lookup_id not in self.lookup_pins and self.async_loading and self._release_when_done(lookup_id):
@@ -154,119 +158,110 @@ class _LookupPins:
                 self.lookup_pins.pop(lookup_id, None)
 
 
-def _engine_class() -> type:
-    if "engine" in _CLASSES:
-        return _CLASSES["engine"]
-    from lmcache.v1.cache_engine import LMCacheEngine
-    from lmcache.v1.event_manager import EventStatus, EventType
+class _EngineFixes(_LookupPins):
+    """E1-E4 on one engine (see the module docstring), over the class the engine was built as (`_derived`)."""
 
-    class PatchedEngine(_LookupPins, LMCacheEngine):
-        """E1-E4 on one engine (see the module docstring)."""
+    transport: Any = None  # the rank's sync lookup server transport (E4), set by apply_rank_fixes
+    lookup_timeout: float = 3.0
 
-        transport: Any = None  # the rank's sync lookup server transport (E4), set by apply_fixes
-        lookup_timeout: float = 3.0
+    def _setup(self) -> None:
+        self.facts: dict[str, int] = {E2_DEFERRED: 0, E4_ENDED: 0, E4_UNDELIVERED: 0}  # how often a fix's path ran
+        self._pins_lock = threading.RLock()  # the ledger `lookup_pins`: the server thread's lookups, vLLM's unpins
+        self._answer_pins: tuple[str | None, dict] = (None, {})  # E4: the latest lookup's own pins
+        self._looking_up: str | None = None  # E4: the id of the lookup running on the server thread
+        self._ended_while_looking = False
+        self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
+        self._released_early: set[str] = set()
+        sm, engine = self.storage_manager, self
+        original = sm.async_lookup_and_prefetch
 
-        def _setup(self) -> None:
-            self.facts: dict[str, int] = {E2_DEFERRED: 0, E4_ENDED: 0, E4_UNDELIVERED: 0}  # how often a fix's path ran
-            self._pins_lock = threading.RLock()  # the ledger `lookup_pins`: the server thread's lookups, vLLM's unpins
-            self._answer_pins: tuple[str | None, dict] = (None, {})  # E4: the latest lookup's own pins
-            self._looking_up: str | None = None  # E4: the id of the lookup running on the server thread
-            self._ended_while_looking = False
-            self._pending: dict[str, int] = {}  # E2: prefetches scheduled and not yet registered, per lookup id
-            self._released_early: set[str] = set()
-            sm, engine = self.storage_manager, self
-            original = sm.async_lookup_and_prefetch
-
-            async def tracked(lookup_id: str, *args: Any, **kwargs: Any) -> None:
-                try:
-                    return await original(lookup_id, *args, **kwargs)
-                finally:
-                    engine._prefetched(lookup_id)
-
-            sm.async_lookup_and_prefetch = tracked
-
-        def _async_process_tokens_internal(self, tokens: Any, mask: Any, ret_mask: Any, **kwargs: Any) -> Any:
-            req_id = kwargs.get("req_id")
-            prefetched: list = []
-            if self.event_manager.get_event_status(EventType.LOADING, req_id) == EventStatus.DONE:
-                future = self.event_manager.get_event_future(EventType.LOADING, req_id)
-                try:
-                    prefetched = [mo for tier in future.result() for _, mo in tier]
-                except Exception:  # noqa: BLE001 - stock handles a failed prefetch itself
-                    prefetched = []
-            chunks, size = super()._async_process_tokens_internal(tokens, mask, ret_mask, **kwargs)
-            used = {id(mo) for _, mo, _, _ in chunks}
-            for mo in prefetched:  # E1: stock dropped the reference of the unused ones but kept their pins
-                if id(mo) not in used and mo.is_pinned:
-                    mo.unpin()
-            if prefetched:
-                self.event_manager.pop_event(EventType.LOADING, req_id)  # E1: consumed, never released again
-            return chunks, size
-
-        def _release_when_done(self, lookup_id: str) -> bool:
-            """E2: a prefetch not yet started or still running is released when it completes; True when deferred."""
-            if self._pending.get(lookup_id):
-                self._released_early.add(lookup_id)
-            with self.event_manager.lock:
-                future = self.event_manager.events[EventType.LOADING][EventStatus.ONGOING].get(lookup_id)
-            if future is None:
-                deferred = lookup_id in self._released_early
-            else:
-                loop = self.storage_manager.loop
-                future.add_done_callback(lambda _f: loop.call_soon(LMCacheEngine.cleanup_memory_objs, self, lookup_id))
-                deferred = True
-            if deferred:
-                self.facts[E2_DEFERRED] += 1
-            return deferred
-
-        def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
-            if self.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.DONE:
-                LMCacheEngine.cleanup_memory_objs(self, lookup_id)  # E3: the new lookup supersedes its prefetch
-            self._pending[lookup_id] = self._pending.get(lookup_id, 0) + 1  # E2: from the moment it is scheduled
-            super().async_lookup_and_prefetch(lookup_id, *args, **kwargs)
-
-        def _prefetched(self, lookup_id: str) -> None:
-            """E2: the storage manager's prefetch of `lookup_id` has registered its event (or found nothing)."""
-            self._pending[lookup_id] = self._pending.get(lookup_id, 1) - 1
-            if not self._pending[lookup_id]:
-                del self._pending[lookup_id]
-            if lookup_id in self._released_early and not self._pending.get(lookup_id):
-                self._released_early.discard(lookup_id)
-                self.cleanup_memory_objs(lookup_id)
-
-        def cleanup_memory_objs(self, lookup_id: str) -> None:
-            if not self._release_when_done(lookup_id):
-                super().cleanup_memory_objs(lookup_id)
-
-    _CLASSES["engine"] = PatchedEngine
-    return PatchedEngine
-
-
-def _router_class() -> type:
-    if "router" in _CLASSES:
-        return _CLASSES["router"]
-    from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
-
-    class ReportingRouterTransport(ZmqRouterServerTransport):
-        """E4: an answer it cannot deliver (the scheduler's socket is gone: it gave up, and the request may have
-        waited in the queue behind another) is reported to the rank's engine, which releases that lookup's pins."""
-
-        engine: Any = None  # the rank's engine, set by apply_rank_fixes
-        _mandatory = False
-
-        def send_response(self, identity: bytes, response: bytes) -> None:
-            import zmq
-            if not self._mandatory:  # (on the server's own thread, as every use of the socket)
-                self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                self._mandatory = True
+        async def tracked(lookup_id: str, *args: Any, **kwargs: Any) -> None:
             try:
-                super().send_response(identity, response)
-            except zmq.ZMQError:  # no such peer (EHOSTUNREACH) or no room: nobody reads this answer
-                if self.engine is not None:
-                    self.engine.answer_undelivered()
+                return await original(lookup_id, *args, **kwargs)
+            finally:
+                engine._prefetched(lookup_id)
 
-    _CLASSES["router"] = ReportingRouterTransport
-    return ReportingRouterTransport
+        sm.async_lookup_and_prefetch = tracked
+
+    def _stock_cleanup(self, lookup_id: str) -> None:
+        """The engine's own `cleanup_memory_objs` (LMCache's, or a patched one), past this fix's."""
+        super().cleanup_memory_objs(lookup_id)  # type: ignore[misc]
+
+    def _async_process_tokens_internal(self, tokens: Any, mask: Any, ret_mask: Any, **kwargs: Any) -> Any:
+        from lmcache.v1.event_manager import EventStatus, EventType
+        req_id = kwargs.get("req_id")
+        prefetched: list = []
+        if self.event_manager.get_event_status(EventType.LOADING, req_id) == EventStatus.DONE:
+            future = self.event_manager.get_event_future(EventType.LOADING, req_id)
+            try:
+                prefetched = [mo for tier in future.result() for _, mo in tier]
+            except Exception:  # noqa: BLE001 - stock handles a failed prefetch itself
+                prefetched = []
+        chunks, size = super()._async_process_tokens_internal(tokens, mask, ret_mask, **kwargs)  # type: ignore[misc]
+        used = {id(mo) for _, mo, _, _ in chunks}
+        for mo in prefetched:  # E1: stock dropped the reference of the unused ones but kept their pins
+            if id(mo) not in used and mo.is_pinned:
+                mo.unpin()
+        if prefetched:
+            self.event_manager.pop_event(EventType.LOADING, req_id)  # E1: consumed, never released again
+        return chunks, size
+
+    def _release_when_done(self, lookup_id: str) -> bool:
+        """E2: a prefetch not yet started or still running is released when it completes; True when deferred."""
+        from lmcache.v1.event_manager import EventStatus, EventType
+        if self._pending.get(lookup_id):
+            self._released_early.add(lookup_id)
+        with self.event_manager.lock:
+            future = self.event_manager.events[EventType.LOADING][EventStatus.ONGOING].get(lookup_id)
+        if future is None:
+            deferred = lookup_id in self._released_early
+        else:
+            loop = self.storage_manager.loop
+            future.add_done_callback(lambda _f: loop.call_soon(self._stock_cleanup, lookup_id))
+            deferred = True
+        if deferred:
+            self.facts[E2_DEFERRED] += 1
+        return deferred
+
+    def async_lookup_and_prefetch(self, lookup_id: str, *args: Any, **kwargs: Any) -> None:
+        from lmcache.v1.event_manager import EventStatus, EventType
+        if self.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.DONE:
+            self._stock_cleanup(lookup_id)  # E3: the new lookup supersedes its prefetch
+        self._pending[lookup_id] = self._pending.get(lookup_id, 0) + 1  # E2: from the moment it is scheduled
+        super().async_lookup_and_prefetch(lookup_id, *args, **kwargs)  # type: ignore[misc]
+
+    def _prefetched(self, lookup_id: str) -> None:
+        """E2: the storage manager's prefetch of `lookup_id` has registered its event (or found nothing)."""
+        self._pending[lookup_id] = self._pending.get(lookup_id, 1) - 1
+        if not self._pending[lookup_id]:
+            del self._pending[lookup_id]
+        if lookup_id in self._released_early and not self._pending.get(lookup_id):
+            self._released_early.discard(lookup_id)
+            self.cleanup_memory_objs(lookup_id)
+
+    def cleanup_memory_objs(self, lookup_id: str) -> None:
+        if not self._release_when_done(lookup_id):
+            self._stock_cleanup(lookup_id)
+
+
+class _ReportingRouter:
+    """E4: an answer the rank's sync server transport cannot deliver (the scheduler's socket is gone: it gave up, and
+    the request may have waited in the queue behind another) is reported to the rank's engine, which releases that
+    lookup's pins."""
+
+    engine: Any = None  # the rank's engine, set by apply_rank_fixes
+    _mandatory = False
+
+    def send_response(self, identity: bytes, response: bytes) -> None:
+        import zmq
+        if not self._mandatory:  # (on the server's own thread, as every use of the socket)
+            self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # type: ignore[attr-defined]
+            self._mandatory = True
+        try:
+            super().send_response(identity, response)  # type: ignore[misc]
+        except zmq.ZMQError:  # no such peer (EHOSTUNREACH) or no room: nobody reads this answer
+            if self.engine is not None:
+                self.engine.answer_undelivered()
 
 
 def _stop_receiver(server: Any, path: str, mode: str) -> None:
@@ -285,84 +280,68 @@ def _stop_receiver(server: Any, path: str, mode: str) -> None:
     server.thread.join(2.0)
 
 
-def _sync_server_class() -> type:
-    if "sserver" in _CLASSES:
-        return _CLASSES["sserver"]
-    from lmcache.v1.lookup_client.lmcache_lookup_client import LMCacheLookupServer
+class _SafeCloseSyncServer:
+    """E8: the sync lookup server's close stops its receiving thread first, and terminates its transport's ZMQ
+    context (stock leaves the context and its I/O thread behind)."""
 
-    class SafeCloseLookupServer(LMCacheLookupServer):
-        """E8: its close stops its receiving thread first, and terminates its transport's ZMQ context (stock leaves
-        the context and its I/O thread behind)."""
+    wake_path: str = ""
 
-        wake_path: str = ""
-
-        def close(self) -> None:
-            _stop_receiver(self, self.wake_path, "sync")
-            super().close()
-            if not self.transport.ctx.closed:
-                self.transport.ctx.term()
-
-    _CLASSES["sserver"] = SafeCloseLookupServer
-    return SafeCloseLookupServer
+    def close(self) -> None:
+        _stop_receiver(self, self.wake_path, "sync")
+        super().close()  # type: ignore[misc]
+        if not self.transport.ctx.closed:  # type: ignore[attr-defined]
+            self.transport.ctx.term()  # type: ignore[attr-defined]
 
 
-def _async_server_class() -> type:
-    if "aserver" in _CLASSES:
-        return _CLASSES["aserver"]
-    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupServer
+class _RankTaggedAsyncServer:
+    """E5: every answer of the async lookup server names the rank that gives it. E8: its close stops its receiving
+    thread first."""
 
-    class RankTaggedAsyncServer(LMCacheAsyncLookupServer):
-        """E5: every answer names the rank that gives it. E8: its close stops its receiving thread first."""
+    rank: int = 0
+    wake_path: str = ""
 
-        rank: int = 0
-        wake_path: str = ""
+    def send_response_to_scheduler(self, lookup_id: str, num_hit_tokens: int) -> None:
+        super().send_response_to_scheduler(f"{lookup_id}{RANK_SEP}{self.rank}", num_hit_tokens)  # type: ignore[misc]
 
-        def send_response_to_scheduler(self, lookup_id: str, num_hit_tokens: int) -> None:
-            super().send_response_to_scheduler(f"{lookup_id}{RANK_SEP}{self.rank}", num_hit_tokens)
-
-        def close(self) -> None:
-            _stop_receiver(self, self.wake_path, "async")
-            super().close()
-
-    _CLASSES["aserver"] = RankTaggedAsyncServer
-    return RankTaggedAsyncServer
+    def close(self) -> None:
+        _stop_receiver(self, self.wake_path, "async")
+        super().close()  # type: ignore[misc]
 
 
-def _async_client_class() -> type:
-    if "aclient" in _CLASSES:
-        return _CLASSES["aclient"]
-    import msgspec
-    from lmcache.v1.lookup_client.async_lookup_message import LookupResponseMsg
-    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupClient
+class _RankCountingClient:
+    """E5 on the scheduler's async lookup client: one answer per rank, one lookup per id in flight, late answers of
+    an abandoned lookup dropped. `lookup` goes on to the client's own (LMCache's, or a patched one), and so does
+    `lookup_cache` for every answer (E5 answers itself only the 0 of a lookup it gives up on, and `None` while one
+    is in flight); the answer loop is E5's own (`REPLACES`): it reads the ranks' tags."""
 
-    class RankCountingAsyncClient(LMCacheAsyncLookupClient):
-        """E5: one answer per rank, one lookup per id in flight, late answers of an abandoned lookup dropped."""
+    #: The methods this fix replaces without calling the client's own: a patch of one of them would not run here.
+    REPLACES = ("process_responses_from_workers",)
 
-        def _setup(self) -> None:
-            self._answers: dict[str, dict[int, int]] = {}
-            self._owed: dict[str, set[int]] = {}
-            self.facts: dict[str, int] = {E5_DROPPED: 0, E5_OWED: 0, E5_GAVE_UP: 0}  # how often E5's own paths ran
+    def _setup(self) -> None:
+        self._answers: dict[str, dict[int, int]] = {}
+        self._owed: dict[str, set[int]] = {}
+        self.facts: dict[str, int] = {E5_DROPPED: 0, E5_OWED: 0, E5_GAVE_UP: 0}  # how often E5's own paths ran
 
-        def lookup(self, token_ids: Any, lookup_id: str, request_configs: Any = None) -> Any:
-            with self.lock:
-                if self._owed.get(lookup_id):  # an abandoned lookup of this id still owes answers: recompute
-                    self.facts[E5_OWED] += 1
-                    self.reqs_status[lookup_id] = 0
-                    return 0
-                self._answers[lookup_id] = {}
-            return super().lookup(token_ids, lookup_id, request_configs)
+    def lookup(self, token_ids: Any, lookup_id: str, request_configs: Any = None) -> Any:
+        with self.lock:
+            if self._owed.get(lookup_id):  # an abandoned lookup of this id still owes answers: recompute
+                self.facts[E5_OWED] += 1
+                self.reqs_status[lookup_id] = 0
+                return 0
+            self._answers[lookup_id] = {}
+        return super().lookup(token_ids, lookup_id, request_configs)  # type: ignore[misc]
 
-        def lookup_cache(self, lookup_id: str) -> Any:
-            with self.lock:
-                status = self.reqs_status.get(lookup_id, -1)
-                started = self.first_lookup_time.get(lookup_id)
-            if status is not None or started is None:
-                return super().lookup_cache(lookup_id)  # an answer, or no lookup yet (stock starts one)
-            self._cleanup_finished_aborted_lookups()
-            time.sleep(self.lookup_backoff_time)
-            with self.lock:
-                if self.reqs_status.get(lookup_id, -1) is not None:
-                    return self.reqs_status.get(lookup_id, -1)
+    def lookup_cache(self, lookup_id: str) -> Any:
+        with self.lock:
+            status = self.reqs_status.get(lookup_id, -1)
+            started = self.first_lookup_time.get(lookup_id)
+        if status is not None or started is None:
+            return super().lookup_cache(lookup_id)  # type: ignore[misc]  (an answer, or no lookup yet: it starts one)
+        self._cleanup_finished_aborted_lookups()
+        time.sleep(self.lookup_backoff_time)
+        with self.lock:
+            now = self.reqs_status.get(lookup_id, -1)
+            if now is None:
                 if (time.time() - started) * 1000 <= self.config.lookup_timeout_ms:
                     return None
                 # give up on it: its missing answers are owed (dropped when they come), the 0 answered is kept,
@@ -373,42 +352,74 @@ def _async_client_class() -> type:
                 self.reqs_status[lookup_id] = 0
                 self.first_lookup_time.pop(lookup_id, None)
                 self.cancel_lookup(lookup_id)
-            return 0
+                return 0
+        if now == -1:
+            return -1  # (its status was cleared meanwhile)
+        return super().lookup_cache(lookup_id)  # type: ignore[misc]  (answered meanwhile: the client's own answers)
 
-        def process_responses_from_workers(self) -> None:
-            while self.running:
-                try:
-                    msg = msgspec.msgpack.decode(self.pull_socket.recv(copy=False), type=LookupResponseMsg)
-                    lookup_id, sep, rank_text = msg.lookup_id.rpartition(RANK_SEP)
-                    if not sep:
-                        continue  # not a rank-tagged answer (the harness's wake-up)
-                    rank = int(rank_text)
-                    with self.lock:
-                        owed = self._owed.get(lookup_id)
-                        if owed and rank in owed:
-                            self.facts[E5_DROPPED] += 1
-                            owed.discard(rank)
-                            if not owed:
-                                del self._owed[lookup_id]
-                            continue
-                        answers = self._answers.get(lookup_id)
-                        if answers is None:
-                            continue
-                        answers[rank] = msg.num_hit_tokens
-                        if len(answers) == self.world_size:
-                            del self._answers[lookup_id]
-                            self.reqs_status[lookup_id] = min(answers.values())
-                except Exception:  # noqa: BLE001 - as stock: a bad message is dropped, the loop goes on
-                    if not self.running:
-                        return
+    def process_responses_from_workers(self) -> None:
+        import msgspec
+        from lmcache.v1.lookup_client.async_lookup_message import LookupResponseMsg
+        while self.running:
+            try:
+                msg = msgspec.msgpack.decode(self.pull_socket.recv(copy=False), type=LookupResponseMsg)
+                lookup_id, sep, rank_text = msg.lookup_id.rpartition(RANK_SEP)
+                if not sep:
+                    continue  # not a rank-tagged answer (the harness's wake-up)
+                rank = int(rank_text)
+                with self.lock:
+                    owed = self._owed.get(lookup_id)
+                    if owed and rank in owed:
+                        self.facts[E5_DROPPED] += 1
+                        owed.discard(rank)
+                        if not owed:
+                            del self._owed[lookup_id]
+                        continue
+                    answers = self._answers.get(lookup_id)
+                    if answers is None:
+                        continue
+                    answers[rank] = msg.num_hit_tokens
+                    if len(answers) == self.world_size:
+                        del self._answers[lookup_id]
+                        self.reqs_status[lookup_id] = min(answers.values())
+            except Exception:  # noqa: BLE001 - as stock: a bad message is dropped, the loop goes on
+                if not self.running:
+                    return
 
-    _CLASSES["aclient"] = RankCountingAsyncClient
-    return RankCountingAsyncClient
+
+def _derived(fix: type, base: type) -> type:
+    """The class of an object fixed by `fix`: `fix`'s methods over `base`, the class the object was built as, looked
+    up when the deployment is built (after every `--engine-patch`): LMCache's own class, patched or not, or whatever
+    class a patch put in its place (a user's fork), so that a user's patch reaches the objects that run, under the
+    fix (`adapters.mixins.mixed_over`). A patch of a method the fix replaces without calling it (`REPLACES`) would not
+    run: `ResolveError` says so."""
+    if getattr(base, "_shardcheck_fix", None) is not fix:
+        _check_not_replaced(fix, base)
+    return mixed_over(fix, base)
 
 
-def _restart_client_thread(client: Any, deployment: LMCacheDeployment, d: int) -> None:
+def _check_not_replaced(fix: type, base: type) -> None:
+    """`ResolveError` when a method `fix` replaces (and still does: an unfix may have taken it out) is no longer
+    LMCache's own on `base`: an `--engine-patch` changed it, and the fix would silently drop that change."""
+    import os
+
+    import lmcache
+    from runtime.registry import ResolveError
+    home = os.path.dirname(lmcache.__file__)
+    for name in getattr(fix, "REPLACES", ()):
+        if name not in fix.__dict__:
+            continue
+        code = getattr(getattr(base, name, None), "__code__", None)
+        if code is not None and not os.path.abspath(code.co_filename).startswith(home + os.sep):
+            raise ResolveError(
+                f"an engine patch changed {base.__name__}.{name} ({code.co_filename}:{code.co_firstlineno}), which "
+                f"lmcache-patched replaces with its own fix ({fix.__doc__.split(':')[0].strip()}): the patch would not "
+                f"run there; patch it on --engine lmcache, or take the fix out first "
+                f"(adapters.engine_unfixes:without_e5) to run it under the other fixes")
+
+def _restart_client_thread(client: Any, deployment: LMCacheDeployment, d: int, fixed: type) -> None:
     """Swap the stock async client's response thread for the patched one (E5): stop it (wake its receive), re-class
-    the client, start the new thread."""
+    the client as `fixed`, start the new thread."""
     import msgspec
     import zmq
     from lmcache.v1.lookup_client import factory
@@ -420,7 +431,7 @@ def _restart_client_thread(client: Any, deployment: LMCacheDeployment, d: int) -
     wake(factory.get_zmq_rpc_path_lmcache(deployment.engine_ids[d], "lookup_scheduler", 0, 0),
          [msgspec.msgpack.encode(LookupResponseMsg(lookup_id=WAKE_ID, num_hit_tokens=0))], zmq.PUSH)
     client.thread.join(2.0)
-    client.__class__ = _async_client_class()
+    client.__class__ = fixed
     client._setup()
     client.running = True
     client.thread = threading.Thread(target=client.process_responses_from_workers, daemon=True,
@@ -433,19 +444,19 @@ def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
     connector_cls, backend_cls = patched_resp_connector_class(), patched_remote_backend_class()
     for rank in side.ranks:
         engine = rank.engine
-        engine.__class__ = _engine_class()
+        engine.__class__ = _derived(_EngineFixes, type(engine))
         engine._setup()
         engine.lookup_timeout = lookup_timeout
         from lmcache.v1.lookup_client import factory
         if side.lookup_mode == "sync" and rank.server is not None:
-            rank.server.transport.__class__ = _router_class()
+            rank.server.transport.__class__ = _derived(_ReportingRouter, type(rank.server.transport))
             engine.transport = rank.server.transport
             rank.server.transport.engine = engine
-            rank.server.__class__ = _sync_server_class()
+            rank.server.__class__ = _derived(_SafeCloseSyncServer, type(rank.server))
             rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup", 0,
                                                                      rank.metadata.worker_id)
         elif rank.server is not None:
-            rank.server.__class__ = _async_server_class()
+            rank.server.__class__ = _derived(_RankTaggedAsyncServer, type(rank.server))
             rank.server.rank = rank.metadata.worker_id
             rank.server.wake_path = factory.get_zmq_rpc_path_lmcache(rank.metadata.engine_id, "lookup_worker", 0,
                                                                      rank.metadata.worker_id)
@@ -459,12 +470,18 @@ def apply_rank_fixes(side: Any, lookup_timeout: float) -> None:
 
 def apply_fixes(deployment: LMCacheDeployment) -> LMCacheDeployment:
     """Apply E1-E7 to a freshly built stock deployment: the rank-side fixes in each rank's process, E5's client in
-    this one (E7 is the deployment's `adapter_tag`)."""
+    this one (E7 is the deployment's `adapter_tag`). Each fix's class derives from the class its object was built as
+    (`_derived`); a patch the fixes would drop is a `ResolveError` (the deployment closed first)."""
+    try:
+        fixed = [_derived(_RankCountingClient, type(c)) for c in deployment.clients] \
+            if deployment.lookup_mode == "async" else []
+    except BaseException:
+        deployment.close()
+        raise
     for side in deployment.rank_sides:
         side.apply("adapters.engine_patched:apply_rank_fixes", lookup_timeout=deployment.lookup_timeout)
-    if deployment.lookup_mode == "async":
-        for d, client in enumerate(deployment.clients):
-            _restart_client_thread(client, deployment, d)
+    for d, (client, cls) in enumerate(zip(deployment.clients, fixed)):
+        _restart_client_thread(client, deployment, d, cls)
     return deployment
 
 

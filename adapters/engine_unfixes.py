@@ -2,8 +2,8 @@
 other fix kept: the regression check that a trace of that fix's race needs the fix itself (not the connector's fix,
 E6, answering first). A replay of the trace on `lmcache-patched` with the fix taken out answers `reproduces`.
 
-Each patches the patched engine's classes process-wide (idempotent; every deployment built afterwards in this
-process lacks the fix):
+Each takes the fix out of its mixin in `adapters.engine_patched`, process-wide (idempotent; every deployment built
+afterwards in this process lacks the fix; a replay runs a trace with patches in a fresh process of its own):
 
 - `without_e2`: a prefetch still running when its request ends is not released when it completes: `lookup_unpin`
   and `cleanup_memory_objs` skip it, as stock does (`pins`);
@@ -23,40 +23,42 @@ __all__ = ["without_e2", "without_e4", "without_e5", "UNFIXES"]
 
 def without_e2() -> None:
     """E2 out: a release never waits for the prefetch it finds still running (stock skips it)."""
-    from adapters.engine_patched import _engine_class
+    from adapters.engine_patched import _EngineFixes
 
     def never_deferred(self: Any, lookup_id: str) -> bool:
         return False
 
-    _engine_class()._release_when_done = never_deferred
+    _EngineFixes._release_when_done = never_deferred  # type: ignore[method-assign]
 
 
 def without_e4() -> None:
     """E4's releases of a lookup that outlived its request and of an undelivered answer out: the rank's sync server
-    transport sends as stock does (an answer to a socket that is gone is dropped silently), the pins stay."""
-    from lmcache.v1.rpc.zmq_transport import ZmqRouterServerTransport
-
-    from adapters.engine_patched import _engine_class, _router_class
+    transport sends as its own class does (stock: an answer to a socket that is gone is dropped silently), the pins
+    stay."""
+    from adapters.engine_patched import _EngineFixes, _ReportingRouter
 
     def keep_pins(self: Any, lookup_id: str) -> None:
         return None
 
-    _router_class().send_response = ZmqRouterServerTransport.send_response
-    _engine_class()._outlived = keep_pins
+    _without(_ReportingRouter, "send_response")
+    _EngineFixes._outlived = keep_pins  # type: ignore[method-assign]
 
 
 def without_e5() -> None:
     """E5 out: the patched async client's lookup, `lookup_cache` and answer loop, and the async server's answer,
-    are stock's again (the patched classes stay in place, so E8's close of the server is kept)."""
-    from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupClient, \
-        LMCacheAsyncLookupServer
+    are the client's and server's own again (the patched classes stay in place, so E8's close of the server is
+    kept)."""
+    from adapters.engine_patched import _RankCountingClient, _RankTaggedAsyncServer
 
-    from adapters.engine_patched import _async_client_class, _async_server_class
-
-    client = _async_client_class()
     for name in ("lookup", "lookup_cache", "process_responses_from_workers"):
-        setattr(client, name, getattr(LMCacheAsyncLookupClient, name))
-    _async_server_class().send_response_to_scheduler = LMCacheAsyncLookupServer.send_response_to_scheduler
+        _without(_RankCountingClient, name)
+    _without(_RankTaggedAsyncServer, "send_response_to_scheduler")
+
+
+def _without(fix: type, name: str) -> None:
+    """Take the method `name` out of the fix `fix` (a mixin): the class it is mixed over answers it again."""
+    if name in fix.__dict__:
+        delattr(fix, name)
 
 
 #: Each fix taken out: the `--engine-patch` reference, and the fix (`adapters.engine_patched`'s docstring).

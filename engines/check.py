@@ -310,5 +310,5 @@ def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], C
     shown, made, _ = measure(finding.trace, on, runs=CONFIRM_RUNS, should_stop=stop)
     if not shown:
         finding.notes.append(f"did not show again on fresh stores in {made} run(s): racy, or left by earlier runs")
-        return finding.measured(Rate(1, made + 1))
-    return finding.measured(Rate(shown, made, deterministic=on.deterministic(finding.trace)))
+        return finding.measured(Rate.now(1, made + 1))
+    return finding.measured(Rate.now(shown, made, deterministic=on.deterministic(finding.trace)))

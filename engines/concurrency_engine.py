@@ -125,7 +125,7 @@ def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: li
     return Trace(kind="concurrent", property=v["property"], summary=summary, protocol={"name": "-", "ref": None},
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {"k": rate.k, "n": rate.n, "seeds": list(seeds)},
+                         "rate": {**FindingRate.now(rate.k, rate.n).to_json(), "seeds": list(seeds)},
                          **({"clients": clients} if clients > 1 else {}), **(options or {}),
                          **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
                  verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
@@ -285,6 +285,5 @@ class Concurrency:
         if trace is None:
             return None
         trace.config.update(client.accepted(ours))
-        rate = trace.config["rate"]
         return Finding(engine=self.name, violations=violations_of(trace), trace=trace,
-                       rate=FindingRate(rate["k"], rate["n"]))
+                       rate=FindingRate.from_json(trace.config["rate"]))

@@ -35,7 +35,7 @@ from engines.minimise import ddmin
 from model.engine_case import EngineCase, case_from_json
 from model.finding import Finding, Rate
 from model.outcome import Violation
-from model.trace import Trace, encode
+from model.trace import Trace, encode, subject_key
 
 __all__ = ["CaseSource", "deployment_source", "finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
            "facts_of", "facts_note",
@@ -338,9 +338,10 @@ def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches:
                  protocol={"name": "-", "ref": None},
                  client="-", config={"engine": engine, **stack, "case": finding.case.to_json(),
                                      "options": dict(options), "patches": list(patches), "runner": runner,
-                                     "rate": {"k": finding.k, "n": finding.n}},
+                                     "rate": Rate.now(finding.k, finding.n).to_json()},
                  events=[{k: encode(v) for k, v in e.items()} for e in out.events],
-                 verdict={"violations": violations}, expect=dict(expect or {engine: "reproduces"}),
+                 verdict={"violations": violations},
+                 expect=dict(expect or {subject_key(engine, patches): "reproduces"}),
                  origin=f"check:engine:{finding.origin}")
 
 
@@ -451,13 +452,14 @@ class EngineCases:
 def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Finding:
     """The `model.finding.Finding` of an engine finding, with its trace and measured rate."""
     trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
-                         expect={target.name: "reproduces"}, runner=target.runner)
+                         expect={subject_key(target.name, target.engine.patches): "reproduces"}, runner=target.runner)
     first = found.violation
     violations = [Violation(v.property, v.summary, v.detail)
                   for v in [first] + [v for v in found.outcome.violations if v is not first]]
     notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
              f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
-    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate(found.k, found.n), notes=notes)
+    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
+                   notes=notes)
 
 
 @contextlib.contextmanager

@@ -279,9 +279,8 @@ class Nemesis:
                 trace = nemesis_search(t.client, seed=ctx.seed, rates=cov.concurrent, kinds=(kind,),
                                        should_stop=ctx.should_stop, **common)
                 if trace is not None:
-                    rate = trace.config["rate"]
                     return Finding(engine="nemesis:concurrent", violations=violations_of(trace), trace=trace,
-                                   rate=Rate(rate["k"], rate["n"]))
+                                   rate=Rate.from_json(trace.config["rate"]))
         if t.runner != "sim":
             cov.case_kinds.append(f"none: real faults in protocol cases need the sim runner, not {t.runner}")
             return None

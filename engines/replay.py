@@ -7,6 +7,15 @@ A replay answers `reproduces` as soon as a run shows the trace's property, and `
 runs as its recorded rate asks at 99% (`model.finding.Rate.runs_to_clear`): one run when the run is deterministic
 (the simulator over in-memory stores), `DETERMINISTIC_RUNS` when the trace showed every time it was measured, more
 for a racy one. A trace that cannot run on what it is replayed on raises `ReplayError` (an `error` row).
+
+A racy trace replayed on another subject than the one it records (a `Control` that can run: its recorded client,
+protocol, engine and patches) is judged against it: the candidate and the control run alternately on fresh stores
+or deployments, and `model.finding.controlled_outcome` decides (`reproduces`, `fixed`, or `undecided` after the
+pairs `model.finding.control_pairs` allows), so the machine's load lowers both arms alike. Without a control (the
+candidate is the recorded subject, or that subject cannot run) the rule above stays, and the verdict says so.
+
+An engine trace on an engine with `--engine-patch`es (or in a process where a patch was applied already) runs in a
+fresh process of its own (`engines.replay_arm`): a patch applies to its own trace's runs only.
 """
 from __future__ import annotations
 
@@ -17,12 +26,13 @@ import attrs
 
 from engines.api import Runner
 from model.calls import DEFAULT_OP_TIMEOUT
-from model.finding import Rate
+from model.finding import CONFIDENCE, RATE_DRIFT, Rate, control_pairs, control_showings, controlled_outcome, \
+    fisher_lower, load_text, machine_load
 from model.outcome import Violation
 from model.trace import Trace
 
 __all__ = ["DETERMINISTIC_RUNS", "ENGINE_MAX_RUNS", "HINT_SCHEDULES", "ReplayError", "ReplayOn", "Verdict", "measure",
-           "judge", "recorded_rate", "session", "SESSIONS", "clean_runs"]
+           "judge", "recorded_rate", "session", "SESSIONS", "clean_runs", "Control", "Progress"]
 
 #: Clean runs after which a trace that showed every time it was measured is `fixed` on a target that is not
 #: deterministic (CONTRACT.md: "a deterministic one 10/10").
@@ -69,12 +79,29 @@ class ReplayOn:
 
 
 @attrs.frozen
+class Control:
+    """The recorded subject of a trace, to run beside the candidate in the same replay (`subject`: its name, e.g.
+    `lmcache` or `lmcache-patched+mod:fn`; `on`: what it runs on); `on` None when there is no control, and `why`."""
+
+    subject: str
+    on: ReplayOn | None = None
+    why: str = ""
+
+
+@attrs.frozen
 class Verdict:
-    """A replay's answer: `reproduces` or `fixed`, why, and the runs it took."""
+    """A replay's answer: `reproduces`, `fixed` or `undecided` (a controlled replay that its bound ended), why, and
+    the runs it took (both arms'); a controlled replay's (k, n) of the candidate and of the control."""
 
     outcome: str
     why: str
     runs: int
+    candidate: tuple[int, int] | None = None
+    control: tuple[int, int] | None = None
+
+
+#: `progress(done, need, what="clean runs")`: a long replay's progress (see `judge`).
+Progress = Callable[..., None]
 
 
 def recorded_rate(trace: Trace) -> Rate | None:
@@ -154,17 +181,32 @@ def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tup
 
 
 def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on."""
+    """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on; in a fresh
+    process (`engines.replay_arm`) when that engine has patches or this process has applied some already (a patch
+    changes classes for the whole process: hermetic replays)."""
     from engines.engine_search import engine_session
+    from runtime.registry import apply_engine_patches
     if on.engine is None:
         raise ReplayError("an engine trace needs a serving engine (--engine)")
+    if on.engine.engine.patches or apply_engine_patches(()):  # (applying none: the patches applied so far)
+        from engines.replay_arm import arm_session
+        return arm_session(trace, on.engine, ReplayError)
     return engine_session(trace, on.engine.make)
+
+
+def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
+    """Runs of a stack trace's case on the serving stack replayed on (`engines.stack_search.StackTarget`), emptied
+    before each."""
+    from engines.stack_search import stack_session
+    if on.engine is None or getattr(on.engine, "connector", None) is None:
+        raise ReplayError("a stack trace needs a serving stack (--engine vllm, memory-stack, ...)")
+    return stack_session(trace, on.engine)
 
 
 #: Runs of each trace kind: a context (fresh stores) giving `once() -> (violations, a note on how it ran)`.
 SESSIONS: dict[str, Callable[[Trace, ReplayOn], ContextManager[Callable[[], tuple[list[Violation], str]]]]] = {
     "protocol": _protocol_session, "store-ops": _store_ops_session, "concurrent": _concurrent_session,
-    "engine": _engine_session}
+    "engine": _engine_session, "stack": _stack_session}
 
 
 def session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
@@ -197,22 +239,36 @@ def measure(trace: Trace, on: ReplayOn, *, runs: int, should_stop: Callable[[], 
     return shown, made, first
 
 
-def clean_runs(trace: Trace, on: ReplayOn) -> tuple[int, str]:
-    """How many clean runs make a replay of `trace` on `on` say `fixed`, and why that many."""
+def clean_runs(trace: Trace, on: ReplayOn, control: Control | None = None) -> tuple[int, str]:
+    """How many clean runs make a replay of `trace` on `on` say `fixed` without a control, and why that many (a racy
+    trace's why says there is no control, and why: `control`)."""
     if on.deterministic(trace):
         return 1, "a deterministic run"
     rate = recorded_rate(trace)
     if rate is None or rate.k == rate.n:
         shown = "no rate recorded" if rate is None else f"recorded {rate.text()}"
         return DETERMINISTIC_RUNS, f"{shown}: {DETERMINISTIC_RUNS} runs, as for a deterministic trace"
-    return rate.runs_to_clear(), (f"recorded {rate.k}/{rate.n}: a bug still at a quarter of that rate shows within "
-                                  f"{rate.runs_to_clear()} runs at 99%")
+    none = control.why if control is not None and control.why else "none given"
+    need = rate.runs_to_clear()
+    return need, (f"recorded {rate.k}/{rate.n}{rate.at_load()}: a bug still at a quarter of that rate shows within "
+                  f"{need} runs at 99%; no control ({none}), so the quarter (RATE_DRIFT = {RATE_DRIFT}) is a guess at "
+                  f"how far the machine's load lowers a race's rate")
 
 
-def judge(trace: Trace, on: ReplayOn, progress: Callable[[int, int], None] = lambda done, need: None) -> Verdict:
+def judge(trace: Trace, on: ReplayOn, progress: Progress = lambda done, need, what="": None,
+          control: Control | None = None) -> Verdict:
     """`reproduces` as soon as a run shows the trace's property, else `fixed` after `clean_runs` clean runs;
-    `progress(clean runs so far, runs needed)` before each run after the first."""
-    need, why = clean_runs(trace, on)
+    `progress(clean runs so far, runs needed)` before each run after the first. A racy trace with a `control` that
+    can run is judged against it instead (`model.finding.controlled_outcome`; `progress(pairs so far, the most
+    pairs, what)`); a control that stops running is dropped, and the rule without one decides, saying why."""
+    rate = recorded_rate(trace)
+    if rate is not None and rate.racy and not on.deterministic(trace) and control is not None \
+            and control.on is not None:
+        try:
+            return _judge_controlled(trace, on, control, rate, progress)
+        except _ControlFailed as exc:
+            control = Control(control.subject, why=f"the recorded subject {control.subject} stopped running: {exc}")
+    need, why = clean_runs(trace, on, control)
     with session(trace, on) as once:
         for i in range(need):
             if i:
@@ -222,6 +278,62 @@ def judge(trace: Trace, on: ReplayOn, progress: Callable[[int, int], None] = lam
             if hit is not None:
                 where = f"run {i + 1} of up to {need}" if need > 1 else "one deterministic run"
                 return Verdict("reproduces", f"{hit.summary} ({where}{'; ' + note if note else ''})", i + 1)
-    other = f"other violations only: {', '.join(sorted({v.property for v in violations}))}" if violations \
+    return Verdict("fixed", f"{_others(violations)} in {need} clean run(s) ({why}{'; ' + note if note else ''})", need)
+
+
+def _others(violations: list[Violation]) -> str:
+    return f"other violations only: {', '.join(sorted({v.property for v in violations}))}" if violations \
         else "no violation"
-    return Verdict("fixed", f"{other} in {need} clean run(s) ({why}{'; ' + note if note else ''})", need)
+
+
+class _ControlFailed(Exception):
+    """The control of a controlled replay could not run (its session or one of its runs failed)."""
+
+
+def _judge_controlled(trace: Trace, on: ReplayOn, control: Control, rate: Rate, progress: Progress) -> Verdict:
+    """The candidate (`on`) and the control alternately, one run each per pair (the first arm of a pair alternating
+    too), on fresh stores or deployments, until `controlled_outcome` decides or `control_pairs(rate)` pairs were
+    made (`undecided`). `_ControlFailed` when the control cannot run."""
+    most = control_pairs(rate)
+    kc = nc = kk = nk = 0
+    note = ""
+    violations: list[Violation] = []
+    with contextlib.ExitStack() as stack:
+        candidate = stack.enter_context(session(trace, on))
+        try:
+            ctrl = stack.enter_context(session(trace, control.on))  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - whatever stops the control: judged without it
+            raise _ControlFailed(str(exc)) from None
+        for i in range(most):
+            if i:
+                progress(i, most, f"pairs (candidate {kc}/{nc}, control {kk}/{nk})")
+            for arm in ("candidate", "control") if i % 2 == 0 else ("control", "candidate"):
+                if arm == "control":
+                    try:
+                        shown, _ = ctrl()
+                    except Exception as exc:  # noqa: BLE001 - a control that fails is dropped, not the candidate's
+                        raise _ControlFailed(str(exc)) from None
+                    nk += 1
+                    kk += any(v.property == trace.property for v in shown)
+                    continue
+                violations, note = candidate()
+                nc += 1
+                hit = next((v for v in violations if v.property == trace.property), None)
+                if hit is not None:
+                    kc += 1
+                    return Verdict("reproduces", f"{hit.summary} (candidate run {nc}; the control {control.subject} "
+                                   f"showed it in {kk} of {nk} runs beside it{'; ' + note if note else ''})",
+                                   nc + nk, (kc, nc), (kk, nk))
+            outcome = controlled_outcome((kc, nc), (kk, nk), most)
+            counts = (f"candidate 0 of {nc} runs, the control {control.subject} {kk} of {nk}, run alternately; "
+                      f"recorded {rate.text()}, now{load_text(*machine_load(), ' at ') or ' at an unknown load'}")
+            if outcome == "fixed":
+                p = fisher_lower(kc, nc, kk, nk)
+                return Verdict("fixed", f"{_others(violations)}: {counts}; lower at 99% (Fisher's one-sided exact p = "
+                               f"{p:.2g}, the control shown at least {control_showings()} times)"
+                               f"{'; ' + note if note else ''}", nc + nk, (kc, nc), (kk, nk))
+            if outcome == "undecided":
+                return Verdict("undecided", f"{counts}: {most} pairs, the bound for that rate, did not decide "
+                               f"(`fixed` needs the control to show it {control_showings()} times beside a clean "
+                               f"candidate at {CONFIDENCE:.0%})", nc + nk, (kc, nc), (kk, nk))
+    raise AssertionError("unreachable: controlled_outcome is undecided at the bound")

@@ -30,7 +30,7 @@ from model.trace_validate import MAX_OPS, MAX_RANKS, need as _need, validate_con
     validate_store_ops
 
 __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "decode", "MAX_OPS",
-           "Trace", "faults_to_json", "faults_from_json", "violations_of"]
+           "Trace", "faults_to_json", "faults_from_json", "violations_of", "subject_key"]
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
@@ -95,6 +95,16 @@ class Trace:
     # -- JSON ---------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, **attrs.asdict(self, recurse=False)}
+
+    def expected(self, name: str, patches: Any = ()) -> str | None:
+        """The outcome `expect` records for a replay on `name` (a client or engine) with the engine `patches`: the
+        entry of its own key (`subject_key`), else, for the very engine and patches an engine trace records, the
+        entry of the engine's name alone (what `check` wrote before keys named patches); None when none."""
+        own = self.expect.get(subject_key(name, patches))
+        if own is not None or not patches or self.kind != "engine":
+            return own
+        recorded = (self.config.get("engine"), tuple(self.config.get("patches", [])))
+        return self.expect.get(name) if (name, tuple(patches)) == recorded else None
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
@@ -191,6 +201,12 @@ class Trace:
         except json.JSONDecodeError as exc:
             raise TraceError(path, "<json>", f"not valid JSON: {exc}") from None
         return cls.from_json(data, path)
+
+
+def subject_key(name: str, patches: Any = ()) -> str:
+    """What a replay ran on, as a trace's `expect` keys it and a replay's row names it: the client's or engine's
+    name, then each engine patch after a `+` (`lmcache-patched+mod:fn`)."""
+    return name + "".join(f"+{p}" for p in patches or ())
 
 
 def _slug(text: str) -> str:

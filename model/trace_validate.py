@@ -60,9 +60,11 @@ def _positive(cfg: dict, name: str, path: Any) -> None:
 
 
 def rate_problem(rate: Any) -> tuple[str, str] | None:
-    """What is wrong with a measured rate (`model.finding.Rate`'s JSON: `{"k", "n", "seeds"?, "deterministic"?}`
-    with integers 0 < k <= n, integer seeds, deterministic true only when k == n): (the field under the rate,
-    the problem), or None. The one rule, for traces and for `Rate.from_json`."""
+    """What is wrong with a measured rate (`model.finding.Rate`'s JSON: `{"k", "n", "seeds"?, "deterministic"?,
+    "load1"?, "cores"?}` with integers 0 < k <= n, integer seeds, deterministic true only when k == n, the 1-minute
+    load average when it was measured a number >= 0, the machine's cores an integer >= 1; a rate saved before rates
+    carried the load has neither): (the field under the rate, the problem), or None. The one rule, for traces and
+    for `Rate.from_json`."""
     if not isinstance(rate, dict):
         return "", f"expected an object {{'k', 'n'}}, got {type(rate).__name__}"
     k, n = rate.get("k"), rate.get("n")
@@ -74,7 +76,12 @@ def rate_problem(rate: Any) -> tuple[str, str] | None:
     flag = rate.get("deterministic", False)
     if not isinstance(flag, bool) or (flag and k != n):
         return ".deterministic", f"must be true or false, and true only when k == n (got {flag!r})"
-    unknown = set(rate) - {"k", "n", "seeds", "deterministic"}
+    load1, cores = rate.get("load1", 0.0), rate.get("cores", 1)
+    if not _is_number(load1) or load1 < 0:
+        return ".load1", f"expected the 1-minute load average, a number >= 0, got {load1!r}"
+    if not _is_int(cores) or cores < 1:
+        return ".cores", f"expected the machine's cores, an integer >= 1, got {cores!r}"
+    unknown = set(rate) - {"k", "n", "seeds", "deterministic", "load1", "cores"}
     if unknown:
         return f".{sorted(unknown)[0]}", "unknown field"
     return None

@@ -271,7 +271,7 @@ class EngineMachineSearch:
 def _finding(trace: Trace, target: Any, engine: str) -> Finding:
     from model.trace import violations_of
     from model.finding import Rate
-    rate = trace.config["rate"]
-    return Finding(engine=engine, violations=violations_of(trace), trace=trace, rate=Rate(rate["k"], rate["n"]),
+    return Finding(engine=engine, violations=violations_of(trace), trace=trace,
+                   rate=Rate.from_json(trace.config["rate"]),
                    notes=["found by the engine state machine; minimised on fresh deployments"])
 

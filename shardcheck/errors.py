@@ -3,7 +3,9 @@
 __all__ = ["UsageError", "EXIT_HELD", "EXIT_VIOLATED", "EXIT_USAGE", "EXIT_UNDECIDED"]
 
 EXIT_HELD, EXIT_VIOLATED, EXIT_USAGE = 0, 1, 2
-#: The harness could not judge (`model.timing.HarnessOutcome`: the machine starved it, or its own set-up was too slow).
+#: The harness could not judge (CONTRACT.md, "Timing, and outcomes that are the harness's"): `check` when the machine
+#: starved it or its own set-up was too slow (`model.timing.HarnessOutcome`); `replay` when a row is `undecided` (a
+#: controlled replay that its bound ended) and none reproduces or is an error.
 EXIT_UNDECIDED = 4
 
 

@@ -157,7 +157,8 @@ def _messages(exc: BaseException):
 
 
 def test_check_reports_a_racy_client_with_its_rate_and_replay_judges_it(tmp_path):
-    """`check --client` on the stale cache reports linearizability with k of n runs; replay reproduces it there."""
+    """`check --client` on the stale cache reports linearizability with k of n runs; replay reproduces it there, and
+    on a correct client it is `fixed` against the stale cache run beside it (the control)."""
     from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     spec = "properties.bad_stores:stale_cache_factory"
@@ -168,7 +169,8 @@ def test_check_reports_a_racy_client_with_its_rate_and_replay_judges_it(tmp_path
     rows = run_replay([result["violations"][0]["counterexample"]], spec)
     assert rows[0]["outcome"] == "reproduces" and rows[0]["matches"]
     rows = run_replay([result["violations"][0]["counterexample"]], "properties.bad_stores:jitter_factory")
-    assert rows[0]["outcome"] == "fixed"
+    assert rows[0]["outcome"] == "fixed" and rows[0]["control"]["subject"] == spec, rows[0]
+    assert rows[0]["control"]["k"] >= 7 and rows[0]["candidate"] == {"k": 0, "n": rows[0]["candidate"]["n"]}
 
 
 def test_client_declaring_not_thread_safe_is_reported_not_driven():

@@ -79,7 +79,9 @@ def test_protocol_trace_is_minimal(path):
         assert not _reproduces(t, smaller)
 
 
+@pytest.mark.real
 def test_replay_expect_model_client():
-    """`shardcheck replay counterexamples/ --expect` passes for the model client."""
+    """`shardcheck replay counterexamples/ --expect` passes for the model client (the racy traces of real clients run
+    their recorded client beside it, the control: real Valkey)."""
     r = run_cli("replay", str(CORPUS), "--expect", "--client", "model", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

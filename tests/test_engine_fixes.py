@@ -1,8 +1,7 @@
 """The fixes of `lmcache-patched` whose race the connector's fix (E6) would hide: the corpus trace of each (E2, E4, E5)
 runs that fix's own path on `lmcache-patched` (the deployment's `facts` count it, and its property holds), and its
-replay with that fix taken out (`adapters.engine_unfixes`), every other fix kept, reproduces."""
-import contextlib
-
+replay with that fix taken out (`adapters.engine_unfixes`), every other fix kept, reproduces (its replay runs in a
+fresh process of its own, so the unfix patches nothing here)."""
 import pytest
 
 from adapters.engine_patched import E2_DEFERRED, E4_ENDED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
@@ -12,7 +11,6 @@ from model.engine_case import case_from_json
 from model.outcome import Violation
 from model.trace import Trace
 from shardcheck.engine_findings import ENGINE_CORPUS
-from tests.class_patches import classes_restored
 
 pytestmark = pytest.mark.real
 
@@ -22,20 +20,6 @@ FIXES = {"lmcache-async-pins-late-prefetch.json": ("without_e2", (E2_DEFERRED,))
          "lmcache-sync-pins-queued.json": ("without_e4", (E4_UNDELIVERED,)),
          "lmcache-async-engine-returns-late-answers.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED)),
          "lmcache-async-engine-returns-lookup_cache-timed-out.json": ("without_e5", (E5_GAVE_UP, E5_OWED, E5_DROPPED))}
-
-
-@contextlib.contextmanager
-def _unfixed_for_a_while(spec: str):
-    """Put back the patched classes the unfix `spec` patches (process-wide, for good), and forget that it was applied
-    (an engine patch is applied once per process: the next test's replay applies it again)."""
-    from adapters.engine_patched import _async_client_class, _async_server_class, _engine_class, _router_class
-    from runtime import registry
-    try:
-        with classes_restored(_engine_class(), _async_client_class(), _async_server_class(), _router_class()):
-            yield
-    finally:
-        if spec in registry._APPLIED_PATCHES:
-            registry._APPLIED_PATCHES.remove(spec)
 
 
 def _recorded_call(trace: Trace) -> str | None:
@@ -60,6 +44,6 @@ def test_the_fix_runs_its_own_path_and_is_needed(name):
     facts = facts_of(patched)
     assert all(facts.get(c, 0) > 0 for c in counted), facts
     spec = f"adapters.engine_unfixes:{unfix}"
-    with _unfixed_for_a_while(spec):
-        [row] = run_replay([str(path)], engine="lmcache-patched", engine_patches=(spec,))
+    [row] = run_replay([str(path)], engine="lmcache-patched", engine_patches=(spec,))  # (in a fresh process: hermetic)
     assert row["outcome"] == "reproduces", row
+    assert row["client"] == f"lmcache-patched+{spec}" and row["patches"] == [spec], row

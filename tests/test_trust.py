@@ -29,7 +29,8 @@ def sc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchanged_client(tmp_path):
     """check measures a racy client's finding on fresh stores before saving it; replayed 10 times on the unchanged
-    client it reproduces 10 times, and on the client with the race fixed it is `fixed`."""
+    client it reproduces 10 times, and on the client with the race fixed it is `fixed`, the racy client having shown
+    it beside it in the same replay."""
     r = sc("check", "--client", RACY, "--budget", "10", "--json", "--out", str(tmp_path))
     assert r.returncode == 1, r.stderr[-2000:]
     data = json.loads(r.stdout)
@@ -38,8 +39,9 @@ def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchange
     assert 1 <= rate["k"] <= rate["n"] >= 2 and not rate.get("deterministic"), rate
     outcomes = [run_replay([path])[0]["outcome"] for _ in range(10)]
     assert outcomes == ["reproduces"] * 10
-    (row,) = run_replay([path], CORRECT)
-    assert row["outcome"] == "fixed" and row["runs"] >= 5 and "clean run" in row["why"], row
+    (row,) = run_replay([path], CORRECT)  # (the racy client it records runs beside it: the control)
+    assert row["outcome"] == "fixed" and row["candidate"]["k"] == 0 and row["control"]["k"] >= 7, row
+    assert row["control"]["subject"] == RACY and "Fisher" in row["why"], row
 
 
 def test_a_tier_that_cannot_be_reached_is_exit_2_in_one_line_and_writes_nothing(tmp_path):

@@ -51,7 +51,7 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
         text, draw = engine_timeline, engine_svg
         if engine is not None and engine != trace.config.get("engine"):
             print(f"(recorded on engine {trace.config.get('engine')}; expected on {engine}: "
-                  f"{trace.expect.get(engine, 'no expectation recorded')})")
+                  f"{trace.expected(engine) or 'no expectation recorded'})")
     else:
         text, draw = (history_timeline, history_svg) if concurrent else (timeline, svg)
     sys.stdout.write(text(trace))
