@@ -135,7 +135,8 @@ def stack_target(spec: Any, *, connector: str | None = None, options: dict | Non
                  max_ranks: int | None = None) -> StackTarget:
     """The `StackTarget` a user named: `--engine`, `--connector` (default: the engine's first), `--engine-option`
     (`tp=N`: ranks; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
-    from runtime.registry import ResolveError, resolve_serving_engine
+    from runtime.registry import ResolveError
+    from runtime.serving import resolve_serving_engine
     engine = resolve_serving_engine(spec, patches)
     if engine.seam != "stack":
         raise ResolveError(f"engine {engine.name!r} is not a serving stack (--connector is for stacks)")

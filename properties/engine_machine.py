@@ -23,7 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from engines.api import SearchContext
 from engines.engine_run import Bounds, EngineRun, build_deployment
-from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, minimise_case, shows
+from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, shows
+from engines.serving_minimise import minimise_case
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.finding import Finding
 from model.trace import Trace

@@ -9,7 +9,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from runtime.registry import CLIENTS, SERVING_ENGINES, by_verdict, corpus_clients
+from runtime.registry import CLIENTS, by_verdict, corpus_clients
+from runtime.serving import SERVING_ENGINES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 

@@ -46,6 +46,9 @@ def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     if kinds == ["deployment"]:
         from shardcheck.targets import build_engine_target
         ctx = _ctx("", polls=3, target=build_engine_target("lmcache-patched", lookup="sync", max_ranks=1))
+    elif kinds == ["stack"]:  # (the serving stack in memory: the stack seam's engines run on it in milliseconds)
+        from shardcheck.targets import build_engine_target
+        ctx = _ctx("", polls=3, target=build_engine_target("memory-stack"))
     else:
         client = "model" if "in-memory" in kinds else "properties.bad_stores:jitter_factory"
         ctx = _ctx(client)
@@ -207,12 +210,13 @@ def _in_adapter(path: str, ref: str) -> bool:
 def clients_named_in() -> dict[str, list[str]]:
     """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the registry and
     its adapter (the module of its factory, or of its serving engine of the same name)."""
-    from runtime.registry import SERVING_ENGINES
+    from runtime.serving import SERVING_ENGINES
     out = {}
     for name, entry in CLIENTS.items():
         refs = [entry.ref] + ([SERVING_ENGINES[name].ref] if name in SERVING_ENGINES else [])
         out[name] = sorted(path for path, names in STRINGS.items() if name in names and
-                           path != "runtime/registry.py" and not any(_in_adapter(path, ref) for ref in refs))
+                           path not in ("runtime/registry.py", "runtime/serving.py")
+                           and not any(_in_adapter(path, ref) for ref in refs))
     return out
 
 
