@@ -1,11 +1,13 @@
-"""The engine search: engine cases on fresh deployments until the budget ends; findings minimised, judged by their
-rate, and written as `engine` traces.
+"""The search of the serving layers: cases until the budget ends; findings minimised, judged by their rate, and
+written as `engine` (or `stack`) traces.
 
-`engine_search(make, ...)` runs the enumeration (`engines.engine_cases.enumeration`), then seeded random cases,
-each on a fresh deployment `make(case)`. A case that violates a property not found yet is a finding: run again to
-tell a deterministic one from a race, minimised (fewest ranks, then steps by delta debugging, then chunks, then
-prompts and deployments: `minimise_case`), its rate measured, and returned as an `EngineFinding`; the search goes
-on for the properties not found yet (one finding per property), so one run reports every distinct bug.
+`engine_search(source, ...)` runs a `CaseSource`'s enumeration, then its seeded random cases: engine cases on a fresh
+deployment each (`deployment_source`: `engines.engine_cases`, `engines.engine_run`) or stack cases on one stack
+(`engines.stack_search.stack_source`). A case that violates a property not found yet is a finding: run again to
+tell a deterministic one from a race, minimised (`engines.serving_minimise.minimise_case`: fewest ranks, then steps
+by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as an
+`EngineFinding`; the search goes on for the properties not found yet (one finding per property), so one run reports
+every distinct bug.
 
 Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
 its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`engines.replay.judge`, the `engine`
