@@ -2,13 +2,16 @@
 (`engines/retention.py`, `docs/CONTRACT.md`), a module or an attribute of one (`engines.scenarios`,
 `model.contract.ShardingProtocol`), a `MOD:ATTR` (`properties.bad_stores:crossed_replies_factory`), a link.
 
-Every package's README lists every one of its modules (every
+The docs site (`mkdocs.yml`, pages in docs/) builds with `mkdocs build --strict`: a broken link or anchor, or a page
+missing from the nav or left out of it, fails. And every package's README lists every one of its modules (every
 `*.py` but `__init__.py`, subpackages included) in a code span, by its path from the README's folder
 (`check.py`, `explore/bfs.py`), and lists none that does not exist."""
 from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,4 +170,16 @@ def test_the_module_list_check_finds_an_unlisted_module(tmp_path):
                                    "| `gone.py` | renamed |\n\nAlso `pkg.sub.d`.\n```\n`b.py` in a code block\n```\n")
     assert _unlisted(pkg) == ["b.py"]
     assert _listed_but_missing(pkg) == ["gone.py"]
+
+
+def test_the_docs_site_builds_strict(tmp_path):
+    """`mkdocs build --strict` (mkdocs.yml: every link, anchor and nav entry checked) into a temporary directory."""
+    pytest.importorskip("mkdocs", reason="mkdocs is installed by `make venv` (requirements/docs.txt)")
+    before = set(ROOT.iterdir())
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                          "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
+    assert (tmp_path / "site" / "index.html").exists()
+    assert set(ROOT.iterdir()) == before, "the build left files in the repository"
 
