@@ -400,7 +400,7 @@ def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Fi
                   for v in [first] + [v for v in found.outcome.violations if v is not first]]
     notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
              f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
-    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
+    return Finding(strategy=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
                    notes=notes)
 
 

@@ -127,7 +127,7 @@ class StackCases:
         violations = [Violation(v.property, v.summary, v.detail)
                       for v in [first] + [v for v in found.outcome.violations if v is not first]]
         notes = [f"minimised from {found.original_size[1]} steps to {len(found.case.steps)} steps"]
-        return Finding(engine=self.name, violations=violations, trace=trace, rate=Rate.now(found.k, found.n),
+        return Finding(strategy=self.name, violations=violations, trace=trace, rate=Rate.now(found.k, found.n),
                        notes=notes)
 
 

@@ -272,7 +272,7 @@ class EngineMachineSearch:
 def _finding(trace: Trace, target: Any, engine: str) -> Finding:
     from model.trace import violations_of
     from model.finding import Rate
-    return Finding(engine=engine, violations=violations_of(trace), trace=trace,
+    return Finding(strategy=engine, violations=violations_of(trace), trace=trace,
                    rate=Rate.from_json(trace.config["rate"]),
                    notes=["found by the engine state machine; minimised on fresh deployments"])
 

@@ -35,8 +35,8 @@ from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 from model.store import MEMORY_CLIENT
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
-           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "by_verdict",
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "STRATEGIES", "CHECK_SCHEDULE", "resolve_protocol",
+           "resolve_client", "resolve_strategy", "parse_options", "corpus_clients", "real_clients", "by_verdict",
            "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER",
            "options_for_ranks"]
 
@@ -101,8 +101,8 @@ def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
     return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
 
 
-#: The search engines of `check` (`engines.api.Engine`), by name.
-CHECK_ENGINES: dict[str, str] = {
+#: The strategies of `check` (`engines.api.Strategy`), by name.
+STRATEGIES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
     "nemesis": "engines.nemesis:Nemesis",
     "retention": "engines.retention:Retention",
@@ -376,10 +376,10 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
     return out
 
 
-def resolve_engine(name: str) -> Any:
-    """A fresh instance of `check`'s search engine `name` (`CHECK_ENGINES`)."""
+def resolve_strategy(name: str) -> Any:
+    """A fresh instance of `check`'s strategy `name` (`STRATEGIES`)."""
     try:
-        ref = CHECK_ENGINES[name]
+        ref = STRATEGIES[name]
     except KeyError:
-        raise ResolveError(f"engine {name!r}: expected one of {', '.join(CHECK_ENGINES)}") from None
+        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(STRATEGIES)}") from None
     return load_attr(ref, "engine")()

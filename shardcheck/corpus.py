@@ -58,7 +58,7 @@ def _paragraph(variant: type, found) -> str:
     doc = " ".join((variant.__doc__ or variant.__name__).split())
     case, v = found.case, found.outcome.violations[0]
     faults = case.faults.text()
-    return (f"{doc} Smallest case found (by {found.engine}, then shrunk): {case.n_ranks} rank(s), "
+    return (f"{doc} Smallest case found (by {found.strategy}, then shrunk): {case.n_ranks} rank(s), "
             f"{case.n_chunks} chunk(s), {faults}. Outcome: {v.property}: {v.summary}.")
 
 

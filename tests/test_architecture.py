@@ -18,7 +18,7 @@ from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
-from runtime.registry import CHECK_ENGINES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_engine, resolve_protocol
+from runtime.registry import STRATEGIES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
@@ -34,13 +34,13 @@ def _deployment_only(name: str) -> bool:
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.real) if _deployment_only(n) else n
-                                  for n in CHECK_ENGINES])
+                                  for n in STRATEGIES])
 def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     """Each engine of `check` is in a schedule, is named as registered, and fills its own coverage record (with a
     line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
     (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
-    engine = resolve_engine(name)
+    engine = resolve_strategy(name)
     assert engine.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
     if kinds == ["deployment"]:
@@ -81,16 +81,16 @@ class _ToyEngine:
 
 
 def test_an_engine_is_its_module_and_one_registry_entry(monkeypatch, tmp_path):
-    """A new engine: a class in a module, one `CHECK_ENGINES` entry and a place in a schedule; `check` runs it and
+    """A new engine: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
     module = types.ModuleType("toy_engine_module")
     module.ToyEngine = _ToyEngine
     monkeypatch.setitem(sys.modules, "toy_engine_module", module)
-    monkeypatch.setitem(CHECK_ENGINES, "toy", "toy_engine_module:ToyEngine")
+    monkeypatch.setitem(STRATEGIES, "toy", "toy_engine_module:ToyEngine")
     monkeypatch.setitem(CHECK_SCHEDULE, "in-memory", (("toy", "rest"),))
     result = run_check(None, None, budget=2.0, out_dir=str(tmp_path))
-    assert result["verdict"] == "violated" and result["stats"]["counterexample"]["engine"] == "toy"
+    assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"
 
 
 def test_a_client_is_its_factory_and_one_registry_entry(monkeypatch, tmp_path):
@@ -230,7 +230,7 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `CHECK_ENGINES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the registry and
 #: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
 #: shrinks).
 ENGINE_NAME_USES = {
@@ -254,7 +254,7 @@ def engines_named_in() -> dict[str, list[str]]:
     registry and its own module."""
     return {name: sorted(path for path, names in STRINGS.items() if name in names and
                          path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
-            for name, ref in CHECK_ENGINES.items()}
+            for name, ref in STRATEGIES.items()}
 
 
 def test_an_engine_is_named_in_the_registry_and_its_module():
