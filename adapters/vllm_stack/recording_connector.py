@@ -1,0 +1,327 @@
+"""The KV connector vLLM is given: `RecordingConnector`, a `KVConnectorBase_V1` that builds the connector under test
+(its inner connector) and passes every hook through, recording what the checks observe.
+
+vLLM builds it from `KVTransferConfig(kv_connector="RecordingConnector", kv_connector_module_path=
+"adapters.vllm_stack.recording_connector", kv_role="kv_both", kv_connector_extra_config={"shardcheck": SPEC})`, in
+its scheduler (role SCHEDULER) and in every worker (role WORKER; with tensor parallelism, one per worker process).
+`SPEC` names the inner connector (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a `KVConnectorBase_V1` subclass
+built as vLLM would build it: `(vllm_config, role, kv_cache_config)`) and whether to install shardcheck's CPU paged
+LMCache connector (`adapters.vllm_stack.cpu_paged_connector`) first: it is installed here, when the connector is
+built, the first moment LMCache may be imported in a vLLM-CPU process. Each worker reads its own LMCache config
+(`SHARDCHECK_LMCACHE_CONFIG` with `{rank}` replaced by its tensor-parallel rank, as `LMCACHE_CONFIG_FILE`): each
+rank's LMCache worker talks to its own Valkey server.
+
+What it records (scheduler side, by vLLM's request id): the inner connector's answers of
+`get_num_new_matched_tokens` (`reported`: the last number it answered), the external tokens of
+`update_state_after_alloc` (`external`), and at `request_finished` the request's preemptions and status.
+
+A reference request (`SamplingParams.extra_args["shardcheck"]["reference"]`, the oracle of output-equality) bypasses
+the inner connector: it is answered 0 without asking, and it is left out of the scheduler output the inner connector
+builds its metadata from, so nothing is loaded or saved for it: vLLM recomputes it with no KV cache at all.
+
+`lmcache-patched`'s fixes live in `adapters.vllm_stack.lmcache_fixes`, applied here when `fixes` is on. The metadata
+the workers receive is `RecordingMetadata`: the inner connector's, plus what the fixes send the workers (request ids
+whose lookup pins must go) and the ids of the reference requests.
+
+The module-level `worker_probe` runs in every worker (`LLMEngine.collective_rpc`: a function of this module is
+pickled by reference) and answers what the checks ask of a rank: its LMCache chunk keys, LocalCPU holdings, pins.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
+
+__all__ = ["RecordingConnector", "RecordingMetadata", "INSTANCES", "worker_probe", "is_reference",
+           "load_connector_class"]
+
+#: Every RecordingConnector built in this process (the driver and `worker_probe` find them here).
+INSTANCES: list["RecordingConnector"] = []
+#: The LMCache connectors (inner connectors) shardcheck names.
+LMCACHE_CONNECTORS = ("lmcache", "lmcache-patched")
+
+
+def is_reference(request: Any) -> bool:
+    """Whether a vLLM request is a reference request (served with no KV connector at all)."""
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+    return bool((extra.get("shardcheck") or {}).get("reference"))
+
+
+def load_connector_class(spec: str) -> type:
+    """`MOD:ATTR` -> the connector class (the module imported here, in vLLM's process)."""
+    import importlib
+
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"a connector is lmcache, lmcache-patched or MOD:ATTR, got {spec!r}")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, KVConnectorBase_V1)):
+        raise TypeError(f"{spec} is not a KVConnectorBase_V1 subclass")
+    return obj
+
+
+@dataclasses.dataclass
+class RecordingMetadata(KVConnectorMetadata):
+    """What a worker gets each step: the inner connector's metadata, the request ids whose LMCache lookup pins the
+    workers release (`lmcache-patched`), and the reference requests' ids."""
+
+    inner: Any = None
+    ended: tuple[str, ...] = ()
+    references: frozenset = frozenset()
+
+
+def _without(scheduler_output: Any, drop: set[str]) -> Any:
+    """A shallow copy of vLLM's `SchedulerOutput` without the requests in `drop` (the inner connector must not see
+    reference requests): new requests filtered, the cached requests' parallel lists filtered by index, every
+    set and dict keyed by request id filtered."""
+    present = {r.req_id for r in scheduler_output.scheduled_new_reqs} | set(scheduler_output.scheduled_cached_reqs.req_ids)
+    if not (drop & (present | set(scheduler_output.num_scheduled_tokens) | set(scheduler_output.finished_req_ids))):
+        return scheduler_output
+
+    def keep_ids(value: Any) -> Any:
+        if isinstance(value, (set, frozenset)):
+            return type(value)(v for v in value if v not in drop)
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k not in drop}
+        return value
+
+    cached = scheduler_output.scheduled_cached_reqs
+    kept = [i for i, rid in enumerate(cached.req_ids) if rid not in drop]
+    changes = {}
+    for f in dataclasses.fields(cached):
+        value = getattr(cached, f.name)
+        if isinstance(value, list) and len(value) == len(cached.req_ids):
+            changes[f.name] = [value[i] for i in kept]
+        else:
+            changes[f.name] = keep_ids(value)
+    out = {f.name: keep_ids(getattr(scheduler_output, f.name)) for f in dataclasses.fields(scheduler_output)}
+    out["scheduled_new_reqs"] = [r for r in scheduler_output.scheduled_new_reqs if r.req_id not in drop]
+    out["scheduled_cached_reqs"] = dataclasses.replace(cached, **changes)
+    out["total_num_scheduled_tokens"] = sum(out["num_scheduled_tokens"].values())
+    return dataclasses.replace(scheduler_output, **out)
+
+
+class RecordingConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        self.spec: dict = dict(extra.get("shardcheck") or {})
+        self.name = self.spec.get("connector", "lmcache")
+        self.rank = 0
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            self.rank = get_tensor_model_parallel_rank()
+        template = os.environ.get("SHARDCHECK_LMCACHE_CONFIG")
+        if template:
+            os.environ["LMCACHE_CONFIG_FILE"] = template.replace("{rank}", str(self.rank))
+        if self.spec.get("cpu_connector", True):
+            from adapters.vllm_stack import cpu_paged_connector
+
+            cpu_paged_connector.install()
+        if self.name in LMCACHE_CONNECTORS:
+            from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
+
+            cls: type = LMCacheConnectorV1
+        else:
+            cls = load_connector_class(self.name)
+        #: The connector built (`base`) and the one every hook goes to (`inner`: `base`, or a demo around it).
+        self.base = cls(vllm_config, role, kv_cache_config)
+        self.inner = self.base
+        from adapters.vllm_stack import lmcache_fixes
+
+        self.fixes = lmcache_fixes.Fixes(self, on=self.name == "lmcache-patched")
+        # scheduler side, by vLLM's request id
+        self.reported: dict[str, int | None] = {}
+        self.answers: dict[str, list] = collections.defaultdict(list)
+        self.external: dict[str, int] = {}
+        self.ended: dict[str, dict] = {}
+        self._references: set[str] = set()
+        self._ended_since: list[str] = []
+        INSTANCES.append(self)
+
+    # -- switching the inner connector (the stack's `use_connector`) ----------------------------------------------
+    def use(self, name: str) -> None:
+        """Serve through `name` from now on, on the LMCache this connector built: `lmcache`, `lmcache-patched`, or a
+        `MOD:ATTR` class with `around(connector)` (`adapters.vllm_stack.connector_demos.LMCacheWrapper`)."""
+        if name in LMCACHE_CONNECTORS:
+            self.inner = self.base
+        else:
+            cls = load_connector_class(name)
+            if not hasattr(cls, "around"):
+                raise ValueError(f"{name} cannot be put around the running connector (it has no `around`)")
+            self.inner = cls.around(self.base)
+        self.name = name
+        self.fixes.on = name == "lmcache-patched"
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return False
+
+    # -- scheduler side -----------------------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if is_reference(request):
+            self._references.add(rid)
+            return 0, False
+        self.fixes.before_lookup(request)
+        answer = self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
+        self.answers[rid].append((num_computed_tokens, answer))
+        if answer[0] is not None:
+            self.reported[rid] = int(answer[0])
+        return answer
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if request.request_id in self._references:
+            return None
+        self.external[request.request_id] = int(num_external_tokens)
+        return self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        inner = self.inner.build_connector_meta(_without(scheduler_output, self._references))
+        ended, self._ended_since = tuple(self._ended_since), []
+        refs = frozenset(self._references)
+        self._references -= set(scheduler_output.finished_req_ids)
+        return RecordingMetadata(inner=inner, ended=ended, references=refs)
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict | None]:
+        rid = request.request_id
+        self.ended[rid] = {"preemptions": int(getattr(request, "num_preemptions", 0) or 0),
+                           "status": str(getattr(request, "status", ""))}
+        if rid in self._references:
+            return False, None
+        self._ended_since.append(rid)
+        return self.inner.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        return self.inner.update_connector_output(connector_output)
+
+    def take_events(self) -> Any:
+        return self.inner.take_events()
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        return self.inner.bind_kv_cache_manager(kv_cache_manager)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        return self.inner.bind_gpu_block_pool(gpu_block_pool)
+
+    def on_new_request(self, request: Any) -> None:
+        return self.inner.on_new_request(request)
+
+    def has_pending_block_frees(self) -> bool:
+        return self.inner.has_pending_block_frees()
+
+    def has_pending_push_work(self) -> bool:
+        return self.inner.has_pending_push_work()
+
+    def register_finished_partial_tail(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.register_finished_partial_tail(*args, **kwargs)
+
+    def get_finished_count(self) -> int | None:
+        return self.inner.get_finished_count()
+
+    def reset_cache(self) -> bool | None:
+        return self.inner.reset_cache()
+
+    def forget(self) -> None:
+        """Drop what was recorded (a fresh case)."""
+        self.reported.clear()
+        self.answers.clear()
+        self.external.clear()
+        self.ended.clear()
+
+    # -- worker side --------------------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        return self.inner.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        inner = connector_metadata
+        if isinstance(connector_metadata, RecordingMetadata):
+            self.fixes.after_ended(connector_metadata.ended)
+            inner = connector_metadata.inner
+        return self.inner.bind_connector_metadata(inner)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        return self.inner.clear_connector_metadata()
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if isinstance(kv_connector_metadata, RecordingMetadata):
+            kv_connector_metadata = kv_connector_metadata.inner
+        return self.inner.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return self.inner.start_load_kv(forward_context, **kwargs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return self.inner.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return self.inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self) -> None:
+        return self.inner.wait_for_save()
+
+    def _references_now(self) -> frozenset:
+        meta = self._connector_metadata
+        return meta.references if isinstance(meta, RecordingMetadata) else frozenset()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.inner.get_finished(set(finished_req_ids) - self._references_now())
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        return self.inner.get_transfer_results(set(finished_req_ids) - self._references_now())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.inner.get_block_ids_with_load_errors()
+
+    def get_kv_connector_stats(self) -> Any:
+        return self.inner.get_kv_connector_stats()
+
+    def get_kv_connector_kv_cache_events(self) -> Any:
+        return self.inner.get_kv_connector_kv_cache_events()
+
+    def build_connector_worker_meta(self) -> Any:
+        return self.inner.build_connector_worker_meta()
+
+    def get_handshake_metadata(self) -> Any:
+        return self.inner.get_handshake_metadata()
+
+    def finish_forward(self) -> None:
+        return self.inner.finish_forward()
+
+    def reset_capture_state(self) -> None:
+        return self.inner.reset_capture_state()
+
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        return self.inner.set_host_xfer_buffer_ops(copy_operation)
+
+    def get_mem_pool_context(self) -> Any:
+        return self.inner.get_mem_pool_context()
+
+    def shutdown(self) -> None:
+        return self.inner.shutdown()
+
+
+# -- what a worker answers (run in every worker by `collective_rpc`) --------------------------------------------------
+def _worker_connector() -> RecordingConnector | None:
+    return next((c for c in reversed(INSTANCES) if c.role == KVConnectorRole.WORKER), None)
+
+
+def worker_probe(worker: Any, what: str, *args: Any) -> Any:
+    """One question to this worker's rank (see `adapters.vllm_stack.lmcache_fixes.probe` for the questions)."""
+    from adapters.vllm_stack import lmcache_fixes
+
+    connector = _worker_connector()
+    if connector is None:
+        raise RuntimeError("no KV connector was built in this worker")
+    return lmcache_fixes.probe(connector, what, *args)
