@@ -12,15 +12,27 @@ V1. kv-leak: a request whose lookup pinned LMCache chunks and that ends before a
     where an engine exists (`:1896`; the scheduler has none), never `lookup_unpin`. The pins stay in
     `LMCacheEngine.lookup_pins` and on the LocalCPU objects' `pin_count` (`lmcache/v1/cache_engine.py:1240`), so
     those chunks can never be evicted. Fix: the scheduler sends the ids of the requests that ended to every worker in
-    the next step's metadata; each worker releases their pins (`lookup_unpin`), and a lookup of an ended request
-    that completes later releases its pins as it returns.
+    the next step's metadata (when the engine is left with nothing to step, the stack's driver tells the workers
+    at once, as the next step would); each worker releases their pins (`lookup_unpin`), and a lookup of an ended
+    request that completes later releases its pins as it returns.
 V2. isolation: vLLM's `cache_salt` (a tenant's salt for the prefix cache) never reaches LMCache's keys: LMCache takes
     its request configs only from `SamplingParams.extra_args["kv_transfer_params"]` (`lmcache/integration/vllm/
     utils.py:130`), so two tenants' identical prompts share chunk keys and one loads the other's KV. Fix: the
     scheduler passes the salt as the `lmcache.tag.tenant` request config (LMCache's own tag mechanism, which the
     token database puts in the key) before the lookup; the save path reads the same sampling params.
 
-`probe(connector, what, *args)` answers the questions the stack asks of one rank (`worker_probe`).
+V3. A lookup on the worker never returns: LMCache's sync prefix count (`RemoteBackend.batched_contains` ->
+    `batch_exists_sync`, `lmcache/v1/storage_backend/native_clients/connector_client_base.py:156`, `fut.result()` with
+    no timeout) loses its completion when the native client answers before the future is registered (the README's
+    `lost-completion` finding). Inside vLLM the worker's lookup server thread is then stuck for good: every later
+    lookup times out at `lookup_timeout_ms` and the request recomputes, silently, for the rest of the process (seen
+    after a paused server: tests/test_vllm_stack.py). Fix: the remote connector of `--client lmcache-patched`
+    (`adapters.patched`: fixes 2, 4-6, 8-10, 13, 14, as `--engine lmcache-patched`'s E6) in every worker, every
+    native call bounded (`GET_BOUND`), the native client renewed when stuck or disconnected; switched back when the
+    fixes are switched off.
+
+`unstick(engine)` completes (as a miss) a sync prefix count stuck that way, so `reset()` hands the next case a
+working stack; `probe(connector, what, *args)` answers the questions the stack asks of one rank (`worker_probe`).
 """
 from __future__ import annotations
 
@@ -28,7 +40,7 @@ import collections
 import threading
 from typing import Any, Iterable
 
-__all__ = ["Fixes", "probe", "lmcache_engine_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED"]
+__all__ = ["Fixes", "probe", "lmcache_engine_of", "lmcache_connector_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED"]
 
 TENANT_TAG = "lmcache.tag.tenant"
 #: Facts (`Fixes.facts`): pins V1 released for requests that had ended, and for lookups that completed after their
@@ -36,6 +48,8 @@ TENANT_TAG = "lmcache.tag.tenant"
 ENDED_RELEASED, LATE_RELEASED = "V1 ended requests' pins released", "V1 late lookups' pins released"
 #: Ended request ids a worker remembers (for lookups completing late).
 _REMEMBERED = 4096
+#: Seconds V3 gives one native call of the remote connector (LMCache's GET and EXISTS).
+GET_BOUND = 1.0
 
 
 def tenant_configs(tenant: str, patched: bool) -> dict | None:
@@ -53,16 +67,49 @@ class Fixes:
     """V1 and V2 for one `RecordingConnector` (see the module docstring)."""
 
     def __init__(self, connector: Any, *, on: bool) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
         self.connector = connector
-        self.on = on
         self.facts: collections.Counter = collections.Counter()
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._engine: Any = None
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-
-        if connector.role == KVConnectorRole.WORKER:
+        self._stock: tuple[type, type] | None = None  # V3: the remote backend's and connector's stock classes
+        self.worker = connector.role == KVConnectorRole.WORKER
+        self._on = False
+        if self.worker:
             self._wrap_lookup()
+        self.on = on
+
+    @property
+    def on(self) -> bool:
+        return self._on
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        self._on = bool(value)
+        if self.worker:
+            self._remote_fixes(self._on)
+
+    def _remote_fixes(self, on: bool) -> None:
+        """V3 on (the patched classes, a renewed native client) or off (the stock classes back)."""
+        engine = self.engine()
+        sm = getattr(engine, "storage_manager", None)
+        backend = (getattr(sm, "storage_backends", None) or {}).get("RemoteBackend")
+        if backend is None:
+            return
+        conn = getattr(backend.connection, "_connector", backend.connection)
+        if on and self._stock is None:
+            from adapters.patched import patched_remote_backend_class, patched_resp_connector_class
+
+            self._stock = (type(backend), type(conn))
+            conn.__class__ = patched_resp_connector_class()
+            conn.adopt(GET_BOUND, ("", ""))
+            backend.__class__ = patched_remote_backend_class()
+            backend.put_wait = GET_BOUND
+        elif not on and self._stock is not None:
+            backend.__class__, conn.__class__ = self._stock
+            self._stock = None
 
     def engine(self) -> Any:
         if self._engine is None:
@@ -115,18 +162,42 @@ class Fixes:
         engine.lookup = lookup
 
 
-def lmcache_engine_of(connector: Any, depth: int = 5) -> Any:
-    """The `LMCacheEngine` under a connector (vLLM's `LMCacheConnectorV1`, or any wrapper of one that keeps it as
-    `inner`/`_inner`/`base`/`_connector`), or None."""
-    seen = 0
-    while connector is not None and seen < depth:
+def lmcache_connector_of(connector: Any, depth: int = 5) -> Any:
+    """vLLM's `LMCacheConnectorV1` under a connector (itself, or what a wrapper keeps as `inner`/`_inner`/`base`/
+    `_connector`), or None."""
+    for _ in range(depth):
+        if connector is None:
+            return None
         impl = getattr(connector, "_lmcache_engine", None)
         if impl is not None and hasattr(impl, "lmcache_engine"):
-            return impl.lmcache_engine
+            return connector
         connector = next((getattr(connector, a) for a in ("inner", "_inner", "base", "_connector")
                           if getattr(connector, a, None) is not None), None)
-        seen += 1
     return None
+
+
+def lmcache_engine_of(connector: Any) -> Any:
+    """The `LMCacheEngine` under a connector (see `lmcache_connector_of`), or None."""
+    root = lmcache_connector_of(connector)
+    return root._lmcache_engine.lmcache_engine if root is not None else None
+
+
+def unstick(engine: Any) -> int:
+    """Complete, as "not held", every sync prefix count of `engine`'s remote connector that lost its completion
+    (a thread parked in `batch_exists_sync`'s `fut.result()`, V3); how many."""
+    import sys
+
+    done = 0
+    for frame in list(sys._current_frames().values()):
+        while frame is not None:
+            if frame.f_code.co_name == "batch_exists_sync" and "fut" in frame.f_locals:
+                fut, keys = frame.f_locals["fut"], frame.f_locals.get("keys") or []
+                if not fut.done():
+                    fut.set_result([False] * len(keys))
+                    done += 1
+                break
+            frame = frame.f_back
+    return done
 
 
 # -- what a rank answers ------------------------------------------------------------------------------------------------
@@ -161,7 +232,8 @@ def _release_all(engine: Any) -> None:
 def probe(connector: Any, what: str, *args: Any) -> Any:
     """`rank`; `keys(tokens, configs)`: LMCache's key of every full chunk; `local(keys)`: held in LocalCPU;
     `pins`: (pin count summed over LocalCPU, request ids in `lookup_pins`); `evict(key)`: LMCache's own remove from
-    LocalCPU; `puts`: remote writes in flight; `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
+    LocalCPU; `ended(ids)`: V1 told that these requests ended; `puts`: remote writes in flight; `unstick`: V3's
+    stuck prefix counts completed; `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
     `stats` (the CPU paged connector's counters); `lmcache` (whether an LMCache engine runs here)."""
     from adapters.vllm_stack import cpu_paged_connector
 
@@ -175,6 +247,9 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
         return None
     if what == "facts":
         return dict(connector.fixes.facts)
+    if what == "ended":
+        connector.fixes.after_ended(args[0])
+        return None
     if what == "stats":
         return dict(cpu_paged_connector.STATS)
     if engine is None:
@@ -202,6 +277,8 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     if what == "puts":  # remote writes still in flight
         backend = (engine.storage_manager.storage_backends or {}).get("RemoteBackend")
         return len(getattr(backend, "put_tasks", ()) or ())
+    if what == "unstick":
+        return unstick(engine)
     if what == "clear":
         _release_all(engine)
         return engine.clear(locations=["LocalCPUBackend"])

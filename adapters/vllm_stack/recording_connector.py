@@ -35,6 +35,9 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
+from adapters.vllm_stack.delegating import DelegatingConnector
+from adapters.vllm_stack.lmcache_fixes import lmcache_connector_of
+
 __all__ = ["RecordingConnector", "RecordingMetadata", "INSTANCES", "worker_probe", "is_reference",
            "load_connector_class"]
 
@@ -106,7 +109,7 @@ def _without(scheduler_output: Any, drop: set[str]) -> Any:
     return dataclasses.replace(scheduler_output, **out)
 
 
-class RecordingConnector(KVConnectorBase_V1):
+class RecordingConnector(DelegatingConnector):
     """See the module docstring."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
@@ -150,20 +153,20 @@ class RecordingConnector(KVConnectorBase_V1):
     # -- switching the inner connector (the stack's `use_connector`) ----------------------------------------------
     def use(self, name: str) -> None:
         """Serve through `name` from now on, on the LMCache this connector built: `lmcache`, `lmcache-patched`, or a
-        `MOD:ATTR` class with `around(connector)` (`adapters.vllm_stack.connector_demos.LMCacheWrapper`)."""
+        `MOD:ATTR` class with `around(connector)` (`adapters.vllm_stack.connector_demos.LMCacheWrapper`), put around
+        the `LMCacheConnectorV1` under the connector built."""
+        root = lmcache_connector_of(self.base)
+        if root is None:
+            raise ValueError(f"the running connector {self.name} has no LMCacheConnectorV1 to serve {name} through")
         if name in LMCACHE_CONNECTORS:
-            self.inner = self.base
+            self.inner = root
         else:
             cls = load_connector_class(name)
             if not hasattr(cls, "around"):
                 raise ValueError(f"{name} cannot be put around the running connector (it has no `around`)")
-            self.inner = cls.around(self.base)
+            self.inner = cls.around(root)
         self.name = name
         self.fixes.on = name == "lmcache-patched"
-
-    @classmethod
-    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        return False
 
     # -- scheduler side -----------------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -186,7 +189,7 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         inner = self.inner.build_connector_meta(_without(scheduler_output, self._references))
-        ended, self._ended_since = tuple(self._ended_since), []
+        ended = self.take_ended()
         refs = frozenset(self._references)
         self._references -= set(scheduler_output.finished_req_ids)
         return RecordingMetadata(inner=inner, ended=ended, references=refs)
@@ -200,36 +203,10 @@ class RecordingConnector(KVConnectorBase_V1):
         self._ended_since.append(rid)
         return self.inner.request_finished(request, block_ids)
 
-    def update_connector_output(self, connector_output: Any) -> None:
-        return self.inner.update_connector_output(connector_output)
-
-    def take_events(self) -> Any:
-        return self.inner.take_events()
-
-    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
-        super().bind_kv_cache_manager(kv_cache_manager)
-        return self.inner.bind_kv_cache_manager(kv_cache_manager)
-
-    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        return self.inner.bind_gpu_block_pool(gpu_block_pool)
-
-    def on_new_request(self, request: Any) -> None:
-        return self.inner.on_new_request(request)
-
-    def has_pending_block_frees(self) -> bool:
-        return self.inner.has_pending_block_frees()
-
-    def has_pending_push_work(self) -> bool:
-        return self.inner.has_pending_push_work()
-
-    def register_finished_partial_tail(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner.register_finished_partial_tail(*args, **kwargs)
-
-    def get_finished_count(self) -> int | None:
-        return self.inner.get_finished_count()
-
-    def reset_cache(self) -> bool | None:
-        return self.inner.reset_cache()
+    def take_ended(self) -> tuple[str, ...]:
+        """The ids of the requests that ended since the last metadata built (they will not be in it now)."""
+        ended, self._ended_since = tuple(self._ended_since), []
+        return ended
 
     def forget(self) -> None:
         """Drop what was recorded (a fresh case)."""
@@ -239,37 +216,18 @@ class RecordingConnector(KVConnectorBase_V1):
         self.ended.clear()
 
     # -- worker side --------------------------------------------------------------------------------------------------
-    def register_kv_caches(self, kv_caches: dict) -> None:
-        return self.inner.register_kv_caches(kv_caches)
-
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        super().bind_connector_metadata(connector_metadata)
+        KVConnectorBase_V1.bind_connector_metadata(self, connector_metadata)
         inner = connector_metadata
         if isinstance(connector_metadata, RecordingMetadata):
             self.fixes.after_ended(connector_metadata.ended)
             inner = connector_metadata.inner
         return self.inner.bind_connector_metadata(inner)
 
-    def clear_connector_metadata(self) -> None:
-        super().clear_connector_metadata()
-        return self.inner.clear_connector_metadata()
-
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         if isinstance(kv_connector_metadata, RecordingMetadata):
             kv_connector_metadata = kv_connector_metadata.inner
         return self.inner.handle_preemptions(kv_connector_metadata)
-
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        return self.inner.start_load_kv(forward_context, **kwargs)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return self.inner.wait_for_layer_load(layer_name)
-
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-        return self.inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-
-    def wait_for_save(self) -> None:
-        return self.inner.wait_for_save()
 
     def _references_now(self) -> frozenset:
         meta = self._connector_metadata
@@ -279,37 +237,8 @@ class RecordingConnector(KVConnectorBase_V1):
         return self.inner.get_finished(set(finished_req_ids) - self._references_now())
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
-        return self.inner.get_transfer_results(set(finished_req_ids) - self._references_now())
+        return super().get_transfer_results(set(finished_req_ids) - self._references_now())
 
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.inner.get_block_ids_with_load_errors()
-
-    def get_kv_connector_stats(self) -> Any:
-        return self.inner.get_kv_connector_stats()
-
-    def get_kv_connector_kv_cache_events(self) -> Any:
-        return self.inner.get_kv_connector_kv_cache_events()
-
-    def build_connector_worker_meta(self) -> Any:
-        return self.inner.build_connector_worker_meta()
-
-    def get_handshake_metadata(self) -> Any:
-        return self.inner.get_handshake_metadata()
-
-    def finish_forward(self) -> None:
-        return self.inner.finish_forward()
-
-    def reset_capture_state(self) -> None:
-        return self.inner.reset_capture_state()
-
-    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
-        return self.inner.set_host_xfer_buffer_ops(copy_operation)
-
-    def get_mem_pool_context(self) -> Any:
-        return self.inner.get_mem_pool_context()
-
-    def shutdown(self) -> None:
-        return self.inner.shutdown()
 
 
 # -- what a worker answers (run in every worker by `collective_rpc`) --------------------------------------------------

@@ -85,6 +85,7 @@ class VllmStack:
         self.chunk_bytes = chunk_size * _KV_BYTES_PER_TOKEN // tp
         self.owned: ServerSet | None = None
         self.child: StackChild | None = None
+        self.last_reset: dict = {}
         self._closed = False
         self._config_dir = tempfile.mkdtemp(prefix="shardcheck-lmcache-conf-")
         try:
@@ -200,22 +201,23 @@ class VllmStack:
     def use_connector(self, name: str) -> None:
         """Serve through `name` from now on, without a restart: `lmcache`, `lmcache-patched`, or a `MOD:ATTR` class
         with `around(connector)` (`adapters.vllm_stack.connector_demos.LMCacheWrapper`), on the LMCache this stack
-        built; no request may be pending. Raises (a restart is needed) for any other connector."""
-        if self.connector not in CONNECTORS and name in CONNECTORS:
-            raise ValueError(f"the stack runs {self.connector}: {name} needs a stack of its own")
+        built (the `LMCacheConnectorV1` under the connector it started with); no request may be pending. Raises
+        `StackChildError` for a connector that cannot be put there (a restart is needed)."""
         self._call("use_connector", name)
         self.connector = name
 
     def reset(self) -> None:
         """A fresh case on the same process: every request aborted and gone, paused servers resumed and killed ones
         started again, the remote writes in flight landed, every rank's pins released and LocalCPU emptied, every
-        server emptied (FLUSHALL), vLLM's prefix cache reset."""
+        server emptied (FLUSHALL), vLLM's prefix cache reset, and the blocks vLLM still held for finished requests
+        freed (a connector that never reported their load finished: as a restart would). `last_reset`: the child's
+        account (`left`: requests still in the engine, `freed`: requests whose blocks were freed)."""
         if self.owned is not None:
             for server in self.owned.servers:
                 server.resume()
                 if not server.running():
                     server.respawn()
-        self._call("reset")
+        self.last_reset = self._call("reset")
         self._call("wait_puts", _PUTS_LAND_SECONDS)
         for rank in range(self.n_ranks):
             self._admin(rank, "FLUSHALL")

@@ -151,6 +151,11 @@ class Driver:
     def step(self) -> list[dict]:
         outs = self.engine.step()
         now = time.monotonic()
+        recorder = self.recorder
+        if recorder is not None and recorder.fixes.on and not self.scheduler.has_unfinished_requests():
+            ended = recorder.take_ended()  # no next step will carry them to the workers: tell them now
+            if ended:
+                self._workers("ended", ended)
         results, self.ended = self.ended, []
         for out in outs:
             rec = self.requests.get(out.request_id)
@@ -206,17 +211,24 @@ class Driver:
                 out["pinned"].extend(_internal(i) for i in ids if _internal(i) not in out["pinned"])
         return out
 
-    def reset(self) -> int:
+    def reset(self) -> dict:
         """Nothing pending, every pin released and every LocalCPU emptied, vLLM's prefix cache reset, the records
-        forgotten; the requests still in the engine (0 normally)."""
+        forgotten. `left`: requests still in the engine (0 normally); `freed`: finished requests whose blocks vLLM
+        still held (a connector that never reported their load finished): their blocks are freed here, as a restart
+        would, so the next case starts with a whole pool; `unstuck`: the workers' lookups stuck for good
+        (`lmcache_fixes.unstick`) completed as misses."""
+        unstuck = sum(self._workers("unstick")) if self.connected else 0
         left = self.drain()
+        held = [r for r in list(self.scheduler.requests.values()) if r.is_finished()]
+        for request in held:
+            self.scheduler._free_blocks(request)
         if self.connected:
             self._workers("clear")
             for connector in _connectors():
                 connector.forget()
         self.engine.reset_prefix_cache()
         self.requests = {rid: rec for rid, rec in self.requests.items() if not rec.get("done")}
-        return left
+        return {"left": left, "freed": len(held), "unstuck": unstuck}
 
     def wait_puts(self, seconds: float) -> int:
         """Wait (at most `seconds`) until no rank has a remote write in flight; how many were left."""
@@ -240,6 +252,14 @@ class Driver:
             for k, v in answer.items():
                 out[k] = out.get(k, 0) + v
         return out
+
+    def threads(self) -> str:
+        """Every thread's stack in this process (where a stuck call is)."""
+        import threading
+
+        names = {t.ident: t.name for t in threading.enumerate()}
+        return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                         for ident, frame in sys._current_frames().items())
 
     def close(self) -> None:
         self.engine.engine_core.shutdown()
