@@ -40,8 +40,12 @@ import collections
 import threading
 from typing import Any, Iterable
 
-__all__ = ["Fixes", "probe", "lmcache_engine_of", "lmcache_connector_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED"]
+__all__ = ["STOCK", "PATCHED", "CONNECTORS", "Fixes", "probe", "lmcache_engine_of", "lmcache_connector_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED"]
 
+#: The KV connectors shardcheck names (any other is `MOD:ATTR`): stock `LMCacheConnectorV1` (with the CPU paged
+#: connector) and the same with these fixes.
+STOCK, PATCHED = "lmcache", "lmcache-patched"
+CONNECTORS = (STOCK, PATCHED)
 TENANT_TAG = "lmcache.tag.tenant"
 #: Facts (`Fixes.facts`): pins V1 released for requests that had ended, and for lookups that completed after their
 #: request ended.
@@ -234,13 +238,13 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     `pins`: (pin count summed over LocalCPU, request ids in `lookup_pins`); `evict(key)`: LMCache's own remove from
     LocalCPU; `ended(ids)`: V1 told that these requests ended; `puts`: remote writes in flight; `unstick`: V3's
     stuck prefix counts completed; `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
-    `stats` (the CPU paged connector's counters); `lmcache` (whether an LMCache engine runs here)."""
+    `stats` (the CPU paged connector's counters); `has_engine` (whether an LMCache engine runs here)."""
     from adapters.vllm_stack import cpu_paged_connector
 
     engine = connector.fixes.engine()
     if what == "rank":
         return connector.rank
-    if what == "lmcache":
+    if what == "has_engine":
         return engine is not None
     if what == "use":
         connector.use(args[0])

@@ -36,15 +36,13 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from adapters.vllm_stack.delegating import DelegatingConnector
-from adapters.vllm_stack.lmcache_fixes import lmcache_connector_of
+from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, lmcache_connector_of
 
 __all__ = ["RecordingConnector", "RecordingMetadata", "INSTANCES", "worker_probe", "is_reference",
            "load_connector_class"]
 
 #: Every RecordingConnector built in this process (the driver and `worker_probe` find them here).
 INSTANCES: list["RecordingConnector"] = []
-#: The LMCache connectors (inner connectors) shardcheck names.
-LMCACHE_CONNECTORS = ("lmcache", "lmcache-patched")
 
 
 def is_reference(request: Any) -> bool:
@@ -116,7 +114,7 @@ class RecordingConnector(DelegatingConnector):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.spec: dict = dict(extra.get("shardcheck") or {})
-        self.name = self.spec.get("connector", "lmcache")
+        self.name = self.spec.get("connector", STOCK)
         self.rank = 0
         if role == KVConnectorRole.WORKER:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -129,7 +127,7 @@ class RecordingConnector(DelegatingConnector):
             from adapters.vllm_stack import cpu_paged_connector
 
             cpu_paged_connector.install()
-        if self.name in LMCACHE_CONNECTORS:
+        if self.name in CONNECTORS:
             from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 
             cls: type = LMCacheConnectorV1
@@ -140,7 +138,7 @@ class RecordingConnector(DelegatingConnector):
         self.inner = self.base
         from adapters.vllm_stack import lmcache_fixes
 
-        self.fixes = lmcache_fixes.Fixes(self, on=self.name == "lmcache-patched")
+        self.fixes = lmcache_fixes.Fixes(self, on=self.name == PATCHED)
         # scheduler side, by vLLM's request id
         self.reported: dict[str, int | None] = {}
         self.answers: dict[str, list] = collections.defaultdict(list)
@@ -158,7 +156,7 @@ class RecordingConnector(DelegatingConnector):
         root = lmcache_connector_of(self.base)
         if root is None:
             raise ValueError(f"the running connector {self.name} has no LMCacheConnectorV1 to serve {name} through")
-        if name in LMCACHE_CONNECTORS:
+        if name in CONNECTORS:
             self.inner = root
         else:
             cls = load_connector_class(name)
@@ -166,7 +164,7 @@ class RecordingConnector(DelegatingConnector):
                 raise ValueError(f"{name} cannot be put around the running connector (it has no `around`)")
             self.inner = cls.around(root)
         self.name = name
-        self.fixes.on = name == "lmcache-patched"
+        self.fixes.on = name == PATCHED
 
     # -- scheduler side -----------------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:

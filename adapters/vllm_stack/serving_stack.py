@@ -23,6 +23,7 @@ import tempfile
 from typing import Any, Sequence
 
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
+from adapters.vllm_stack.lmcache_fixes import CONNECTORS, STOCK
 from adapters.vllm_stack.stack_rpc import StackChild
 from model.contract import StackRequest, StackResult
 
@@ -33,8 +34,6 @@ BLOCK_SIZE = 32
 #: LMCache's chunk (tokens): two blocks, so a prompt of a few hundred tokens makes several chunks.
 CHUNK_SIZE = 64
 LOOKUP_TIMEOUT_MS = 3000
-#: The connectors shardcheck names (any other is `MOD:ATTR`).
-CONNECTORS = ("lmcache", "lmcache-patched")
 #: vLLM's KV cache (bytes): 512 blocks of 32 tokens of the tiny model (2 layers x K,V x 256 x float32).
 _KV_CACHE_BYTES = 64 << 20
 #: Bytes of KV per token of the tiny model, per rank (2 layers, K and V, 256 values of 4 bytes; split by TP).
@@ -67,7 +66,7 @@ class VllmStack:
 
     block_size = BLOCK_SIZE
 
-    def __init__(self, n_ranks: int = 1, *, connector: str = "lmcache", tp: int | None = None,
+    def __init__(self, n_ranks: int = 1, *, connector: str = STOCK, tp: int | None = None,
                  lookup_timeout_ms: int = LOOKUP_TIMEOUT_MS, max_blocks: int | None = None,
                  async_loading: bool = False, urls: Sequence[str] | str | None = None, chunk_size: int = CHUNK_SIZE,
                  local_cpu_gb: float = 0.25, cpu_connector: bool = True, max_model_len: int | None = None,
@@ -252,7 +251,7 @@ class VllmStack:
         self.close()
 
 
-def vllm_stack(n_ranks: int = 1, *, connector: str = "lmcache", **options: Any) -> VllmStack:
+def vllm_stack(n_ranks: int = 1, *, connector: str = STOCK, **options: Any) -> VllmStack:
     """`--engine vllm`: the real vLLM stack with `connector` (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a
     `KVConnectorBase_V1` subclass importable in the child: the parent's `sys.path` is its PYTHONPATH). Options: see
     the module docstring."""

@@ -103,7 +103,7 @@ class Driver:
         bp = self.scheduler.kv_cache_manager.block_pool
         return {"pid": os.getpid(), "import_s": self.import_s, "build_s": self.build_s, "warmup_s": self.warmup_s,
                 "start_s": time.monotonic() - self.t0, "total_blocks": bp.num_gpu_blocks, "model_dir": self.model_dir,
-                "lmcache": self._workers("lmcache") if self.connected else []}
+                "lmcache_engines": self._workers("has_engine") if self.connected else []}
 
     def _warm_up(self) -> None:
         for reference in (True, False) if self.connected else (True,):
