@@ -186,9 +186,10 @@ def lmcache_engine_of(connector: Any) -> Any:
     return root._lmcache_engine.lmcache_engine if root is not None else None
 
 
-def unstick(engine: Any) -> int:
+def unstick(engine: Any, *, count_only: bool = False) -> int:
     """Complete, as "not held", every sync prefix count of `engine`'s remote connector that lost its completion
-    (a thread parked in `batch_exists_sync`'s `fut.result()`, V3); how many."""
+    (a thread parked in `batch_exists_sync`'s `fut.result()`, V3); how many (`count_only`: count them, complete none;
+    a count just issued to a healthy server is counted too, for the moment it waits)."""
     import sys
 
     done = 0
@@ -197,7 +198,8 @@ def unstick(engine: Any) -> int:
             if frame.f_code.co_name == "batch_exists_sync" and "fut" in frame.f_locals:
                 fut, keys = frame.f_locals["fut"], frame.f_locals.get("keys") or []
                 if not fut.done():
-                    fut.set_result([False] * len(keys))
+                    if not count_only:
+                        fut.set_result([False] * len(keys))
                     done += 1
                 break
             frame = frame.f_back
@@ -237,7 +239,7 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     """`rank`; `keys(tokens, configs)`: LMCache's key of every full chunk; `local(keys)`: held in LocalCPU;
     `pins`: (pin count summed over LocalCPU, request ids in `lookup_pins`); `evict(key)`: LMCache's own remove from
     LocalCPU; `ended(ids)`: V1 told that these requests ended; `puts`: remote writes in flight; `unstick`: V3's
-    stuck prefix counts completed; `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
+    stuck prefix counts completed (`stuck`: counted); `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
     `stats` (the CPU paged connector's counters); `has_engine` (whether an LMCache engine runs here)."""
     from adapters.vllm_stack import cpu_paged_connector
 
@@ -256,7 +258,12 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
         return None
     if what == "stats":
         return dict(cpu_paged_connector.STATS)
-    if engine is None:
+    if engine is None:  # no LMCache engine here (a user's connector, or stock LMCache degraded): it holds nothing
+        idle = {"pins": (0, []), "puts": 0, "unstick": 0, "stuck": 0, "clear": 0, "evict": 0}
+        if what == "local":
+            return [False] * len(args[0])
+        if what in idle:
+            return idle[what]
         raise RuntimeError(f"the connector {connector.name} runs no LMCache engine here: cannot answer {what}")
     if what == "keys":
         import torch
@@ -283,6 +290,8 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
         return len(getattr(backend, "put_tasks", ()) or ())
     if what == "unstick":
         return unstick(engine)
+    if what == "stuck":
+        return unstick(engine, count_only=True)
     if what == "clear":
         _release_all(engine)
         return engine.clear(locations=["LocalCPUBackend"])

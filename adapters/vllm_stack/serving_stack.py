@@ -161,6 +161,12 @@ class VllmStack:
     def leaks(self) -> dict:
         return dict(self._call("leaks"))
 
+    def stuck(self) -> int:
+        """Lookups parked on a worker in stock LMCache's sync prefix count (`batch_exists_sync`, no timeout) that lost
+        its completion: while one is parked every lookup of that rank times out and its request recomputes
+        (`adapters.vllm_stack.lmcache_fixes`, V3); `reset()` completes them as misses."""
+        return int(self._call("stuck"))
+
     def facts(self) -> dict:
         """How often each of `lmcache-patched`'s fixes ran (`adapters.vllm_stack.lmcache_fixes`)."""
         return dict(self._call("facts"))

@@ -239,6 +239,9 @@ class Driver:
                 return left
             time.sleep(0.01)
 
+    def stuck(self) -> int:
+        return sum(self._workers("stuck")) if self.connected else 0
+
     def use_connector(self, name: str) -> None:
         if self.pending():
             raise RuntimeError("the connector cannot change while requests are pending")
