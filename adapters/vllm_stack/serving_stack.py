@@ -41,6 +41,9 @@ _KV_BYTES_PER_TOKEN = 2 * 2 * 256 * 4
 #: One round trip: EXISTS of every key.
 _EXISTS_EACH = "local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('EXISTS', k) end return r"
 _ADMIN_TIMEOUT = 1.0
+#: Deletes every key matching ARGV[1] (a user's servers are not flushed: only this model's keys go).
+_DELETE_MATCHING = ("local c = '0' local n = 0 repeat local r = redis.call('SCAN', c, 'MATCH', ARGV[1], 'COUNT', 1000) "
+                    "c = r[1] for _, k in ipairs(r[2]) do n = n + redis.call('DEL', k) end until c == '0' return n")
 #: Seconds `reset` waits for the remote writes in flight to land before it empties the servers.
 _PUTS_LAND_SECONDS = 3.0
 
@@ -214,7 +217,7 @@ class VllmStack:
     def reset(self) -> None:
         """A fresh case on the same process: every request aborted and gone, paused servers resumed and killed ones
         started again, the remote writes in flight landed, every rank's pins released and LocalCPU emptied, every
-        server emptied (FLUSHALL), vLLM's prefix cache reset, and the blocks vLLM still held for finished requests
+        server emptied (FLUSHALL; on the user's `urls`, only the keys of this stack's model), vLLM's prefix cache reset, and the blocks vLLM still held for finished requests
         freed (a connector that never reported their load finished: as a restart would). `last_reset`: the child's
         account (`left`: requests still in the engine, `freed`: requests whose blocks were freed)."""
         if self.owned is not None:
@@ -225,7 +228,10 @@ class VllmStack:
         self.last_reset = self._call("reset")
         self._call("wait_puts", _PUTS_LAND_SECONDS)
         for rank in range(self.n_ranks):
-            self._admin(rank, "FLUSHALL")
+            if self.owned is not None:
+                self._admin(rank, "FLUSHALL")
+            else:  # LMCache's keys start with the model's name, here its directory
+                self._admin(rank, "EVAL", _DELETE_MATCHING, "0", f"{self.info['model_dir']}@*")
 
     def close(self) -> list[str]:
         """Stop the vLLM process (bounded: its engine core's shutdown, then SIGKILL of its process group) and the

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from multiprocessing.connection import Connection
@@ -85,6 +86,7 @@ class StackChild:
         self.conn: Connection | None = None
         self.dead: str | None = None
         self.info: dict = {}
+        self._lock = threading.Lock()  # one call at a time on the connection
         _LIVE.add(self)
         try:
             self._start({**spec, "run_dir": self.run_dir}, env, start_timeout)
@@ -160,14 +162,15 @@ class StackChild:
 
     def call(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """`name(*args, **kwargs)` on the child's driver, answered within `timeout` (default `call_timeout`)."""
-        if self.dead is not None:
-            raise StackChildError(f"the vLLM process is gone ({self.dead})")
-        assert self.conn is not None
-        try:
-            self.conn.send((name, args, kwargs))
-        except OSError as exc:
-            self._fail(f"the vLLM process's connection broke sending {name}: {exc}")
-        status, value = self._answer(name, self.call_timeout if timeout is None else timeout)
+        with self._lock:
+            if self.dead is not None:
+                raise StackChildError(f"the vLLM process is gone ({self.dead})")
+            assert self.conn is not None
+            try:
+                self.conn.send((name, args, kwargs))
+            except OSError as exc:
+                self._fail(f"the vLLM process's connection broke sending {name}: {exc}")
+            status, value = self._answer(name, self.call_timeout if timeout is None else timeout)
         if status == "err":
             raise StackChildError(f"{name} raised in the vLLM process:\n{value}")
         return value
