@@ -194,9 +194,11 @@ CLIENT_NAME_USES = {
               "shardcheck/tier_cmd.py": "the cost model, a key of the tier report",
               "shardcheck/tier_plot.py": "the cost model, a key of the tier report"},
     "lmcache": {"adapters/nemesis_findings.py": "the nemesis findings, recorded on stock lmcache",
+                "adapters/vllm_stack/lmcache_fixes.py": "the vLLM stack's KV connector of that name (LMCacheConnectorV1)",
                 "adapters/racy_findings.py": "the racy findings recorded on it",
                 "adapters/storeops_findings.py": "the store-ops findings recorded on it"},
     "lmcache-native": {"adapters/racy_findings.py": "a racy finding recorded on it"},
+    "lmcache-patched": {"adapters/vllm_stack/lmcache_fixes.py": "the vLLM stack's KV connector of that name (its fixes)"},
     "lmcache-valkey": {"adapters/storeops_findings.py": "a store-ops finding recorded on it (and run in a child)"},
 }
 
