@@ -129,7 +129,7 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
 DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
                                 "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
-                                "engine": "adapters.engine_demos"}
+                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos"}
 
 
 class ResolveError(ValueError):

@@ -36,7 +36,7 @@ def demo_traces() -> dict[str, Trace]:
             raise RuntimeError(f"{variant.__name__}: shrunk counterexample violates "
                                f"{small.outcome.violated()}, not {prop}")
         ref = f"{variant.__module__}:{variant.__name__}"
-        trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.engine}",
+        trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.strategy}",
                                    expect=protocol_bug_expect())
         trace.summary = _paragraph(variant, small)
         out[f"demo-{protocol.name}.json"] = trace
