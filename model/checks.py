@@ -263,12 +263,12 @@ CATALOG: tuple[Property, ...] = (
     _engine("engine-returns", "every call of the engine, close included, returns an answer within its bound",
             "stuck_close"),
     _stack("output-equality", "every request's greedy output equals that of the same prompt with no KV cache at "
-           "all, whatever was cached, evicted or faulted", "WrongBlocksConnector"),
+           "all, whatever was cached, evicted or faulted", "SwappedLoads"),
     _stack("hit-accuracy", "the tokens reported as cached equal the longest prefix every rank holds when nothing "
-           "failed, and never exceed it", "OverReportConnector"),
+           "failed, and never exceed it", "OverReporting"),
     _stack("request-returns", "every request ends within its bound, under tier faults too (a failed load falls back "
-           "to recompute)", "NeverFinishedLoadConnector"),
-    _stack("kv-leaks", "once every request ended no pin is held and the KV block pool is whole", "LeakyConnector"),
+           "to recompute)", "NeverFinishedLoad"),
+    _stack("kv-leaks", "once every request ended no pin is held and the KV block pool is whole", "HeldBlocks"),
     _nemesis("fault-hang", "while a real fault lasts every call returns within its bound (an error or a miss is fine)",
              "no_timeout_factory"),
     _nemesis("fault-integrity", "under real faults nothing wrong is returned: the last completed put's bytes or a miss, "

@@ -194,7 +194,7 @@ def test_stock_lmcache_keeps_the_pins_of_a_request_aborted_while_waiting(fresh):
 def test_lmcache_patched_releases_them(fresh):
     fresh.use_connector("lmcache-patched")
     leaks = _leak_after_abort_while_waiting(fresh)
-    assert leaks == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS}
+    assert leaks == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS - 1}
     assert fresh.facts().get("V1 ended requests' pins released", 0) >= 1
 
 
@@ -206,7 +206,7 @@ def test_preempted_requests_finish_with_the_reference_output_and_leave_the_pool_
     for p in prompts:
         ref = _serve(fresh, StackRequest(id=p.id + "-ref", tokens=p.tokens, max_tokens=80), reference=True)
         assert _equal(done[p.id], ref[p.id + "-ref"]) <= LOGPROB_TOLERANCE
-    assert fresh.leaks() == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS}
+    assert fresh.leaks() == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS - 1}
 
 
 def test_a_paused_server_falls_back_to_recompute_within_the_lookup_timeout(fresh):
@@ -242,7 +242,7 @@ def test_reset_empties_every_tier_and_forgets_every_request(fresh):
         assert fresh.holdings(0, keys)[0] == [True] * 3
         fresh.reset()
         assert fresh.pending() == [] and fresh.holdings(0, keys) == ([False] * 3, [False] * 3)
-        assert fresh.leaks() == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS}
+        assert fresh.leaks() == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS - 1}
         again = _serve(fresh, StackRequest(id="e3", tokens=prompt.tokens, max_tokens=2))["e3"]
         assert again.reported == 0
     _stock(fresh, body)
@@ -313,6 +313,16 @@ def test_never_finished_load_parks_the_request_and_keeps_its_blocks(fresh):
         assert fresh.leaks()["free_blocks"] < MAX_BLOCKS - 1  # its blocks wait for a load that never ends
         fresh.reset()
         assert fresh.last_reset["freed"] == 1 and fresh.leaks()["free_blocks"] == MAX_BLOCKS - 1
+    _stock(fresh, body)
+
+
+def test_held_blocks_are_never_freed(fresh):
+    fresh.use_connector(f"{DEMOS}:HeldBlocks")
+    def body():
+        prompt = _stored(fresh, 25)
+        hit = _serve(fresh, StackRequest(id="h2", tokens=prompt.tokens, max_tokens=4))["h2"]
+        fresh.step()
+        assert hit.reported == 256 and fresh.leaks()["free_blocks"] < fresh.leaks()["total_blocks"]
     _stock(fresh, body)
 
 

@@ -10,6 +10,9 @@
   lists the request in `get_finished`'s finished-receiving set: vLLM parks the request in WAITING_FOR_REMOTE_KVS for
   good (`request-returns`), and once it is aborted its blocks are never freed (`kv-leaks`: vLLM frees a
   WAITING_FOR_REMOTE_KVS request's blocks only once its load is reported finished).
+- `HeldBlocks`: every finished request's blocks are said to be still saving (`request_finished` answers
+  `delay_free_blocks=True`) and the save is never reported done (`get_finished` lists no finished sending): vLLM
+  never frees them (`kv-leaks`); hits, counts and outputs stay right.
 - `SwappedLoads`: when two requests of one step load the same number of tokens into prompts of one length, each
   request's KV goes into the other's blocks (their slot mappings swapped for the load): each request computes over
   another request's KV (`output-equality`); hits and counts stay right.
@@ -26,7 +29,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from adapters.vllm_stack.delegating import DelegatingConnector
 
-__all__ = ["LMCacheWrapper", "CorrectWrapper", "OverReporting", "NeverFinishedLoad", "SwappedLoads", "DEMOS"]
+__all__ = ["LMCacheWrapper", "CorrectWrapper", "OverReporting", "NeverFinishedLoad", "HeldBlocks", "SwappedLoads",
+           "DEMOS"]
 
 
 class LMCacheWrapper(DelegatingConnector):
@@ -89,6 +93,18 @@ class NeverFinishedLoad(LMCacheWrapper):
         return sending, None
 
 
+class HeldBlocks(LMCacheWrapper):
+    """Blocks held for a save that is never reported done (see the module docstring)."""
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        _, params = self.inner.request_finished(request, block_ids)
+        return True, params
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        _, receiving = self.inner.get_finished(finished_req_ids)
+        return None, receiving
+
+
 class SwappedLoads(LMCacheWrapper):
     """Two requests' loads swapped between their blocks (see the module docstring)."""
 
@@ -116,4 +132,4 @@ class SwappedLoads(LMCacheWrapper):
 
 #: The demos by name, with the property each breaks.
 DEMOS = {"CorrectWrapper": None, "OverReporting": "hit-accuracy", "NeverFinishedLoad": "request-returns",
-         "SwappedLoads": "output-equality"}
+         "HeldBlocks": "kv-leaks", "SwappedLoads": "output-equality"}

@@ -202,7 +202,8 @@ class Driver:
 
     def leaks(self) -> dict:
         bp = self.scheduler.kv_cache_manager.block_pool
-        out = {"pins": [], "pinned": [], "free_blocks": bp.get_num_free_blocks(), "total_blocks": bp.num_gpu_blocks}
+        # (the contract's total: the blocks requests can hold, vLLM's null block excluded: whole when free == total)
+        out = {"pins": [], "pinned": [], "free_blocks": bp.get_num_free_blocks(), "total_blocks": bp.num_gpu_blocks - 1}
         if self.connected:
             answers = self._workers("pins")
             for r in range(len(answers)):
