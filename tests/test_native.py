@@ -122,3 +122,17 @@ def test_a_failed_build_leaves_no_build_and_says_so_in_one_line(tmp_path):
     assert got.returncode == 0
     assert got.stderr.count("\n") == 1 and "did not build" in got.stderr and "pure Python runs" in got.stderr
     assert not target.exists()
+
+
+def test_bench_says_whether_the_compiled_path_ran(tmp_path, capsys):
+    """`bench --histories DIR --json` marks each row with whether the checker ran compiled, as `bench --json` marks
+    the explorer's and the checker's figures (`native_status`)."""
+    from engines.concurrency_bench import write_histories
+    from shardcheck.bench import histories_command, native_status
+    write_histories(str(tmp_path), [("small", 200, 4, 4, 0.0, False)])
+    assert histories_command(str(tmp_path), None, as_json=True) == 0
+    rows = json.loads(capsys.readouterr().out)
+    status = native_status()
+    assert [r["compiled"] for r in rows] == [status["engines.linearizability"]["compiled"]]
+    assert status["engines.explore"]["compiled"] == status["engines.linearizability"]["compiled"] == (
+        BUILT and not native.pure_requested())
