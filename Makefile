@@ -9,7 +9,7 @@ REQS := requirements/bootstrap.txt requirements/base.txt requirements/native.txt
 # The compiled hot paths (engines/native.py): rebuilt when a compiled module's source changes. A failed build says so in
 # one line and leaves pure Python running; it never fails the set-up.
 NATIVE := $(VENV)/.shardcheck-native-built
-NATIVE_SRC := tools/build_native.py engines/native.py $(wildcard engines/linearizability/*.py) engines/explore/expand.py
+NATIVE_SRC := tools/build_native.py engines/native.py $(wildcard engines/linearizability/*.py) $(wildcard engines/explore/*.py)
 
 .PHONY: venv verify test clean
 

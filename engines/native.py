@@ -26,7 +26,7 @@ __all__ = ["COMPILED", "BUILD_DIR", "MANIFEST", "SHARED_LIB", "ENV_PURE", "selec
 #: Per package, the modules compiled (every one of a package, or none, is chosen).
 COMPILED: dict[str, tuple[str, ...]] = {
     "engines.linearizability": ("checker", "midpoints", "greedy", "register", "sweep", "zones", "wing_gong"),
-    "engines.explore": ("expand",),
+    "engines.explore": ("expand", "halves", "slow"),
 }
 #: Where the build lies: the venv's own directory (`sys.prefix`), as the build is for its interpreter.
 BUILD_DIR = os.environ.get("SHARDCHECK_NATIVE_DIR") or os.path.join(sys.prefix, "shardcheck-native")

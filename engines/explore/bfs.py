@@ -65,6 +65,7 @@ would traverse), and the hot loop inserts with `dict.setdefault` (one look-up pe
 """
 from __future__ import annotations
 
+import gc
 import time
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -121,6 +122,12 @@ class Search:
         self._expand_slow: Callable[[Any, dict, int], int] | None = None  # `engines.explore.slow` (set once in `_bfs`)
 
     def run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
+        try:
+            return self._run(should_stop, progress)
+        finally:
+            gc.unfreeze()  # the objects each level froze (`_bfs`) are the collector's again
+
+    def _run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
         t0 = time.perf_counter()
         space = self.space
         try:
@@ -249,6 +256,7 @@ class Search:
         self.phase = 1
         record = self.shard is not None
         while frontier:
+            gc.freeze()  # what exists now (the memo tables, the levels) is never walked again by a full collection
             if record:
                 self.level_start.append(self.n_states())
             nxt = Level()
