@@ -57,6 +57,12 @@ class References:
         self.results: dict[tuple, StackResult] = {}
 
 
+def recovery_window(stack: Any) -> float:
+    """Seconds after a fault within which a stack may still recompute what the tier holds (its optional
+    `recovery_seconds`; else twice its lookup timeout): a hit missed then is not `hit-accuracy`'s."""
+    return float(getattr(stack, "recovery_seconds", None) or 2 * stack.lookup_timeout)
+
+
 @attrs.define
 class _Request:
     rid: str
@@ -84,6 +90,9 @@ class StackRun:
         self.violations: list[Violation] = []
         self.requests: dict[str, _Request] = {}
         self.epoch = 0
+        #: When the last fault step was struck: a request submitted within the stack's recovery window after it is
+        #: judged as one a fault touched (`recovery_window`).
+        self.faulted_at: float | None = None
         self.stuck = False
         self.finished = False
 
@@ -163,7 +172,10 @@ class StackRun:
             self.violations.extend(check_returned(req.request.id, result, req.bound, prompt=req.prompt,
                                                   had=had(req.submitted, now)))
         after = self._holdings(req.keys)
+        window = recovery_window(self.stack)
         failed = ("a fault or an eviction while it ran" if self.epoch != req.epoch else
+                  f"submitted within the stack's {window:g} s of recovery after a fault"
+                  if self.faulted_at is not None and req.submitted - self.faulted_at < window else
                   "" if all(self.stack.reachable(r) for r in range(self.stack.n_ranks)) else "a server is down")
         views = self._views(req, after)
         if any(v.unknown for v in views):
@@ -269,6 +281,7 @@ class StackRun:
         self._call(f"{step.action} rank {step.rank}'s server", self.bounds.fault, self.stack.fault, step.rank,
                    step.action)
         self.epoch += 1
+        self.faulted_at = time.monotonic()
 
     # -- the end -----------------------------------------------------------------------------------------------------
     def finish(self) -> list[Violation]:
