@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from typing import Any, Callable
 
 import attrs
@@ -57,6 +58,11 @@ class References:
         self.results: dict[tuple, StackResult] = {}
 
 
+#: When each stack's last fault was struck, whichever case struck it: a stack serves many cases, and what a fault
+#: leaves behind (LMCache recomputing until it reconnects) outlives the case.
+_FAULTED_AT: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
 def recovery_window(stack: Any) -> float:
     """Seconds after a fault within which a stack may still recompute what the tier holds (its optional
     `recovery_seconds`; else twice its lookup timeout): a hit missed then is not `hit-accuracy`'s."""
@@ -90,9 +96,7 @@ class StackRun:
         self.violations: list[Violation] = []
         self.requests: dict[str, _Request] = {}
         self.epoch = 0
-        #: When the last fault step was struck: a request submitted within the stack's recovery window after it is
-        #: judged as one a fault touched (`recovery_window`).
-        self.faulted_at: float | None = None
+        self._faulted_at: float | None = None
         self.stuck = False
         self.finished = False
 
@@ -173,9 +177,13 @@ class StackRun:
                                                   had=had(req.submitted, now)))
         after = self._holdings(req.keys)
         window = recovery_window(self.stack)
+        try:
+            faulted_at = _FAULTED_AT.get(self.stack, self._faulted_at)
+        except TypeError:
+            faulted_at = self._faulted_at
         failed = ("a fault or an eviction while it ran" if self.epoch != req.epoch else
                   f"submitted within the stack's {window:g} s of recovery after a fault"
-                  if self.faulted_at is not None and req.submitted - self.faulted_at < window else
+                  if faulted_at is not None and req.submitted - faulted_at < window else
                   "" if all(self.stack.reachable(r) for r in range(self.stack.n_ranks)) else "a server is down")
         views = self._views(req, after)
         if any(v.unknown for v in views):
@@ -281,7 +289,10 @@ class StackRun:
         self._call(f"{step.action} rank {step.rank}'s server", self.bounds.fault, self.stack.fault, step.rank,
                    step.action)
         self.epoch += 1
-        self.faulted_at = time.monotonic()
+        try:
+            _FAULTED_AT[self.stack] = time.monotonic()
+        except TypeError:  # (a stack that takes no weak reference: its faults count within this case only)
+            self._faulted_at = time.monotonic()
 
     # -- the end -----------------------------------------------------------------------------------------------------
     def finish(self) -> list[Violation]:

@@ -139,3 +139,11 @@ def test_a_hit_missed_within_the_recovery_window_is_not_hit_accuracy():
     stack = _SlowToRecover(2)
     stack.recovery_seconds = 1e-9
     assert run_stack_case(stack, case).violated() == ["hit-accuracy"]
+
+
+def test_the_recovery_window_outlives_the_case_that_struck_the_fault():
+    """A stack serves many cases: a fault in one leaves it recovering in the next."""
+    stack = _SlowToRecover(2)
+    run_stack_case(stack, _case(StackStep(kind="fault", rank=0, action="pause"),
+                                StackStep(kind="fault", rank=0, action="resume")))
+    assert run_stack_case(stack, _case(serve("q1"), serve("q2"))).violated() == []
