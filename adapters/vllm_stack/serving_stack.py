@@ -84,10 +84,6 @@ class VllmStack:
         self.n_ranks, self.tp, self.connector = n_ranks, tp, connector
         self.chunk_size = chunk_size
         self.lookup_timeout = lookup_timeout_ms / 1000.0
-        #: After a fault LMCache recomputes what its tier holds until it reconnects (RemoteBackend's
-        #: min_reconnect_interval, 10 s, storage_backend/remote_backend.py:65) and its HealthMonitor's next ping
-        #: (every 30 s, health_monitor/constants.py:30) finds the backend healthy again.
-        self.recovery_seconds = 10.0 + 30.0 + self.lookup_timeout
         self.chunk_bytes = chunk_size * _KV_BYTES_PER_TOKEN // tp
         self.owned: ServerSet | None = None
         self.child: StackChild | None = None
