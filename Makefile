@@ -46,7 +46,7 @@ test: venv
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm"
 	SHARDCHECK_PURE=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal \
 		-m "not load and not vllm" $(PURE_TESTS)
-	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py
+	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py tests/test_mooncake.py
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -m load tests/test_under_load.py
 
 clean:

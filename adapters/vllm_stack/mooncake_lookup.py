@@ -28,6 +28,7 @@ import random
 import tempfile
 import threading
 import time
+import warnings
 import zlib
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -63,6 +64,12 @@ class MooncakeLookup:
         try:
             for rank in range(n_ranks + 1):  # one writer per PCP rank, and worker rank 0's own client
                 self.writers.append(MooncakeStore(rank, n_ranks, master, net, op_timeout=op_timeout))
+            t = time.monotonic()
+            with warnings.catch_warnings():  # vLLM's imports warn of deprecations (torch.jit): not ours to judge
+                warnings.simplefilter("ignore")
+                import vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler  # noqa: F401
+                import vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker  # noqa: F401
+            self.import_s = time.monotonic() - t
             t = time.monotonic()
             # built on a thread of the namespace: the lookup server's REP thread is made there and inherits it
             net.run(self._build, timeout=180.0)
