@@ -18,7 +18,7 @@ Ctrl-C unwinds the context managers. Every wait is bounded (`READY_TIMEOUT`).
 
 `MooncakeMaster` offers what `adapters.nemesis` strikes a server's process with: `pause()` (SIGSTOP), `resume()`,
 `kill()` and `respawn()` (on its port, empty: a master keeps its metadata in memory only), `pid`, `port`, `running()`,
-and `fault_kinds`, the server kinds it can take (no admin commands: Mooncake speaks no RESP).
+and `takes(kind)`, whether it can take a server fault kind (no admin commands: Mooncake speaks no RESP).
 
 `unavailable()`: why Mooncake cannot run here (not installed, the Debian libraries missing, not root for `unshare`),
 or None; the factories and tests answer that reason.
@@ -43,13 +43,17 @@ from typing import Any, Callable, Iterator, Sequence
 from adapters.spawning import SPAWNER, kill_spawned
 
 __all__ = ["MooncakeNet", "MooncakeMaster", "MasterSet", "start_masters", "shared_net", "shutdown", "mooncake_masters", "unavailable",
-           "master_binary", "live_pids", "READY_TIMEOUT", "MASTER_FAULT_KINDS"]
+           "master_binary", "live_pids", "READY_TIMEOUT", "master_takes"]
 
 HOST = "127.0.0.1"
 READY_TIMEOUT = 15.0
 _CLONE_NEWNET = 0x40000000
-#: The real-server fault kinds a master can take (`model.faults.SERVER_KINDS`): its process only.
-MASTER_FAULT_KINDS = ("server_pause", "server_restart_empty")
+
+
+def master_takes(kind: Any) -> bool:
+    """Whether a master can take the real-server fault `kind` (a `model.faults.FaultKind`): those on its process
+    that need no snapshot (it keeps nothing on disk); it takes no RESP admin command."""
+    return bool(kind.needs_process) and kind.loses != "snapshot"
 
 _LIVE: set[Any] = set()
 _LIVE_LOCK = threading.Lock()
@@ -208,7 +212,7 @@ class MooncakeNet:
 class MooncakeMaster:
     """One `mooncake_master` in `net` on 127.0.0.1: its RPC port (what clients name) and its metrics port."""
 
-    fault_kinds = MASTER_FAULT_KINDS
+    takes = staticmethod(master_takes)
     #: What `adapters.nemesis` needs to know: this server takes no RESP admin commands.
     resp = False
 
@@ -308,7 +312,7 @@ class MooncakeMaster:
 
     def kill(self, *, keep_data: bool = False) -> None:
         """SIGKILL and reap; its ports and dir stay for `respawn()`. A master keeps nothing on disk: it comes back
-        empty whatever `keep_data` says (the nemesis never asks it for data: `fault_kinds`)."""
+        empty whatever `keep_data` says (the nemesis never asks it for data: `takes`)."""
         with self._lock:
             proc, self.proc = self.proc, None
             self.paused = False

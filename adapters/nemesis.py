@@ -285,7 +285,7 @@ class Nemesis:
         targets: list[ValkeyServer | Endpoint] = []
         for rank, store in enumerate(stores):
             own = _server_process(store)
-            if own is not None:  # a non-Valkey server shardcheck started (its process only: `fault_kinds`)
+            if own is not None:  # a non-Valkey server shardcheck started (its process only: its `takes(kind)`)
                 targets.append(own)
                 continue
             ep = endpoint_of(store)
@@ -311,10 +311,10 @@ class Nemesis:
 
     def supports_kind(self, kind: Any) -> bool:
         """Whether every rank's target can take `kind` (a `model.faults.FaultKind`): its process when it needs one,
-        and a kind the target lists in its `fault_kinds` when it lists them (a server that speaks no RESP)."""
+        and a kind its `takes(kind)` accepts when it has one (a server that speaks no RESP)."""
         if not self.supports(kind.needs_process):
             return False
-        return all(kind.field in getattr(t, "fault_kinds", (kind.field,)) for t in self.targets)
+        return all(getattr(t, "takes", lambda k: True)(kind) for t in self.targets)
 
     def _record(self, strike: Strike) -> None:
         self.strikes.append(strike)

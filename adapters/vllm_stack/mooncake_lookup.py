@@ -201,3 +201,30 @@ def lookup_search(lookup: MooncakeLookup, *, cases: int = 12, n_chunks: int = 6,
         if violations:
             return violations
     return []
+
+
+def verdicts(n_ranks: int = 2, cases: int = 8) -> dict[str, list[str]]:
+    """The properties violated by stock, the `any_rank` patch and the `every_rank` patch (`verify`'s row)."""
+    from adapters.mooncake_servers import shutdown
+    from adapters.vllm_stack import mooncake_patches
+
+    out: dict[str, list[str]] = {}
+    try:
+        with MooncakeLookup(n_ranks) as lookup:
+            for name, patch in (("stock", mooncake_patches.unpatch), ("any_rank", mooncake_patches.any_rank),
+                                ("every_rank", mooncake_patches.every_rank)):
+                patch()
+                out[name] = sorted({v.property for v in lookup_search(lookup, cases=cases, seed=1)})
+            mooncake_patches.unpatch()
+    finally:
+        shutdown()
+    return out
+
+
+if __name__ == "__main__":  # `python -m adapters.vllm_stack.mooncake_lookup`: verify's row, JSON on the last line
+    import json
+    import sys
+
+    print(json.dumps(verdicts()), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
