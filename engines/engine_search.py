@@ -245,13 +245,17 @@ def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
     return bounds if call == "close" else attrs.evolve(bounds, close=min(bounds.close, 0.3))
 
 
+#: Runs a finding's rate is measured by, whatever the budget left.
+MIN_MEASURE_RUNS = 3
+
+
 def measure_rate(run: Callable[..., EngineOutcome], case: Any, prop: str, runs: int, *,
                  stop: Callable[[], bool] = lambda: False, call: str | None = None) -> tuple:
     """(k, n, the first failing outcome or None): how many of `runs` runs of `case` (`run(case)`) violate `prop`
-    (about `call`) (fewer runs when `stop()` ends it; at least one)."""
+    (about `call`) (fewer runs when `stop()` ends it; at least `MIN_MEASURE_RUNS`: no rate rests on one run)."""
     k, n, first = 0, 0, None
-    for i in range(runs):
-        if i and stop():
+    for i in range(max(runs, MIN_MEASURE_RUNS)):
+        if i >= MIN_MEASURE_RUNS and (i >= runs or stop()):
             break
         out = run(case)
         n += 1

@@ -28,7 +28,7 @@ from model.engine_oracle import RankView, prefix
 from model.outcome import Violation
 from model.stack_case import StackCase, StackStep, request_tokens
 from model.stack_oracle import check_hit, check_leaks, check_output, check_returned
-from model.timing import HarnessOutcome, SetupTimeout, allowance, had, over_text, overran
+from model.timing import HarnessOutcome, SetupTimeout, allowance, had, over_text, overran, starved_timeout
 from runtime import starvation
 from runtime.bounded import call_bounded
 
@@ -210,6 +210,11 @@ class StackRun:
             failed = failed or "a server could not be observed"
         found = check_hit(result, views, self.stack.chunk_size, len(req.request.tokens), failed=failed,
                           prompt=req.prompt)
+        if any(v.property == "hit-accuracy" and (result.reported or 0) < v.detail["held"]["lo"] for v in found):
+            starved = starved_timeout(self.stack.lookup_timeout, req.submitted, now,
+                                      f"the lookup of {req.request.id} (a hit missed)")
+            if starved is not None:  # (the stack recomputed at its lookup timeout, which the machine ate)
+                raise starved
         self.violations.extend(found)
         self._event(None, text=f"{result.id} ended ({result.status})", request=result.id, status=result.status,
                     reported=result.reported, external=result.external, output=list(result.output),

@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 
 __all__ = ["GRACE_FRACTION", "GRACE_MIN", "STARVED_FACTOR", "RERUNS", "grace", "allowance", "stolen", "had",
            "measure_with", "over_text", "overran", "starved_error", "wait_judged", "HarnessOutcome", "HarnessStarved", "SetupTimeout",
-           "rerun_starved"]
+           "rerun_starved", "starved_timeout"]
 
 #: The grace on a bound: this fraction of it, and at least `GRACE_MIN` seconds.
 GRACE_FRACTION = 0.25
@@ -110,6 +110,16 @@ def starved_error(exc: BaseException, bound: float, t0: float, t1: float, what: 
     its own answer). `bound` is the bound the subject was handed (the subject's own may be shorter)."""
     if not (isinstance(exc, TimeoutError) or type(exc).__name__ == "StoreCallTimeout"):
         return None
+    return _starved(bound, t0, t1, what)
+
+
+def starved_timeout(bound: float, t0: float, t1: float, what: str) -> HarnessStarved | None:
+    """A subject that may have given up at its own timeout of `bound` seconds (it took that long, over [t0, t1])
+    while the machine kept it from running for more than the grace of that span: `HarnessStarved`; None otherwise."""
+    return None if t1 - t0 < bound else _starved(bound, t0, t1, what)
+
+
+def _starved(bound: float, t0: float, t1: float, what: str) -> HarnessStarved | None:
     taken = stolen(t0, t1)
     if taken <= grace(min(bound, t1 - t0)):
         return None

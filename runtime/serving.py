@@ -37,6 +37,13 @@ class ServingEngineEntry:
     #: `MOD:ATTR`).
     seam: str = "deployment"
     connectors: tuple[str, ...] = ()
+    #: A stack's expectation per connector where they differ (`expect` for the rest): verify checks each.
+    connector_expect: dict[str, str] = attrs.field(factory=dict)
+
+    def expected(self, connector: str | None = None) -> str:
+        """What `check` is expected to give on `connector` (the first connector by default)."""
+        name = connector or (self.connectors[0] if self.connectors else "")
+        return self.connector_expect.get(name, self.expect)
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -53,6 +60,7 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                    about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
     "vllm": ServingEngineEntry(ref="adapters.vllm_stack:vllm_stack", seam="stack",
                                connectors=("lmcache", "lmcache-patched"),
+                               connector_expect={"lmcache-patched": "held"},
                                options=("tp", "lookup_timeout_ms", "max_blocks", "async_loading", "urls", "chunk_size",
                                         "local_cpu_gb", "cpu_connector", "max_model_len", "start_timeout",
                                         "call_timeout", "close_timeout", "log_level"),

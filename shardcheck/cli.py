@@ -55,8 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
     v.add_argument("--engine", default=None, metavar="NAME",
-                   help="only the engine layer, on this engine (lmcache or lmcache-patched) (default: everything, "
-                        "the engine layer on both)")
+                   help="only the engine layer, on this engine (lmcache, lmcache-patched, vllm, ...) (default: "
+                        "everything, the engine layer on every engine)")
+    v.add_argument("--full", action="store_true",
+                   help="the full sweep: also every engine demo patched into LMCache and every stack demo connector "
+                        "on vLLM, each in a process of its own (default: off; the newcomer's run)")
 
     from shardcheck.campaign import add_arguments as campaign_arguments
     campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "

@@ -39,9 +39,10 @@ def _step(rows: list[dict], name: str, expected: str, fn: Callable[[], tuple[str
                  "seconds": round(time.monotonic() - t, 1)})
 
 
-def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | None) -> None:
-    """The engine layer: stock LMCache's engine path violated, the patched one held, every engine demo caught (each
-    in its own process: a demo patches LMCache for good), the engine corpus replayed on both engines."""
+def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | None, full: bool = False) -> None:
+    """The engine layer: stock LMCache's engine path violated, the patched one held, the engine corpus replayed on
+    both engines; each serving stack on each of its connectors. With `full`, every engine demo caught (each in its own
+    process: a demo patches LMCache for good) and every stack demo (a connector) caught by its property."""
     import subprocess
     from pathlib import Path
 
@@ -54,20 +55,22 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     engines = [e for e in engines if SERVING_ENGINES[e].seam == "deployment"]
     secs = max(budget, 60.0)
 
-    def check(engine: str, patches: tuple = (), secs: float = secs) -> Callable[[], tuple[str, str]]:
+    def check(engine: str, patches: tuple = (), secs: float = secs, connector: str | None = None,
+              demo: bool = False) -> Callable[[], tuple[str, str]]:
         def go() -> tuple[str, str]:
-            if patches:  # in a fresh interpreter: the patch stays applied in the process that applied it
+            if patches or demo:  # in a fresh interpreter: the patch stays applied in the process that applied it
                 argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs),
-                        "--json", "--out", out_dir, *[a for p in patches for a in ("--engine-patch", p)]]
+                        "--json", "--out", out_dir, *[a for p in patches for a in ("--engine-patch", p)],
+                        *(("--connector", connector) if connector else ())]
                 got = subprocess.run(argv, capture_output=True, text=True, timeout=secs * 3,
                                      cwd=Path(__file__).resolve().parents[1])
                 if got.returncode not in (0, 1):
                     return "error", got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "no output"
                 r = json.loads(got.stdout)
             else:
-                r = run_check(None, None, budget=secs, out_dir=out_dir, engine=engine)
+                r = run_check(None, None, budget=secs, out_dir=out_dir, engine=engine, connector=connector)
             props = sorted({v["property"] for v in r["violations"]})
-            return _by_first(r) if patches else r["verdict"], f"{r['stats']['cases']} cases" + (
+            return _by_first(r) if patches or demo else r["verdict"], f"{r['stats']['cases']} cases" + (
                 f"; {', '.join(props)}" if props else "")
         return go
 
@@ -75,16 +78,27 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
         expect = SERVING_ENGINES[engine].expect
         _step(rows, f"check --engine {engine} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
               check(engine))
-        if expect != "held":
+        if expect != "held" or not full:
             continue
         for p in CATALOG:  # the engine demos, patched into a fixed engine
             if p.layer == "engine":
                 for demo in p.demos:
                     _step(rows, f"check --engine {engine} --engine-patch {demo} -> {p.name}", f"violated: {p.name}",
                           check(engine, (f"adapters.engine_demos:{demo}",)))
-    for stack in stacks:  # a serving stack: its check, and each stack demo (a connector) caught by its property
-        expect = SERVING_ENGINES[stack].expect
-        _step(rows, f"check --engine {stack}", expect, check(stack, secs=budget if stack == "memory-stack" else secs))
+    for stack in stacks:  # a serving stack on each connector; with `full`, each stack demo caught by its property
+        entry = SERVING_ENGINES[stack]
+        for connector in entry.connectors or (None,):
+            _step(rows, f"check --engine {stack}" + (f" --connector {connector}" if len(entry.connectors) > 1 else ""),
+                  entry.expected(connector), check(stack, secs=budget if stack == "memory-stack" else secs,
+                                                   connector=connector))
+        if stack != "vllm" or not full:
+            continue
+        from runtime.registry import DEMO_MODULES
+        for p in CATALOG:
+            if p.layer == "stack":
+                for demo in p.demos:
+                    _step(rows, f"check --engine {stack} --connector {demo} -> {p.name}", f"violated: {p.name}",
+                          check(stack, connector=f"{DEMO_MODULES['stack']}:{demo}", demo=True))
     for engine in engines:
         def replay(engine: str = engine) -> tuple[str, str]:
             res = run_replay([str(ENGINE_CORPUS)], engine=engine)
@@ -93,7 +107,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
         _step(rows, f"replay counterexamples/engine --expect on {engine}", "as expected", replay)
 
 
-def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> int:
+def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full: bool = False) -> int:
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
@@ -106,7 +120,7 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
     if engine is not None:  # only the engine layer, on that engine
         if engine not in SERVING_ENGINES:
             raise UsageError(f"verify --engine {engine!r}: expected one of {', '.join(SERVING_ENGINES)}")
-        _engine_steps(rows, budget, out_dir, engine)
+        _engine_steps(rows, budget, out_dir, engine, full)
         return _report(rows, as_json, out_dir)
 
     def prove() -> tuple[str, str]:
@@ -182,7 +196,7 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
             off = [r["path"] for r in res if not r["matches"]]
             return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
         _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
-    _engine_steps(rows, budget, out_dir, None)
+    _engine_steps(rows, budget, out_dir, None, full)
     return _report(rows, as_json, out_dir)
 
 
@@ -298,4 +312,5 @@ def _coverage(c: dict, cases: int) -> str:
 
 
 def cmd_verify(args: Any) -> int:
-    return run_verify(budget=args.budget, as_json=args.json, engine=getattr(args, "engine", None))
+    return run_verify(budget=args.budget, as_json=args.json, engine=getattr(args, "engine", None),
+                      full=getattr(args, "full", False))

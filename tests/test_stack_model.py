@@ -147,3 +147,31 @@ def test_the_recovery_window_outlives_the_case_that_struck_the_fault():
     run_stack_case(stack, _case(StackStep(kind="fault", rank=0, action="pause"),
                                 StackStep(kind="fault", rank=0, action="resume")))
     assert run_stack_case(stack, _case(serve("q1"), serve("q2"))).violated() == []
+
+
+class _TimesOutWhenStarved(MemoryStack):
+    """Recomputes q2 after waiting its whole lookup timeout, as a stack whose lookup timed out."""
+    lookup_timeout = 0.4
+
+    def lookup(self, request: StackRequest) -> int:
+        if request.id.endswith("q2"):
+            import time
+            time.sleep(self.lookup_timeout * 1.5)
+            return 0
+        return super().lookup(request)
+
+
+def test_a_hit_missed_at_a_starved_lookup_timeout_is_the_harness_s_not_the_stack_s():
+    """A stack that recomputed at its own lookup timeout while the machine kept it from running: `HarnessStarved`
+    (rerun, then undecided); on a machine that let it run, the miss is `hit-accuracy`."""
+    from model import timing
+    case = _case(serve("q1"), serve("q2"))
+    saved = timing._measure[0]
+    try:
+        timing.measure_with(lambda t0, t1: 0.9 * (t1 - t0))
+        with pytest.raises(timing.HarnessStarved, match="gave up at its own timeout"):
+            run_stack_case(_TimesOutWhenStarved(2, lookup_timeout=0.4), case)
+        timing.measure_with(lambda t0, t1: 0.0)
+        assert run_stack_case(_TimesOutWhenStarved(2, lookup_timeout=0.4), case).violated() == ["hit-accuracy"]
+    finally:
+        timing.measure_with(saved)
