@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.shardcheck-bootstrapped
 UV := $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python
-REQS := requirements/bootstrap.txt requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh
+REQS := requirements/bootstrap.txt requirements/base.txt requirements/lmcache.txt pyproject.toml requirements/install-lmcache.sh \
+	requirements/sglang.txt requirements/install-sglang.sh
 
 .PHONY: venv verify test clean
 
@@ -15,6 +16,7 @@ $(STAMP): $(REQS)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/bootstrap.txt
 	$(UV) -r requirements/base.txt
 	bash requirements/install-lmcache.sh $(VENV)
+	bash requirements/install-sglang.sh $(VENV)
 	$(UV) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
