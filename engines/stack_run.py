@@ -169,7 +169,7 @@ class StackRun:
         if any(v.unknown for v in views):
             failed = failed or "a server could not be observed"
         found = check_hit(result, views, self.stack.chunk_size, len(req.request.tokens), failed=failed,
-                          prompt=req.prompt)
+                          prompt=req.prompt, granule=getattr(self.stack, "hit_granule", 1))
         self.violations.extend(found)
         self._event(None, text=f"{result.id} ended ({result.status})", request=result.id, status=result.status,
                     reported=result.reported, external=result.external, output=list(result.output),
