@@ -425,6 +425,14 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                        options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
                                        about="the serving stack in memory: the behaviour real stacks are judged "
                                              "against", expect="held"),
+    "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
+                                         connectors=("file",),
+                                         options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
+                                                  "start_timeout", "host_tokens", "patches"),
+                                         about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
+                                               "the hit query, its MIN agreement over gloo, the page load, the ack "
+                                               "MIN, the write-back) in N rank processes, each with its own storage",
+                                         expect="held"),
 }
 _APPLIED_PATCHES: list[str] = []
 
@@ -459,8 +467,11 @@ class ServingEngine:
     connectors: tuple[str, ...] = ()
 
     def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
-        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack")."""
+        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack"; and handed
+        to a factory that takes `patches`, for the processes it starts to apply them too)."""
         apply_engine_patches(self.patches)
+        if self.patches and self.options is not None and "patches" in self.options:
+            options = {**options, "patches": tuple(self.patches)}
         return self.factory(n_ranks, connector=connector, **options)
 
     def accepted(self, options: dict) -> dict:
