@@ -1,11 +1,15 @@
-"""The engine interface of `check`: what is under test (`Target`), what an engine searches with (`SearchContext`),
-the `Engine` protocol, and the typed coverage records engines fill (`Coverage`).
+"""The strategy interface of `check`: what is under test (`Target`), what a strategy searches with
+(`SearchContext`), the `Strategy` protocol, and the typed coverage records strategies fill (`Coverage`).
 
-An engine is an object with a `name`, the `shares` of the budget it takes per kind of target (no share: it does not
-run on that kind) and `search(ctx) -> Finding | None`. It counts what it covered in its own coverage record,
+Words: a *strategy* is one of `check`'s ways of searching (the scenarios, the enumeration, the explorer, the
+Hypothesis machines...); a *serving engine* (`--engine`) is a subject under test: an engine's own lookup-and-load
+path (a deployment) or a whole serving stack.
+
+A strategy is an object with a `name` and `search(ctx) -> Finding | None`; `runtime.registry.CHECK_SCHEDULE` says
+which kinds of target it runs on and its share of the budget. It counts what it covered in its own coverage record,
 `ctx.coverage.of(self.name, MyCoverage)`, whose `text()` and `to_json()` are the verdict's coverage. The schedule
-(`engines.check`) runs the engines it is given in order, each within its share; adding an engine is its module and
-one entry in the list the command line hands over.
+(`engines.check`) runs the strategies in order, each within its share; adding one is its module, one entry in
+`runtime.registry.STRATEGIES` and a place in `CHECK_SCHEDULE`.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from model.finding import Finding
 from model.outcome import Case, Outcome
 from model.trace import Trace
 
-__all__ = ["Target", "SearchContext", "Engine", "CoverageRecord", "Coverage", "Runner", "target_kind", "Later",
+__all__ = ["Target", "SearchContext", "Strategy", "CoverageRecord", "Coverage", "Runner", "target_kind", "Later",
            "DEFAULT_RETENTION"]
 
 #: Default `--retention`: the least age (seconds) a value nobody deleted is read back at (`engines.retention`).
@@ -149,7 +153,7 @@ class SearchContext:
         trace = Trace.from_outcome(outcome, protocol_ref=t.protocol.ref, client=t.client.name,
                                    origin=f"check:{engine}", expect={t.client.name: "reproduces"})
         trace.notes = f"runner: {t.runner}"
-        return Finding(engine=engine, violations=list(outcome.violations), trace=trace, case=case, outcome=outcome)
+        return Finding(strategy=engine, violations=list(outcome.violations), trace=trace, case=case, outcome=outcome)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -167,11 +171,9 @@ class Later(TypingProtocol):
     def close(self) -> None: ...
 
 
-class Engine(TypingProtocol):
-    """One engine of `check` (see the module doc). `shares` maps a `target_kind` to the share of the budget it takes
-    there ("rest": whatever the engines before it left)."""
+class Strategy(TypingProtocol):
+    """One strategy of `check` (see the module doc)."""
 
     name: str
-    shares: Mapping[str, float | str]
 
     def search(self, ctx: SearchContext) -> Finding | None: ...

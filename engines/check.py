@@ -27,7 +27,7 @@ from engines.api import DEFAULT_RETENTION, Coverage, Runner, SearchContext, Targ
 from engines.replay import ReplayOn, measure
 from model.finding import Finding, Rate
 from model.timing import HarnessOutcome
-from runtime.registry import CHECK_SCHEDULE, resolve_engine
+from runtime.registry import CHECK_SCHEDULE, resolve_strategy
 from runtime.watchdog import forget
 
 __all__ = ["FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
@@ -114,7 +114,7 @@ class CheckResult:
                     seen.add(v.property)
                     out["violations"].append({"property": v.property, "counterexample": str(self.path),
                                               "summary": v.summary})
-            out["stats"]["counterexample"] = {"engine": f.engine, "kind": f.trace.kind, "notes": list(f.notes),
+            out["stats"]["counterexample"] = {"strategy": f.strategy, "kind": f.trace.kind, "notes": list(f.notes),
                                               "rate": f.rate.to_json() if f.rate else None}
             if f.case is not None:
                 out["stats"]["counterexample"].update(n_ranks=f.case.n_ranks, n_chunks=f.case.n_chunks,
@@ -183,7 +183,7 @@ def _resolved(ctx: SearchContext) -> list[tuple[str, float | str | None, Any]]:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
     if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
         schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
-    return [(name, share, resolve_engine(name)) for name, share in schedule]
+    return [(name, share, resolve_strategy(name)) for name, share in schedule]
 
 
 def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None],

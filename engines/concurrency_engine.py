@@ -285,5 +285,5 @@ class Concurrency:
         if trace is None:
             return None
         trace.config.update(client.accepted(ours))
-        return Finding(engine=self.name, violations=violations_of(trace), trace=trace,
+        return Finding(strategy=self.name, violations=violations_of(trace), trace=trace,
                        rate=FindingRate.from_json(trace.config["rate"]))

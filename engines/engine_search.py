@@ -1,11 +1,13 @@
-"""The engine search: engine cases on fresh deployments until the budget ends; findings minimised, judged by their
-rate, and written as `engine` traces.
+"""The search of the serving layers: cases until the budget ends; findings minimised, judged by their rate, and
+written as `engine` (or `stack`) traces.
 
-`engine_search(make, ...)` runs the enumeration (`engines.engine_cases.enumeration`), then seeded random cases,
-each on a fresh deployment `make(case)`. A case that violates a property not found yet is a finding: run again to
-tell a deterministic one from a race, minimised (fewest ranks, then steps by delta debugging, then chunks, then
-prompts and deployments: `minimise_case`), its rate measured, and returned as an `EngineFinding`; the search goes
-on for the properties not found yet (one finding per property), so one run reports every distinct bug.
+`engine_search(source, ...)` runs a `CaseSource`'s enumeration, then its seeded random cases: engine cases on a fresh
+deployment each (`deployment_source`: `engines.engine_cases`, `engines.engine_run`) or stack cases on one stack
+(`engines.stack_search.stack_source`). A case that violates a property not found yet is a finding: run again to
+tell a deterministic one from a race, minimised (`engines.serving_minimise.minimise_case`: fewest ranks, then steps
+by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as an
+`EngineFinding`; the search goes on for the properties not found yet (one finding per property), so one run reports
+every distinct bug.
 
 Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
 its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`engines.replay.judge`, the `engine`
@@ -31,13 +33,13 @@ import attrs
 from engines.api import SearchContext
 from engines.engine_cases import FIRST_CASES, enumeration, random_case
 from engines.engine_run import Bounds, EngineOutcome, run_engine_case
-from engines.minimise import ddmin
+from engines.serving_minimise import minimise_case
 from model.engine_case import EngineCase, case_from_json
 from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace, encode, subject_key
 
-__all__ = ["CaseSource", "deployment_source", "finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search", "minimise_case",
+__all__ = ["CaseSource", "deployment_source", "finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search",
            "facts_of", "facts_note",
            "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
 
@@ -259,67 +261,6 @@ def measure_rate(run: Callable[..., EngineOutcome], case: Any, prop: str, runs: 
     return k, n, first
 
 
-def minimise_case(fails: Callable[[Any], bool], case: Any, stop: Callable[[], bool], *, ranks: bool = True) -> Any:
-    """Fewest ranks (unless not `ranks`), then fewest steps (delta debugging), then fewest chunks, then fewer prompts
-    and deployments, keeping `fails(candidate)` true; every candidate is a consistent case (an engine or a stack
-    case: the same prompts, steps of the same fields)."""
-    current = case
-    while ranks and current.n_ranks > 1 and not stop():
-        smaller = _fewer_ranks(current)
-        if smaller is None or not fails(smaller):
-            break
-        current = smaller
-
-    def still(steps: list) -> bool:
-        candidate = attrs.evolve(current, steps=tuple(steps))
-        return not candidate.problems() and fails(candidate)
-
-    steps, _ = ddmin(list(current.steps), still, should_stop=stop)
-    current = attrs.evolve(current, steps=tuple(steps))
-    for i in range(len(current.prompts)):
-        while not stop():
-            smaller = _fewer_chunks(current, i)
-            if smaller is None or not fails(smaller):
-                break
-            current = smaller
-    return _drop_unused(current, fails, stop)
-
-
-def _fewer_ranks(case: EngineCase) -> EngineCase | None:
-    n = case.n_ranks - 1
-    if any(s.kind in ("evict", "fault") and s.rank >= n for s in case.steps):
-        steps = tuple(attrs.evolve(s, rank=min(s.rank, n - 1)) for s in case.steps)
-        candidate = attrs.evolve(case, n_ranks=n, steps=steps)
-    else:
-        candidate = attrs.evolve(case, n_ranks=n)
-    return None if candidate.problems() else candidate
-
-
-def _fewer_chunks(case: EngineCase, i: int) -> EngineCase | None:
-    p = case.prompts[i]
-    if p.chunks <= 1:
-        return None
-    smaller = attrs.evolve(p, chunks=p.chunks - 1, shared=min(p.shared, p.chunks - 1))
-    prompts = case.prompts[:i] + (smaller,) + case.prompts[i + 1:]
-    prompts = tuple(attrs.evolve(q, shared=min(q.shared, smaller.chunks)) if q.stem == p.name else q for q in prompts)
-    candidate = attrs.evolve(case, prompts=prompts)
-    return None if candidate.problems() else candidate
-
-
-def _drop_unused(case: EngineCase, fails: Callable[[EngineCase], bool], stop: Callable[[], bool]) -> EngineCase:
-    used = {s.prompt for s in case.steps if s.prompt}
-    stems = {p.stem for p in case.prompts if p.name in used and p.stem}
-    keep = tuple(p for p in case.prompts if p.name in used | stems)
-    candidate = attrs.evolve(case, prompts=keep)
-    if keep != case.prompts and not candidate.problems() and not stop() and fails(candidate):
-        case = candidate
-    if len(case.models) > 1 and all(p.deployment == 0 for p in case.prompts):
-        candidate = attrs.evolve(case, models=case.models[:1])
-        if not stop() and fails(candidate):
-            case = candidate
-    return case
-
-
 # -- traces ----------------------------------------------------------------------------------------------------------
 def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches: tuple[str, ...] = (),
                  expect: dict | None = None, runner: str = "in-process", connector: str | None = None) -> Trace:
@@ -347,7 +288,7 @@ def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches:
 
 @attrs.frozen(kw_only=True)
 class EngineTarget:
-    """A serving engine under test: `engine` (`runtime.registry.ServingEngine`), the lookup modes to drive, the
+    """A serving engine under test: `engine` (`runtime.serving.ServingEngine`), the lookup modes to drive, the
     factory options (`--engine-option`), the most ranks a case uses, and the runner (`in-process`)."""
 
     engine: Any
@@ -378,7 +319,8 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
     """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
     most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
     from runtime.options import check_engine_options
-    from runtime.registry import ResolveError, resolve_serving_engine
+    from runtime.registry import ResolveError
+    from runtime.serving import resolve_serving_engine
     if lookup not in ("sync", "async", "both"):
         raise ResolveError(f"--lookup {lookup!r}: expected sync, async or both")
     opts = dict(options or {})
@@ -458,7 +400,7 @@ def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Fi
                   for v in [first] + [v for v in found.outcome.violations if v is not first]]
     notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
              f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
-    return Finding(engine=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
+    return Finding(strategy=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
                    notes=notes)
 
 

@@ -272,14 +272,14 @@ class Nemesis:
                 continue
             found = run_nemesis_scenarios(t.client, kinds=(kind,), struck=cov.scenarios, **common)
             if found:
-                return Finding(engine=f"nemesis:{kind.field}", violations=violations_of(found[0]), trace=found[0])
+                return Finding(strategy=f"nemesis:{kind.field}", violations=violations_of(found[0]), trace=found[0])
         kinds = tuple(k for k in plan.kinds if cov.scenarios.get(k.field))
         for kind in kinds:
             if fits(kind, NEMESIS_RUNS):
                 trace = nemesis_search(t.client, seed=ctx.seed, rates=cov.concurrent, kinds=(kind,),
                                        should_stop=ctx.should_stop, **common)
                 if trace is not None:
-                    return Finding(engine="nemesis:concurrent", violations=violations_of(trace), trace=trace,
+                    return Finding(strategy="nemesis:concurrent", violations=violations_of(trace), trace=trace,
                                    rate=Rate.from_json(trace.config["rate"]))
         if t.runner != "sim":
             cov.case_kinds.append(f"none: real faults in protocol cases need the sim runner, not {t.runner}")

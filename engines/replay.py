@@ -185,7 +185,7 @@ def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], t
     process (`engines.replay_arm`) when that engine has patches or this process has applied some already (a patch
     changes classes for the whole process: hermetic replays)."""
     from engines.engine_search import engine_session
-    from runtime.registry import apply_engine_patches
+    from runtime.serving import apply_engine_patches
     if on.engine is None:
         raise ReplayError("an engine trace needs a serving engine (--engine)")
     if on.engine.engine.patches or apply_engine_patches(()):  # (applying none: the patches applied so far)

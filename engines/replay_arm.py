@@ -1,7 +1,7 @@
 """An engine replay's runs in a fresh process of their own: what makes replays hermetic.
 
 An `--engine-patch` function patches the engine's classes for the whole process it runs in, and for good (a user's
-fork or fix: `runtime.registry.apply_engine_patches`). So the runs of an engine trace on an engine with patches, or
+fork or fix: `runtime.serving.apply_engine_patches`). So the runs of an engine trace on an engine with patches, or
 in a process where some patch was applied already, are made in a fresh process (`arm_session`, through
 `engines.replay.SESSIONS`): one per trace and arm (a controlled replay's candidate and control may differ in their
 patches), spawned (no state of this process inherited), which builds the serving engine with its patches and runs

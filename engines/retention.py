@@ -205,7 +205,7 @@ class _Due:
         self.coverage.tested = self.run.note
         if trace is None:
             return None
-        return Finding(engine="retention", violations=violations_of(trace), trace=trace, minimal=True,
+        return Finding(strategy="retention", violations=violations_of(trace), trace=trace, minimal=True,
                        notes=["1-minimal as built (the put, the age, the read)"])
 
     def poll(self) -> Finding | None:

@@ -268,5 +268,5 @@ class Scenarios:
         if not failed:
             return None
         trace = failed[0]
-        return Finding(engine=f"scenario:{trace.origin.partition(':')[2]}", violations=violations_of(trace),
+        return Finding(strategy=f"scenario:{trace.origin.partition(':')[2]}", violations=violations_of(trace),
                        trace=trace)

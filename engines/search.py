@@ -175,7 +175,7 @@ def _size(size: tuple[int, int] | None) -> str:
 
 def plain_finding(case: Case, outcome: Outcome, engine: str) -> Finding:
     """The finding of a protocol case with no client or protocol reference (engines run outside `check`)."""
-    return Finding(engine=engine, violations=list(outcome.violations), case=case, outcome=outcome,
+    return Finding(strategy=engine, violations=list(outcome.violations), case=case, outcome=outcome,
                    trace=Trace.from_outcome(outcome, protocol_ref=None, origin=engine))
 
 

@@ -127,7 +127,7 @@ class StackCases:
         violations = [Violation(v.property, v.summary, v.detail)
                       for v in [first] + [v for v in found.outcome.violations if v is not first]]
         notes = [f"minimised from {found.original_size[1]} steps to {len(found.case.steps)} steps"]
-        return Finding(engine=self.name, violations=violations, trace=trace, rate=Rate.now(found.k, found.n),
+        return Finding(strategy=self.name, violations=violations, trace=trace, rate=Rate.now(found.k, found.n),
                        notes=notes)
 
 
@@ -135,7 +135,8 @@ def stack_target(spec: Any, *, connector: str | None = None, options: dict | Non
                  max_ranks: int | None = None) -> StackTarget:
     """The `StackTarget` a user named: `--engine`, `--connector` (default: the engine's first), `--engine-option`
     (`tp=N`: ranks; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
-    from runtime.registry import ResolveError, resolve_serving_engine
+    from runtime.registry import ResolveError
+    from runtime.serving import resolve_serving_engine
     engine = resolve_serving_engine(spec, patches)
     if engine.seam != "stack":
         raise ResolveError(f"engine {engine.name!r} is not a serving stack (--connector is for stacks)")

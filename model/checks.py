@@ -14,7 +14,7 @@ from model.outcome import Outcome, Violation
 
 __all__ = ["soundness", "completeness", "prefix", "agreement", "within_plan", "integrity", "maximality",
            "key_consistency", "run_faults", "Property", "CATALOG", "BY_NAME", "CHECKS", "PROPERTIES",
-           "STORE_PROPERTIES", "ENGINE_LAYER", "NEMESIS_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
+           "STORE_PROPERTIES", "ENGINE_LAYER", "STACK_LAYER", "NEMESIS_PROPERTIES", "check_outcome", "isolation_load", "isolation_lookup", "isolation_eviction"]
 
 
 def soundness(o: Outcome) -> list[Violation]:
@@ -163,7 +163,8 @@ class Property:
     """One property: its name, its layer, the check that finds it, and the known-bad demos that violate it.
 
     `layer`: "protocol" (a run of a sharding protocol), "store" (a store client called one op at a time),
-    "concurrency" (a store client called from several callers at once), "nemesis" (a store client, or a protocol
+    "concurrency" (a store client called from several callers at once), "stack" (a whole serving stack served a
+    stream of requests: `--engine vllm`), "nemesis" (a store client, or a protocol
     over one, through real faults on its servers; a protocol case keeps its own properties there: a fault may lower
     the plan, never raise it, and the ranks still agree) or "engine" (a real engine's own lookup-and-load path,
     `--engine`; its demos are `--engine-patch` functions). `check`: the function over an `Outcome`
@@ -194,6 +195,12 @@ def _engine(name: str, about: str, *demos: str) -> Property:
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="concurrency", about=about, demos=demos)
+
+
+def _stack(name: str, about: str, *demos: str) -> Property:
+    """A property of a whole serving stack (`--engine vllm`, `model.stack_oracle`); its demos are KV connectors
+    (`--connector MOD:ATTR`, their module is `runtime.registry.DEMO_MODULES["stack"]`)."""
+    return Property(name=name, layer="stack", about=about, demos=demos)
 
 
 def _nemesis(name: str, about: str, *demos: str) -> Property:
@@ -255,6 +262,13 @@ CATALOG: tuple[Property, ...] = (
             "drop_lookup_unpin"),
     _engine("engine-returns", "every call of the engine, close included, returns an answer within its bound",
             "stuck_close"),
+    _stack("output-equality", "every request's greedy output equals that of the same prompt with no KV cache at "
+           "all, whatever was cached, evicted or faulted", "SwappedLoads"),
+    _stack("hit-accuracy", "the tokens reported as cached equal the longest prefix every rank holds when nothing "
+           "failed, and never exceed it", "OverReporting"),
+    _stack("request-returns", "every request ends within its bound, under tier faults too (a failed load falls back "
+           "to recompute)", "NeverFinishedLoad"),
+    _stack("kv-leaks", "once every request ended no pin is held and the KV block pool is whole", "HeldBlocks"),
     _nemesis("fault-hang", "while a real fault lasts every call returns within its bound (an error or a miss is fine)",
              "no_timeout_factory"),
     _nemesis("fault-integrity", "under real faults nothing wrong is returned: the last completed put's bytes or a miss, "
@@ -274,6 +288,8 @@ PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
 #: The engine layer's properties (found by `engines.engine_run` with `model.engine_oracle`).
 ENGINE_LAYER = tuple(p.name for p in CATALOG if p.layer == "engine")
+#: The properties of a whole serving stack (found by `engines.stack_run` with `model.stack_oracle`).
+STACK_LAYER = tuple(p.name for p in CATALOG if p.layer == "stack")
 #: The properties under real faults on the servers (every layer's runs judge them once a fault struck).
 NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
 

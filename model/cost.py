@@ -18,7 +18,7 @@ import math
 import attrs
 
 __all__ = ["t_hit", "t_recompute", "break_even_bandwidth", "hit_threshold_tokens", "hit_wins", "utilisation",
-           "PaperFigures", "PAPER"]
+           "PaperFigures", "PAPER", "fit_line"]
 
 
 def t_hit(n: float, s: float, B: float, T0: float) -> float:
@@ -54,6 +54,17 @@ def hit_wins(n: float, s: float, R: float, B: float, T0: float) -> bool:
 def utilisation(lam: float, bytes_per_hit: float, B: float) -> float:
     """rho = lam * bytes_per_hit / B of the synchronous-loading queue (stable only if rho < 1)."""
     return lam * bytes_per_hit / B
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through the points (x, y): how a stack's measured times give the
+    model's terms (a miss's slope is 1/R; a hit's intercept is T0). Two distinct x at least."""
+    n = len(xs)
+    if n != len(ys) or len(set(xs)) < 2:
+        raise ValueError("fit_line needs as many y as x, and two distinct x at least")
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
 
 
 @attrs.frozen

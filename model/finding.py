@@ -1,8 +1,8 @@
-"""The one finding type: what any engine found, with the trace that replays it and how often it showed.
+"""The one finding type: what any strategy of `check` found, with the trace that replays it and how often it showed.
 
-Every engine of `check` returns a `Finding` or None. A finding carries its violations (the first is what it is
-about), the `Trace` that replays it (any kind: `protocol`, `store-ops`, `concurrent`, `engine`), the engine that
-found it, and, once measured, its `Rate`: k of n runs on fresh stores showed it, and the machine's load then. A
+Every strategy of `check` returns a `Finding` or None. A finding carries its violations (the first is what it is
+about), the `Trace` that replays it (any kind: `protocol`, `store-ops`, `concurrent`, `engine`, `stack`), the
+strategy that found it, and, once measured, its `Rate`: k of n runs on fresh stores showed it, and the machine's load then. A
 protocol finding also carries its `Case` and `Outcome`, which the case minimiser works on.
 
 The statistics of replays live here too: a rate's lower confidence bound (`lower_bound`), the runs within which a
@@ -99,9 +99,9 @@ class Rate:
 
 @attrs.define
 class Finding:
-    """The first violation an engine found (see the module doc)."""
+    """The first violation a strategy found (see the module doc)."""
 
-    engine: str
+    strategy: str
     violations: list[Violation]
     trace: Trace
     case: Case | None = None

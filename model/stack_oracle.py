@@ -2,7 +2,8 @@
 "Serving stacks"). Pure: the interpreter (`engines.stack_run`) observes the real stack and hands the observations in.
 
 Each check returns `Violation`s:
-- `check_hit` (`hit-accuracy`, and `engine-isolation` across tenants): the tokens the connector reported against the
+- `check_hit` (`hit-accuracy`; `engine-soundness` too when the agreed lookup counts more than every rank held, the
+  paper's min-over-ranks claim in the stack's own caller; `engine-isolation` across tenants): the tokens the connector reported against the
   prefix every rank held, as `model.engine_oracle` judges a lookup (its `Ledger`, `RankView`s and prefixes: one KV
   specification); a stack always computes a prompt's last token, so a prompt held whole is `n - 1` tokens;
 - `check_output` (`output-equality`): the greedy output equals the reference's (the same prompt served with no KV
@@ -59,7 +60,10 @@ def check_hit(result: StackResult, views: Sequence[RankView], chunk_size: int, n
     per_rank = ", ".join(f"rank {r}: {v.any_hi}" for r, v in enumerate(views))
     if reported > hi:
         return [Violation("hit-accuracy", f"{result.id} ({prompt}): the connector reported {reported} tokens cached, "
-                          f"more than the {hi} every rank held (leading chunks per rank: {per_rank})", detail)]
+                          f"more than the {hi} every rank held (leading chunks per rank: {per_rank})", detail),
+                Violation("engine-soundness", f"{result.id} ({prompt}): the lookup the ranks agreed on counts "
+                          f"{reported} tokens, more than the {hi} every rank held (leading chunks per rank: "
+                          f"{per_rank})", detail)]
     if reported > own_hi:
         return [Violation("engine-isolation", f"{result.id} ({prompt}): the connector reported {reported} tokens "
                           f"cached, but only {own_hi} leading tokens on every rank hold this tenant's KV: the rest "

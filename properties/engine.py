@@ -141,7 +141,7 @@ class HypothesisMachines:
         for trace in traces:
             if trace.kind == "store-ops":
                 trace.client, trace.expect = t.client.name, {t.client.name: "reproduces"}
-                return Finding(engine=self.name, violations=violations_of(trace), trace=trace)
+                return Finding(strategy=self.name, violations=violations_of(trace), trace=trace)
             case = trace.case()
             if (case.others and t.runner != "sim") or not t.allows(case.n_ranks):
                 continue

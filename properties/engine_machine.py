@@ -23,7 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from engines.api import SearchContext
 from engines.engine_run import Bounds, EngineRun, build_deployment
-from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, minimise_case, shows
+from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, shows
+from engines.serving_minimise import minimise_case
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.finding import Finding
 from model.trace import Trace
@@ -271,7 +272,7 @@ class EngineMachineSearch:
 def _finding(trace: Trace, target: Any, engine: str) -> Finding:
     from model.trace import violations_of
     from model.finding import Rate
-    return Finding(engine=engine, violations=violations_of(trace), trace=trace,
+    return Finding(strategy=engine, violations=violations_of(trace), trace=trace,
                    rate=Rate.from_json(trace.config["rate"]),
                    notes=["found by the engine state machine; minimised on fresh deployments"])
 

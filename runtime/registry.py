@@ -15,10 +15,7 @@ its clients share, `runtime.tier`). A `MOD:ATTR` factory may declare them as att
 it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores say
 `thread_safe = False`, a Valkey client (embedded Valkey servers for the shared-tier checks).
 
-- `resolve_serving_engine(spec, patches=()) -> ServingEngine`: a name of `SERVING_ENGINES` or `MOD:ATTR` naming a factory
-  `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment` (`model.contract`); `patches` are
-  `--engine-patch MOD:ATTR` functions, each called once per process before the first deployment is built.
-  `Engine.deployment(n_ranks, **options)` applies them, calls the factory and validates what it returns.
+- The serving engines (`--engine`) are in `runtime.serving`.
 
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
@@ -34,14 +31,13 @@ from typing import Any, Callable
 
 import attrs
 
-from model.contract import DEPLOYMENT_METHODS, PROTOCOL_METHODS, STORE_METHODS, missing_members
+from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 from model.store import MEMORY_CLIENT
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_ENGINES", "CHECK_SCHEDULE", "resolve_protocol",
-           "resolve_client", "resolve_engine", "parse_options", "corpus_clients", "real_clients", "by_verdict",
-           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER", "ServingEngine",
-           "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches", "ENGINE_OPTIONS",
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "STRATEGIES", "CHECK_SCHEDULE", "resolve_protocol",
+           "resolve_client", "resolve_strategy", "parse_options", "corpus_clients", "real_clients", "by_verdict",
+           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER",
            "options_for_ranks"]
 
 DEFAULT_PROTOCOL = "paper"
@@ -105,8 +101,8 @@ def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
     return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
 
 
-#: The search engines of `check` (`engines.api.Engine`), by name.
-CHECK_ENGINES: dict[str, str] = {
+#: The strategies of `check` (`engines.api.Strategy`), by name.
+STRATEGIES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
     "nemesis": "engines.nemesis:Nemesis",
     "retention": "engines.retention:Retention",
@@ -133,7 +129,7 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
 DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
                                 "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
-                                "engine": "adapters.engine_demos"}
+                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos"}
 
 
 class ResolveError(ValueError):
@@ -380,151 +376,10 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
     return out
 
 
-def resolve_engine(name: str) -> Any:
-    """A fresh instance of `check`'s search engine `name` (`CHECK_ENGINES`)."""
+def resolve_strategy(name: str) -> Any:
+    """A fresh instance of `check`'s strategy `name` (`STRATEGIES`)."""
     try:
-        ref = CHECK_ENGINES[name]
+        ref = STRATEGIES[name]
     except KeyError:
-        raise ResolveError(f"engine {name!r}: expected one of {', '.join(CHECK_ENGINES)}") from None
+        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(STRATEGIES)}") from None
     return load_attr(ref, "engine")()
-
-
-# -- serving engines (--engine) ------------------------------------------------------------------------------------------------------
-@attrs.frozen(kw_only=True)
-class ServingEngineEntry:
-    """A named serving engine (`--engine`): where its factory is and what it can do: `lookups` (the lookup modes it offers) and
-    `options` (the factory options it accepts besides `lookup` and `models`; None: any)."""
-
-    ref: str
-    about: str
-    lookups: tuple[str, ...] = ("sync", "async")
-    options: tuple[str, ...] | None = None
-    #: What `check --engine NAME` is expected to give: "violated" (stock: its findings are searched for on it) or
-    #: "held" (fixed: the findings are judged on it, the engine demos patched into it), as `ClientEntry.expect`.
-    expect: str = "violated"
-    #: The seam it is driven through: "deployment" (`model.contract.EngineDeployment`, call by call) or "stack"
-    #: (`model.contract.ServingStack`, request by request; its factory takes `connector`, one of `connectors` or a
-    #: `MOD:ATTR`).
-    seam: str = "deployment"
-    connectors: tuple[str, ...] = ()
-
-
-#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
-#: `--runner` of the deployment, and `patches`, the `--engine-patch` functions a rank process applies first).
-ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout", "runner", "patches")
-
-
-#: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
-SERVING_ENGINES: dict[str, ServingEngineEntry] = {
-    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.factory:stock_factory", options=ENGINE_OPTIONS,
-                           about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
-                                 "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
-    "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
-                                   about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
-    "memory-stack": ServingEngineEntry(ref="model.stack_memory:memory_stack", seam="stack", connectors=("memory",),
-                                       options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
-                                       about="the serving stack in memory: the behaviour real stacks are judged "
-                                             "against", expect="held"),
-    "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
-                                         connectors=("file",),
-                                         options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
-                                                  "start_timeout", "host_tokens", "patches"),
-                                         about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
-                                               "the hit query, its MIN agreement over gloo, the page load, the ack "
-                                               "MIN, the write-back) in N rank processes, each with its own storage",
-                                         expect="held"),
-}
-_APPLIED_PATCHES: list[str] = []
-
-
-def apply_engine_patches(specs: Any) -> list[str]:
-    """Call every `--engine-patch MOD:ATTR` function (no arguments) once in this process, in order; the specs
-    applied so far. A spec that cannot be loaded or raises is a `ResolveError`."""
-    for spec in specs or ():
-        if spec in _APPLIED_PATCHES:
-            continue
-        fn = load_attr(spec, "engine patch")
-        if not callable(fn):
-            raise ResolveError(f"engine patch {spec!r}: {type(fn).__name__} is not a function")
-        try:
-            fn()
-        except Exception as exc:
-            raise ResolveError(f"engine patch {spec!r} raised {type(exc).__name__}: {exc}") from None
-        _APPLIED_PATCHES.append(spec)
-    return list(_APPLIED_PATCHES)
-
-
-@attrs.frozen(kw_only=True)
-class ServingEngine:
-    """A resolved serving engine: the name a trace records, its factory, its capabilities and the patches applied first."""
-
-    name: str
-    factory: Callable[..., Any]
-    lookups: tuple[str, ...] = ("sync", "async")
-    options: tuple[str, ...] | None = None
-    patches: tuple[str, ...] = ()
-    seam: str = "deployment"
-    connectors: tuple[str, ...] = ()
-
-    def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
-        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack"; and handed
-        to a factory that takes `patches`, for the processes it starts to apply them too)."""
-        apply_engine_patches(self.patches)
-        if self.patches and self.options is not None and "patches" in self.options:
-            options = {**options, "patches": tuple(self.patches)}
-        return self.factory(n_ranks, connector=connector, **options)
-
-    def accepted(self, options: dict) -> dict:
-        """The subset of `options` this engine's factory accepts."""
-        if self.options is None:
-            return dict(options)
-        return {k: v for k, v in options.items() if k in self.options}
-
-    def deployment(self, n_ranks: int, **options: Any) -> Any:
-        """A fresh deployment (the patches applied first), validated against `model.contract.EngineDeployment`
-        (`ResolveError` otherwise; what was made is closed); `urls` are those of these ranks (`options_for_ranks`)."""
-        apply_engine_patches(self.patches)
-        lookup, models = options.pop("lookup", "sync"), options.pop("models", ("m",))
-        made = self.factory(n_ranks, lookup=lookup, models=tuple(models),
-                            **self.accepted(options_for_ranks(options, n_ranks)))
-        lacking = missing_members(made, DEPLOYMENT_METHODS)
-        attrs_missing = [a for a in ("n_ranks", "deployments", "chunk_size", "chunk_bytes", "lookup_mode",
-                                     "lookup_timeout") if not hasattr(made, a)]
-        if lacking or attrs_missing:
-            if callable(getattr(made, "close", None)):
-                try:
-                    made.close()
-                except Exception:  # noqa: BLE001 - closing what a broken factory made is best effort
-                    pass
-            raise ResolveError(f"engine {self.name!r}: {type(made).__name__} lacks the EngineDeployment member(s) "
-                               f"{', '.join(lacking + attrs_missing)} (CONTRACT.md, \"Engines\")")
-        return made
-
-
-def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
-    """The engine `spec` names (`lmcache`, `lmcache-patched` or `MOD:ATTR` of a factory); `patches` are checked
-    to be loadable now (they are applied before the first deployment is built)."""
-    if isinstance(spec, ServingEngine):
-        return spec
-    for p in patches or ():
-        if not callable(load_attr(p, "engine patch")):
-            raise ResolveError(f"engine patch {p!r}: not a function")
-    if spec is not None and not isinstance(spec, str):
-        caps = {k: getattr(spec, k) for k in ("lookups", "options") if hasattr(spec, k)}
-        return ServingEngine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
-    if not spec:
-        raise ResolveError(f"engine: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
-    entry = SERVING_ENGINES.get(spec)
-    if entry is not None:
-        return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
-                             options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
-                             connectors=entry.connectors)
-    mod, sep, attr = spec.partition(":")
-    if not sep or not mod or not attr:
-        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
-    obj = load_attr(spec, "serving engine")
-    if not callable(obj):
-        raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
-    caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
-            for k in ("lookups", "options", "seam", "connectors") if hasattr(obj, k)}
-    return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)

@@ -40,8 +40,24 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     real = measure_real()
     say("engine: a real LMCache deployment's set-up, and its sync and async lookups per second ...")
     from shardcheck.bench_engine import measure_engine
+    compiled = native_status()
+    explorer["compiled"] = compiled["engines.explore"]["compiled"]
+    concurrency["compiled"] = compiled["engines.linearizability"]["compiled"]
     return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency, "scale": scale,
-            "real": real, "engine": measure_engine(min(seconds, 3.0))}
+            "real": real, "engine": measure_engine(min(seconds, 3.0)), "compiled": compiled}
+
+
+def native_status() -> dict[str, dict[str, Any]]:
+    """Per compiled package (`engines.native`): whether its compiled modules ran, and if not why."""
+    import engines.explore  # noqa: F401 -- imported, so that the status covers it
+    import engines.linearizability  # noqa: F401
+    from engines.native import status
+    return status()
+
+
+def _compiled_line(status: dict[str, dict[str, Any]]) -> str:
+    return "(compiled: " + ", ".join(f"{p} {'yes' if s['compiled'] else 'no, ' + s.get('why', '')}"
+                                     for p, s in status.items()) + ")"
 
 
 def format_bench(r: dict[str, Any]) -> str:
@@ -69,6 +85,8 @@ def format_bench(r: dict[str, Any]) -> str:
         met = value <= target if name.startswith(("z3", "real", "concurrency.checker_", "engine.setup")) \
             else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
+    if "compiled" in r:
+        out.append(_compiled_line(r["compiled"]))
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s, "
                f"{r['explorer'].get('cpu_seconds', 0.0):.2f} s of CPU)")
     if "protocol_ceiling_steps_per_s" in r["hypothesis"]:
@@ -107,11 +125,15 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
     if directory and not rows:
         print(f"shardcheck bench: no *.json history in {directory}", file=sys.stderr)
         return EXIT_USAGE
+    compiled = native_status()["engines.linearizability"]
+    for row in rows:
+        row["compiled"] = compiled["compiled"]
     if as_json:
         from shardcheck.output import print_json
         print_json(rows)
         return 0
     best = f"best of {repeat}" if repeat and repeat > 1 else "one run"
+    print(_compiled_line({"engines.linearizability": compiled}))
     print(f"{'file':<40} {'ops':>8} {'verdict':>10} {'seconds':>9} {'cpu s':>9}  method   ({best})")
     for row in rows:
         v = row["verdict"]

@@ -184,4 +184,4 @@ def _print_check(r: dict) -> None:
         rate = found.get("rate") or {}
         shown = ("deterministic" if rate.get("deterministic") else
                  f"showed in {rate['k']} of {rate['n']} runs on fresh stores" if rate else "not measured")
-        print(f"    found by {found['engine']}; {shown}" + "".join(f"; {n}" for n in found.get("notes", [])))
+        print(f"    found by {found['strategy']}; {shown}" + "".join(f"; {n}" for n in found.get("notes", [])))

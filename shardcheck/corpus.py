@@ -36,7 +36,7 @@ def demo_traces() -> dict[str, Trace]:
             raise RuntimeError(f"{variant.__name__}: shrunk counterexample violates "
                                f"{small.outcome.violated()}, not {prop}")
         ref = f"{variant.__module__}:{variant.__name__}"
-        trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.engine}",
+        trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.strategy}",
                                    expect=protocol_bug_expect())
         trace.summary = _paragraph(variant, small)
         out[f"demo-{protocol.name}.json"] = trace
@@ -58,7 +58,7 @@ def _paragraph(variant: type, found) -> str:
     doc = " ".join((variant.__doc__ or variant.__name__).split())
     case, v = found.case, found.outcome.violations[0]
     faults = case.faults.text()
-    return (f"{doc} Smallest case found (by {found.engine}, then shrunk): {case.n_ranks} rank(s), "
+    return (f"{doc} Smallest case found (by {found.strategy}, then shrunk): {case.n_ranks} rank(s), "
             f"{case.n_chunks} chunk(s), {faults}. Outcome: {v.property}: {v.summary}.")
 
 

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from runtime.registry import SERVING_ENGINES, by_verdict
+from runtime.registry import by_verdict
+from runtime.serving import SERVING_ENGINES
 
 __all__ = ["ENGINE_CORPUS", "build", "FIRM_RUNS", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
 
 #: The stock engine the findings are searched for on, and the fixed one they are judged on (the registry's
 #: `expect`: "violated", "held").
-(STOCK,), (FIXED,) = by_verdict(SERVING_ENGINES, "violated"), by_verdict(SERVING_ENGINES, "held")
+_DEPLOYMENTS = {name: e for name, e in SERVING_ENGINES.items() if e.seam == "deployment"}
+(STOCK,), (FIXED,) = by_verdict(_DEPLOYMENTS, "violated"), by_verdict(_DEPLOYMENTS, "held")
 
 ENGINE_CORPUS = Path(__file__).resolve().parents[1] / "counterexamples" / "engine"
 MEASURE_RUNS = 10

@@ -73,7 +73,8 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     `UsageError` (exit 2) before any property runs."""
     from engines.api import Target
     from engines.engine_search import engine_target
-    from runtime.registry import ResolveError, resolve_serving_engine
+    from runtime.registry import ResolveError
+    from runtime.serving import resolve_serving_engine
     if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})

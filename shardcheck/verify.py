@@ -9,7 +9,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from runtime.registry import CLIENTS, SERVING_ENGINES, by_verdict, corpus_clients
+from runtime.registry import CLIENTS, by_verdict, corpus_clients
+from runtime.serving import SERVING_ENGINES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 
@@ -49,9 +50,11 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     from shardcheck.engine_findings import ENGINE_CORPUS
     from shardcheck.replay import run_replay
     engines = [only] if only else list(SERVING_ENGINES)
+    stacks = [e for e in engines if SERVING_ENGINES[e].seam == "stack"]
+    engines = [e for e in engines if SERVING_ENGINES[e].seam == "deployment"]
     secs = max(budget, 60.0)
 
-    def check(engine: str, patches: tuple = ()) -> Callable[[], tuple[str, str]]:
+    def check(engine: str, patches: tuple = (), secs: float = secs) -> Callable[[], tuple[str, str]]:
         def go() -> tuple[str, str]:
             if patches:  # in a fresh interpreter: the patch stays applied in the process that applied it
                 argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs),
@@ -79,6 +82,9 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
                 for demo in p.demos:
                     _step(rows, f"check --engine {engine} --engine-patch {demo} -> {p.name}", f"violated: {p.name}",
                           check(engine, (f"adapters.engine_demos:{demo}",)))
+    for stack in stacks:  # a serving stack: its check, and each stack demo (a connector) caught by its property
+        expect = SERVING_ENGINES[stack].expect
+        _step(rows, f"check --engine {stack}", expect, check(stack, secs=budget if stack == "memory-stack" else secs))
     for engine in engines:
         def replay(engine: str = engine) -> tuple[str, str]:
             res = run_replay([str(ENGINE_CORPUS)], engine=engine)

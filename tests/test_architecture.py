@@ -18,7 +18,7 @@ from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
-from runtime.registry import CHECK_ENGINES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_engine, resolve_protocol
+from runtime.registry import STRATEGIES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
@@ -34,18 +34,21 @@ def _deployment_only(name: str) -> bool:
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.real) if _deployment_only(n) else n
-                                  for n in CHECK_ENGINES])
+                                  for n in STRATEGIES])
 def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     """Each engine of `check` is in a schedule, is named as registered, and fills its own coverage record (with a
     line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
     (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
-    engine = resolve_engine(name)
+    engine = resolve_strategy(name)
     assert engine.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
     if kinds == ["deployment"]:
         from shardcheck.targets import build_engine_target
         ctx = _ctx("", polls=3, target=build_engine_target("lmcache-patched", lookup="sync", max_ranks=1))
+    elif kinds == ["stack"]:  # (the serving stack in memory: the stack seam's engines run on it in milliseconds)
+        from shardcheck.targets import build_engine_target
+        ctx = _ctx("", polls=3, target=build_engine_target("memory-stack"))
     else:
         client = "model" if "in-memory" in kinds else "properties.bad_stores:jitter_factory"
         ctx = _ctx(client)
@@ -78,16 +81,16 @@ class _ToyEngine:
 
 
 def test_an_engine_is_its_module_and_one_registry_entry(monkeypatch, tmp_path):
-    """A new engine: a class in a module, one `CHECK_ENGINES` entry and a place in a schedule; `check` runs it and
+    """A new engine: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
     module = types.ModuleType("toy_engine_module")
     module.ToyEngine = _ToyEngine
     monkeypatch.setitem(sys.modules, "toy_engine_module", module)
-    monkeypatch.setitem(CHECK_ENGINES, "toy", "toy_engine_module:ToyEngine")
+    monkeypatch.setitem(STRATEGIES, "toy", "toy_engine_module:ToyEngine")
     monkeypatch.setitem(CHECK_SCHEDULE, "in-memory", (("toy", "rest"),))
     result = run_check(None, None, budget=2.0, out_dir=str(tmp_path))
-    assert result["verdict"] == "violated" and result["stats"]["counterexample"]["engine"] == "toy"
+    assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"
 
 
 def test_a_client_is_its_factory_and_one_registry_entry(monkeypatch, tmp_path):
@@ -191,9 +194,11 @@ CLIENT_NAME_USES = {
               "shardcheck/tier_cmd.py": "the cost model, a key of the tier report",
               "shardcheck/tier_plot.py": "the cost model, a key of the tier report"},
     "lmcache": {"adapters/nemesis_findings.py": "the nemesis findings, recorded on stock lmcache",
+                "adapters/vllm_stack/lmcache_fixes.py": "the vLLM stack's KV connector of that name (LMCacheConnectorV1)",
                 "adapters/racy_findings.py": "the racy findings recorded on it",
                 "adapters/storeops_findings.py": "the store-ops findings recorded on it"},
     "lmcache-native": {"adapters/racy_findings.py": "a racy finding recorded on it"},
+    "lmcache-patched": {"adapters/vllm_stack/lmcache_fixes.py": "the vLLM stack's KV connector of that name (its fixes)"},
     "lmcache-valkey": {"adapters/storeops_findings.py": "a store-ops finding recorded on it (and run in a child)"},
 }
 
@@ -207,12 +212,13 @@ def _in_adapter(path: str, ref: str) -> bool:
 def clients_named_in() -> dict[str, list[str]]:
     """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the registry and
     its adapter (the module of its factory, or of its serving engine of the same name)."""
-    from runtime.registry import SERVING_ENGINES
+    from runtime.serving import SERVING_ENGINES
     out = {}
     for name, entry in CLIENTS.items():
         refs = [entry.ref] + ([SERVING_ENGINES[name].ref] if name in SERVING_ENGINES else [])
         out[name] = sorted(path for path, names in STRINGS.items() if name in names and
-                           path != "runtime/registry.py" and not any(_in_adapter(path, ref) for ref in refs))
+                           path not in ("runtime/registry.py", "runtime/serving.py")
+                           and not any(_in_adapter(path, ref) for ref in refs))
     return out
 
 
@@ -226,7 +232,7 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `CHECK_ENGINES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the registry and
 #: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
 #: shrinks).
 ENGINE_NAME_USES = {
@@ -250,7 +256,7 @@ def engines_named_in() -> dict[str, list[str]]:
     registry and its own module."""
     return {name: sorted(path for path, names in STRINGS.items() if name in names and
                          path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
-            for name, ref in CHECK_ENGINES.items()}
+            for name, ref in STRATEGIES.items()}
 
 
 def test_an_engine_is_named_in_the_registry_and_its_module():

@@ -70,3 +70,12 @@ def test_infinite_bandwidth_and_sources():
     named = " ".join(PAPER.sources)
     for field in ("s", "R", "T0", "lam", "bytes_per_hit", "B_sync", "B_sharded"):
         assert field in named.replace(",", " ").split()
+
+
+def test_fit_line_recovers_the_terms_and_refuses_one_point():
+    from model.cost import fit_line
+    intercept, slope = fit_line([256, 512, 1024, 2048], [0.33 + n * 48.4e3 / 2.5e9 for n in (256, 512, 1024, 2048)])
+    assert abs(intercept - 0.33) < 1e-9 and abs(slope - 48.4e3 / 2.5e9) < 1e-12
+    import pytest
+    with pytest.raises(ValueError):
+        fit_line([1, 1], [2, 3])

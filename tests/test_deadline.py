@@ -16,7 +16,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace
 from properties.engine import BATCH, batch_size
-from runtime.registry import CHECK_ENGINES, CHECK_SCHEDULE, resolve_client, resolve_protocol
+from runtime.registry import STRATEGIES, CHECK_SCHEDULE, resolve_client, resolve_protocol
 
 
 class Clock:
@@ -56,7 +56,7 @@ def _engine(name: str, unit: float, *, units: int | None = None, finds: bool = F
         if finds:
             trace = Trace(kind="store-ops", property="store-roundtrip", summary="a fake finding", protocol={},
                           client="fake", config={})
-            return Finding(engine=name, violations=[Violation("store-roundtrip", "a fake finding")], trace=trace,
+            return Finding(strategy=name, violations=[Violation("store-roundtrip", "a fake finding")], trace=trace,
                            rate=Rate(1, 1), minimal=True)
         return None
     return type(f"Fake_{name}", (), {"name": name, "search": search})
@@ -75,7 +75,7 @@ def fake_schedule(monkeypatch, clock):
     module.Setup, module.A, module.B = _engine("setup", 3.0, units=1), _engine("a", 1.0), _engine("b", 3.0)
     monkeypatch.setitem(sys.modules, "fake_engines", module)
     for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B")):
-        monkeypatch.setitem(CHECK_ENGINES, name, f"fake_engines:{attr}")
+        monkeypatch.setitem(STRATEGIES, name, f"fake_engines:{attr}")
     monkeypatch.setitem(CHECK_SCHEDULE, "real", (("setup", None), ("a", 0.5), ("b", "rest")))
     return module
 

@@ -1,17 +1,29 @@
 """The documents point only inside the repository, and every path and module they name exists: a file or directory
 (`engines/retention.py`, `docs/CONTRACT.md`), a module or an attribute of one (`engines.scenarios`,
-`model.contract.ShardingProtocol`), a `MOD:ATTR` (`properties.bad_stores:crossed_replies_factory`), a link."""
+`model.contract.ShardingProtocol`), a `MOD:ATTR` (`properties.bad_stores:crossed_replies_factory`), a link.
+
+The docs site (`mkdocs.yml`, pages in docs/) builds with `mkdocs build --strict`: a broken link or anchor, or a page
+missing from the nav or left out of it, fails. And every package's README lists every one of its modules (every
+`*.py` but `__init__.py`, subpackages included) in a code span, by its path from the README's folder
+(`check.py`, `explore/bfs.py`), and lists none that does not exist."""
 from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "ARCHITECTURE.md", "properties/README.md", "counterexamples/README.md", "adapters/README.md",
-        "tools/porcupine/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+#: The packages whose README lists their modules: every top-level folder with an `__init__.py` but the tests.
+MODULE_PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "tests")
+#: Every document: the top-level ones, each package's README and every page of docs/ (its symlinks, which show a
+#: README or ARCHITECTURE.md in the site, are checked as the file they point to).
+DOCS = ["README.md", "ARCHITECTURE.md", "counterexamples/README.md", "tools/porcupine/README.md",
+        *(f"{pkg}/README.md" for pkg in MODULE_PACKAGES),
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if not p.is_symlink())]
 PACKAGES = ("model", "runtime", "engines", "proofs", "properties", "adapters", "shardcheck", "tests")
 TOP_DIRS = PACKAGES + ("docs", "counterexamples", "requirements", "tools")
 #: Paths that runs create (not in a clone): where counterexamples and plots are written.
@@ -115,3 +127,59 @@ def test_the_check_finds_what_does_not_exist():
     assert _path_of("pytest properties/ --client x") is None and _module_of("MOD:ATTR") is None
     assert _bare_file_exists("properties/README.md", "resolve.py") is False
     assert _bare_file_exists("adapters/README.md", "valkey_servers.py") is True
+
+
+def _modules(folder: Path) -> list[str]:
+    """Every module of a package folder, subpackages included, as its path from the folder (`explore/bfs.py`)."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py")
+                  if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def _unlisted(folder: Path) -> list[str]:
+    """The modules of `folder` that its README does not name in a code span (by their path from the folder, their path
+    from the repository's root, or their dotted name); all of them when there is no README."""
+    readme = folder / "README.md"
+    spans = {s.split()[0] for s in re.findall(r"`([^`\n]+)`", _prose(readme.read_text()))} if readme.exists() else set()
+    def named(rel: str) -> bool:
+        full = f"{folder.name}/{rel}"
+        return bool({rel, full, full[:-3].replace("/", ".")} & spans)
+    return [rel for rel in _modules(folder) if not named(rel)]
+
+
+def _listed_but_missing(folder: Path) -> list[str]:
+    """The modules a README's tables list (a row's first cell, `x.py`) that are not in its folder."""
+    text = (folder / "README.md").read_text()
+    return [m for m in re.findall(r"^\| `([\w/]+\.py)` \|", text, flags=re.M) if not (folder / m).is_file()]
+
+
+@pytest.mark.parametrize("pkg", MODULE_PACKAGES)
+def test_every_module_is_listed_in_its_folders_readme(pkg):
+    assert (ROOT / pkg / "README.md").exists(), f"{pkg}/ has no README.md listing its modules"
+    assert _unlisted(ROOT / pkg) == [], (
+        f"{pkg}/README.md does not list these modules (one line each, by their path from {pkg}/)")
+    assert _listed_but_missing(ROOT / pkg) == [], f"{pkg}/README.md lists modules that do not exist"
+
+
+def test_the_module_list_check_finds_an_unlisted_module(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py", "sub/d.py"):
+        (pkg / name).write_text("")
+    assert _unlisted(pkg) == ["a.py", "b.py", "sub/c.py", "sub/d.py"]  # no README: every module unlisted
+    (pkg / "README.md").write_text("| module | what |\n|---|---|\n| `a.py` | A |\n| `sub/c.py` | C |\n"
+                                   "| `gone.py` | renamed |\n\nAlso `pkg.sub.d`.\n```\n`b.py` in a code block\n```\n")
+    assert _unlisted(pkg) == ["b.py"]
+    assert _listed_but_missing(pkg) == ["gone.py"]
+
+
+def test_the_docs_site_builds_strict(tmp_path):
+    """`mkdocs build --strict` (mkdocs.yml: every link, anchor and nav entry checked) into a temporary directory."""
+    pytest.importorskip("mkdocs", reason="mkdocs is installed by `make venv` (requirements/docs.txt)")
+    before = set(ROOT.iterdir())
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                          "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
+    assert (tmp_path / "site" / "index.html").exists()
+    assert set(ROOT.iterdir()) == before, "the build left files in the repository"
+

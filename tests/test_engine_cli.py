@@ -51,7 +51,7 @@ def test_a_sync_client_that_memoises_per_request_id_is_found_by_its_property_in_
     result = json.loads(got.stdout)
     assert result["violations"][0]["property"] == "engine-completeness", result["violations"]
     cases = result["stats"]["coverage"]["engine-cases"]
-    assert result["stats"]["counterexample"]["engine"] == "engine-cases" and cases["cases"] <= FIRST_CASES, cases
+    assert result["stats"]["counterexample"]["strategy"] == "engine-cases" and cases["cases"] <= FIRST_CASES, cases
 
 
 @pytest.mark.real

@@ -7,7 +7,7 @@ import attrs
 import pytest
 
 from engines.engine_cases import enumeration, random_case, recurring
-from engines.engine_search import minimise_case
+from engines.serving_minimise import minimise_case
 from model.contract import EngineRetrieve
 from model.engine_case import CaseError, EngineCase, EnginePrompt, Step, case_from_json, kv_identity, prompt_tokens
 from model.engine_oracle import Ledger, RankView, check_lookup, check_pins, check_retrieve, kv_bytes

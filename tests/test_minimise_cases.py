@@ -17,7 +17,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, run_case
 
 def _finding(case, out) -> Finding:
-    return Finding(engine="random", violations=list(out.violations), case=case, outcome=out,
+    return Finding(strategy="random", violations=list(out.violations), case=case, outcome=out,
                    trace=Trace.from_outcome(out, protocol_ref=None))
 
 

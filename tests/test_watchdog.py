@@ -152,7 +152,7 @@ def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
                         run=run_case)
     with watching(0.3):
         found = Explorer().search(ctx)
-    assert found is not None and found.engine == "explore"
+    assert found is not None and found.strategy == "explore"
     assert [v.property for v in found.outcome.violations] == ["termination"]
     assert "SleepyLookup.rank_lookup did not return" in found.outcome.violations[0].summary
     with watching(0.3):  # the lazy initial state enumerates each rank's lookup on its own: the same finding

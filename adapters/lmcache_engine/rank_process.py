@@ -39,7 +39,7 @@ def main(conn: Any, spec: dict) -> None:
     from adapters.lmcache_engine.zmq_paths import DIR_ENV
     os.environ[DIR_ENV] = spec.pop("rpc_dir")
     try:
-        from runtime.registry import apply_engine_patches
+        from runtime.serving import apply_engine_patches
         apply_engine_patches(spec.pop("patches", ()))
         side = RankSide(**spec)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it

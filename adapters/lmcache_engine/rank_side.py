@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -23,6 +24,13 @@ from runtime.registry import load_attr
 os.environ["LMCACHE_TRACK_USAGE"] = "false"
 if not os.environ.get("SHARDCHECK_LMCACHE_LOGS"):
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
+# With vLLM installed beside LMCache (requirements/vllm.txt), LMCache's token database imports it in any process
+# (`lmcache/v1/token_database.py:95`): 15 s of imports, and its chain hashes start from vLLM's NONE_HASH, random per
+# process without PYTHONHASHSEED, so ranks in processes of their own would never agree on a key. These engines are
+# not vLLM's: LMCache runs here as without vLLM (NONE_HASH 0, Python's hash), `vllm` made unimportable in this
+# process unless it is already imported. (The vLLM stack runs LMCache inside vLLM's own process:
+# adapters/vllm_stack.)
+sys.modules.setdefault("vllm", None)  # type: ignore[arg-type]
 
 __all__ = ["RankSide", "CHUNK_SIZE", "LOCAL_CPU_GB", "engine_config", "engine_metadata", "tokens_of",
            "request_configs_of", "quiet_lmcache"]

@@ -2,7 +2,7 @@
 broken and one correct.
 
 Each is a function with no arguments that patches SGLang's classes in the process it runs in. shardcheck calls every
-`--engine-patch` in its own process too (`runtime.registry.ServingEngine.stack`); nothing of SGLang is imported there,
+`--engine-patch` in its own process too (`runtime.serving.ServingEngine.stack`); nothing of SGLang is imported there,
 so these do nothing outside a rank process (`SHARDCHECK_SGL_RANK` set): each rank process applies them before it
 builds its controller (`sgl_rank`), and they patch the base class, so the `HybridCacheController` production builds
 inherits them.

@@ -123,7 +123,7 @@ class Rank:
         from sglang.srt.mem_cache.radix_cache import RadixKey
         from sglang.srt.mem_cache.utils import get_storage_hash_str
         sgl_stubs.cpu_host_pools()
-        from runtime.registry import apply_engine_patches
+        from runtime.serving import apply_engine_patches
         apply_engine_patches(self.a.patches)  # (before the controller is built: a patch may change its class)
         self.torch, self.handle_cls, self.radix_key, self.hash_str = torch, CacheRequestHandle, RadixKey, \
             get_storage_hash_str

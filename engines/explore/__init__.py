@@ -17,11 +17,16 @@ Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modu
 - `api`: `explore`, `bench` and the test hooks;
 - `shards`: exact partitioning into shards and the merge that gives the one-process result;
 - `workers`, `on_ray`: the shards on local processes or as Ray tasks; `scale`: the scale benchmark.
-`bench()` measures the search (`shardcheck bench`; the manifest: `shardcheck regen manifest`).
+`bench()` measures the search (`shardcheck bench`; the manifest: `shardcheck regen manifest`). The search loop's hot
+path (`expand`) runs compiled when `make venv` built it (`engines.native`; `SHARDCHECK_PURE=1`: the source runs).
 """
-from engines.explore.api import bench, explore, outcome_summary, terminal_outcomes, terminal_signatures
-from engines.explore.result import ExploreError, ExploreResult
-from engines.explore.state import DELAY_SECONDS
+from engines import native
+
+native.select(__name__, __path__)
+
+from engines.explore.api import bench, explore, outcome_summary, terminal_outcomes, terminal_signatures  # noqa: E402
+from engines.explore.result import ExploreError, ExploreResult  # noqa: E402
+from engines.explore.state import DELAY_SECONDS  # noqa: E402
 
 __all__ = ["explore", "ExploreResult", "ExploreError", "bench", "terminal_signatures", "terminal_outcomes",
            "outcome_summary", "DELAY_SECONDS"]

@@ -65,6 +65,7 @@ would traverse), and the hot loop inserts with `dict.setdefault` (one look-up pe
 """
 from __future__ import annotations
 
+import gc
 import time
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -74,7 +75,8 @@ from model.harness import run_case
 from model.interpreter import step_bound
 from model.outcome import Violation
 
-from engines.explore.halves import ALL, FIRST, NONE, SLOW, Halves
+from engines.explore.expand import expand_plain
+from engines.explore.halves import Halves
 from engines.explore.level import Level
 from engines.explore.reconstruct import Reached, case_of
 from engines.explore.result import ExploreError, ExploreResult
@@ -120,6 +122,12 @@ class Search:
         self._expand_slow: Callable[[Any, dict, int], int] | None = None  # `engines.explore.slow` (set once in `_bfs`)
 
     def run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
+        try:
+            return self._run(should_stop, progress)
+        finally:
+            gc.unfreeze()  # the objects each level froze (`_bfs`) are the collector's again
+
+    def _run(self, should_stop: Callable[[], bool] | None, progress: Callable[[dict], None] | None) -> ExploreResult:
         t0 = time.perf_counter()
         space = self.space
         try:
@@ -248,6 +256,7 @@ class Search:
         self.phase = 1
         record = self.shard is not None
         while frontier:
+            gc.freeze()  # what exists now (the memo tables, the levels) is never walked again by a full collection
             if record:
                 self.level_start.append(self.n_states())
             nxt = Level()
@@ -305,28 +314,7 @@ class Search:
         space = self.space
         if d1 >= space.bound:  # near the step bound every new state is checked
             return self._expand_slow(states, seen, d1)
-        halves, slow, trans, mask, cf_bits = self.halves, self._expand_slow, 0, CF_MASK, CF_BITS
-        memo0, memo1, mask0, shift1, entry = halves.memo[0], halves.memo[1], halves.mask0, halves.shift1, halves.entry
-        budgets = self.budgets
+        halves = self.halves
         # (no state here is dead: a state at the step bound is only ever expanded near it)
-        add = seen.setdefault  # (one look-up per successor; the first parent stays)
-        for st in states:
-            budget = budgets[st & mask]
-            hid = (st >> cf_bits) & mask0
-            moves0, evictions0, first = memo0[budget][hid] or entry(0, hid, budget)
-            hid = st >> shift1
-            moves1, evictions1, row = memo1[budget][hid] or entry(1, hid, budget)
-            how = row[first]
-            if how == ALL:
-                deltas = moves0 + moves1 + evictions0 + evictions1
-            elif how == NONE:
-                continue
-            elif how == SLOW:
-                trans += slow((st,), seen, d1)
-                continue
-            else:
-                deltas = moves0 if how == FIRST else moves1
-            trans += len(deltas)
-            for delta in deltas:
-                add(st + delta, st)
-        return trans
+        return expand_plain(states, seen, d1, halves.memo[0], halves.memo[1], halves.entry, self.budgets,
+                            self._expand_slow, CF_MASK, CF_BITS, halves.mask0, halves.shift1)

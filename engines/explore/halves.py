@@ -69,7 +69,8 @@ class Halves:
         lids, half_id, sh = space.half_lids[half][hid], space.half_id, CF_BITS if half == 0 else self.shift1
         out, first, budgets = [], True, range(space.max_faults + 1)
         for i, lid in enumerate(lids):
-            branches, plain = [], False
+            branches: list[tuple] = []
+            plain: Any = False
             if space.can_move[lid] and (first or not space.reduction):
                 first, head, tail, plain = False, lids[:i], lids[i + 1:], True
                 for cost, nl, kind in space.packed(lid):
@@ -124,6 +125,7 @@ class Halves:
             for deltas in self.rank_evictions(half, hid) if per_rank is None else per_rank:
                 evictions.extend(deltas)
         cls = (plain, arrivals, movers, arrived, sig)
+        got: Any
         if half == 0:
             got = self.class_ids.get(cls)
             if got is None:

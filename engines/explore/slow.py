@@ -114,7 +114,7 @@ def arrival_of(search: Any) -> Callable[[int, int, int, int], int | None]:
     lids0, lids1, shift1 = space.half_lids[0], space.half_lids[1], space.shift1
 
     def arrival(st: int, ns: int, r: int, sig: int) -> int | None:
-        complete = True
+        complete: bool | None = True
         lids = lids0[(ns >> CF_BITS) & HALF_MASK] + lids1[ns >> shift1]
         for x in lids:
             other = arrived_sig[x]

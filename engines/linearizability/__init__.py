@@ -10,8 +10,14 @@ history stops being linearizable and a linearization of the prefix), or undecide
 - `sweep`: that sweep over the writes' instants, and its argument;
 - `zones`: Gibbons & Korach's zones, a necessary condition checked when the sweep backtracks;
 - `wing_gong`: the Wing & Gong / Lowe search with a Zobrist-hashed memo, for every other part;
+
+Its modules run compiled when `make venv` built them (`engines.native`; `SHARDCHECK_PURE=1`: the source runs).
 """
-from engines.linearizability.checker import DEFAULT_MAX_STATES, Verdict, check, partitions, per_key, search_part, \
-    split_parts
+from engines import native
+
+native.select(__name__, __path__)
+
+from engines.linearizability.checker import DEFAULT_MAX_STATES, Verdict, check, partitions, per_key, \
+    search_part, split_parts  # noqa: E402 -- after the choice of the compiled modules
 
 __all__ = ["Verdict", "check", "partitions", "split_parts", "per_key", "search_part", "DEFAULT_MAX_STATES"]

@@ -10,7 +10,9 @@ Each part is decided by one of two paths, after first tries that can only say "l
 in the order of their midpoints, repaired locally where the model refuses one (`engines.linearizability.midpoints`),
 and for a one-key part of a model with a `register_view`, a greedy pass (`engines.linearizability.greedy`: reads as
 early as the model accepts them, writes as late as real time and the reads allow); each order either gets to the
-end and is a linearization (the model's `step` accepted every op, real time kept), or gives up. Then:
+end and is a linearization (the model's `step` accepted every op, real time kept), or gives up. The replay goes
+first, unless the greedy pass was the first try that linearized the part before (a history's parts are alike: on
+dense one-key parts the replay gives up where the greedy pass gets through). Then:
 - the register path (`engines.linearizability.register`), for a model with a `register_view`: when every put
   of the key writes its own value, the part is decided by an exact sweep over the writes' instants
   (`engines.linearizability.sweep`, where the argument is), misses, `contains` reads, deletes and writes that
@@ -107,11 +109,17 @@ def split_parts(ops: Sequence[Op], split: Callable[[Sequence[Op]], list[Op]]) ->
 
 
 def _decide_part(keys: tuple[str, ...], ops: list[Op], model: Model, *, max_states: int, deadline: float | None,
-                 fast: bool) -> tuple[Verdict, str]:
+                 fast: bool, greedy_first: bool = False) -> tuple[Verdict, str]:
+    """One part's verdict and the path that decided it. `greedy_first`: the greedy pass is tried before the replay
+    (both only ever say "linearizable", so their order changes only the time and the method named)."""
+    register = fast and model.register_view is not None and len(keys) == 1
+    greedy = register and len(ops) <= _GREEDY_AT_MOST
+    if greedy and greedy_first and greedy_linearizes(keys, ops, model):
+        return _LINEARIZED, "greedy"
     if fast and len(ops) <= _REPLAY_AT_MOST and replay_order(keys, ops, model) is not None:
         return _LINEARIZED, "replay"
-    if fast and model.register_view is not None and len(keys) == 1:
-        if len(ops) <= _GREEDY_AT_MOST and greedy_linearizes(keys, ops, model):
+    if register:
+        if greedy and not greedy_first and greedy_linearizes(keys, ops, model):
             return _LINEARIZED, "greedy"
         return decide_register(keys, ops, model, max_states=max_states, deadline=deadline)
     return search_part(keys, ops, model, max_states=max_states, deadline=deadline), "search"
@@ -158,13 +166,15 @@ def _check(history: History | Sequence[Op], model: Model, *, max_states: int, se
     undecided: list[tuple[str, ...]] = []
     why = None
     methods: dict[str, int] = {}
+    greedy_first = False  # the parts of one history are alike: the first try that worked last goes first
     for index, (keys, part_ops) in enumerate(parts):
         if deadline is not None and time.monotonic() > deadline:
             why = why or "the time bound ran out before every part was decided"
             undecided += [k for k, _ in parts[index:]]
             break
         try:
-            v, method = _decide_part(keys, part_ops, model, max_states=max_states, deadline=deadline, fast=fast)
+            v, method = _decide_part(keys, part_ops, model, max_states=max_states, deadline=deadline, fast=fast,
+                                     greedy_first=greedy_first)
         except SearchStopped as stop:
             steps += stop.steps
             why = why or stop.why
@@ -172,6 +182,8 @@ def _check(history: History | Sequence[Op], model: Model, *, max_states: int, se
             continue
         steps += v.steps
         methods[method] = methods.get(method, 0) + 1
+        if method == "greedy" or method == "replay":  # the first try that linearized this part goes first next
+            greedy_first = method == "greedy"
         if v.linearizable is False:
             v.steps, v.parts, v.methods = steps, len(parts), methods
             return v

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from model.history import READ_ANY, Model, Op
 
@@ -79,7 +79,7 @@ def greedy_order(keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> list
             if len(overdue) == 1 and not waiting:  # `flush`, for the common case
                 w = overdue.pop()
                 if not placed[w]:
-                    if hideable and not g.hide_before(w, ops[w].completed):
+                    if hideable and not g.hide_before(w, ops[w].completed):  # type: ignore
                         return None
                     ok, g.state = step(keys, g.state, ops[w])
                     if not ok:
@@ -109,6 +109,25 @@ class _Greedy:
     need (`waiting`: a value, None for a miss, `READ_ANY`), the writes called and not placed (`pending`: a put by
     its value, a delete i by (None, i)), `overdue` (returned since the last flush, in return order) and `hideable`."""
 
+    keys: tuple[str, ...]
+    ops: Sequence[Op]
+    views: list[Any]
+    events: list[int]
+    times: list[float]
+    step: Callable[[tuple[str, ...], Any, Op], tuple[bool, Any]]
+    last_read: dict[Any, float]
+    state: Any
+    placed: bytearray
+    waiting: dict[Any, list[int]]
+    pending: dict[Any, int]
+    hideable: dict[int, None]
+    overdue: list[int]
+    unneeded: bytearray
+    now: float
+    required: int
+    order: list[int]
+    optional: list[int]
+
     @classmethod
     def of(cls, keys: tuple[str, ...], ops: Sequence[Op], model: Model) -> "_Greedy | None":
         """The pass's state before the first event; None when an op is outside the register view. The events are
@@ -124,7 +143,7 @@ class _Greedy:
         writes: list[int] = []
         required = 0  # the ops that completed without error: each must be placed
         for i, op in enumerate(ops):
-            v = view(op)
+            v = view(op)  # type: ignore
             if v is None:
                 return None
             views[i] = v
@@ -217,11 +236,11 @@ class _Greedy:
         overdue = self.overdue[:]
         self.overdue.clear()
         if len(overdue) == 1:
-            return self.placed[overdue[0]] or self.place(overdue[0], self.ops[overdue[0]].completed)
+            return bool(self.placed[overdue[0]]) or self.place(overdue[0], self.ops[overdue[0]].completed)  # type: ignore
         overdue = self._order(overdue, self._needed(r, overdue) if r >= 0 else -1)
         limits = [INF] * (len(overdue) + 1)  # the earliest return among the overdue writes from each on
         for j in range(len(overdue) - 1, -1, -1):
-            limits[j] = min(limits[j + 1], self.ops[overdue[j]].completed)
+            limits[j] = min(limits[j + 1], self.ops[overdue[j]].completed)  # type: ignore
         for j, w in enumerate(overdue):
             if not self.placed[w] and not self.place(w, limits[j]):
                 return False
@@ -234,10 +253,10 @@ class _Greedy:
         left = list(writes)
         order = []
         while left:
-            first_ret = min(ops[w].completed for w in left)
+            first_ret = min(ops[w].completed for w in left)  # type: ignore
             best, best_rank = -1, 3
             for k, w in enumerate(left):
-                if ops[w].invoked <= first_ret:  # else one of the others returned before it was called
+                if ops[w].invoked <= first_ret:  # type: ignore  # else one of the others returned before it was called
                     rank = 0 if unneeded[w] else 2 if w == needed else 1
                     if rank < best_rank:
                         best, best_rank = k, rank
@@ -309,10 +328,10 @@ def _unneeded_writes(ops: Sequence[Op], views: list[Any], writes: list[int], las
     write_calls = [c for c, _ in by_call]
     first_ret = [INF] * (len(by_call) + 1)  # per suffix of the writes by call: the earliest return
     for j in range(len(by_call) - 1, -1, -1):
-        first_ret[j] = min(first_ret[j + 1], by_call[j][1])
+        first_ret[j] = min(first_ret[j + 1], by_call[j][1])  # type: ignore
     for w in deletes:
         op = ops[w]
-        until = first_ret[bisect.bisect_right(write_calls, op.completed)]
+        until = first_ret[bisect.bisect_right(write_calls, op.completed)]  # type: ignore
         k = bisect.bisect_right(miss_calls, until)
         out[w] = not (k and latest_ret[k - 1] >= op.invoked)
     return out

@@ -45,6 +45,9 @@ INF = math.inf
 _UNSEEN = b"\x00shardcheck: a put nobody observed\x00"
 #: The method a part is counted under when the sweep's path failed its check and the search decided instead.
 REJECTED = "search (sweep witness rejected)"
+#: The sweep's `witness`, called through this module variable: compiled code calls a function of its own build
+#: directly, and a test replaces this one with a wrong one to see the path rejected.
+witness_of: Callable[[Instance, list], list[int] | None] = witness
 
 
 class _Rejected(Exception):
@@ -55,7 +58,7 @@ def decide_register(keys: tuple[str, ...], ops: Sequence[Op], model: Model, *, m
                     deadline: float | None) -> tuple[Verdict, str]:
     """Decide one key's part: by the sweep when every put writes its own value, else by the search on the part
     simplified. Raises `SearchStopped` when a bound stops it."""
-    inst = build(ops, model.register_view)
+    inst = build(ops, model.register_view)  # type: ignore
     if inst is None:
         return _search(keys, ops, model, max_states, deadline), "search"
     try:
@@ -108,7 +111,7 @@ def _decide(inst: Instance, keys: tuple[str, ...], ops: Sequence[Op], model: Mod
     if chosen is None:
         evidence = found[0] if found else conflict(inst)
         return False, None, [("after", inst.event(deepest))] + ([("by", evidence)] if evidence else []), steps
-    order = witness(inst, chosen)
+    order = witness_of(inst, chosen)
     if order is None or not linearization_holds(keys, ops, order, model):
         raise _Rejected()
     return True, order, [], steps
@@ -181,18 +184,18 @@ def _explain(keys: tuple[str, ...], ops: list[Op], model: Model, bounds: list[tu
         while hi - lo > 1:
             probe = max(lo + 1, hi - step) if step < hi - lo else (lo + hi) // 2
             cut = _cut(ops, events[probe])
-            ok, order, found, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline,
+            ok, order, found, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline,  # type: ignore
                                           zones_first=True)
             if ok:
-                orders[probe] = [cut[j] for j in order]
+                orders[probe] = [cut[j] for j in order]  # type: ignore
             learn(probe, found)
             step = 1 if hi < probe else step * 2  # the evidence moved: look right next to it first
         hi, lo = _confirmed(hi, len(events) - 1, lambda p: _cut_linearizable(p, ops, events, keys, model, orders,
                                                                               max_states, deadline), (lo, hi))
         if lo not in orders:
             cut = _cut(ops, events[lo])
-            ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)
-            orders[lo] = [cut[j] for j in order] if ok else []
+            ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline)  # type: ignore
+            orders[lo] = [cut[j] for j in order] if ok else []  # type: ignore
     except (SweepStopped, _Rejected):
         pass  # not narrowed further: the op at `hi` is one whose cut is not linearizable
     return Verdict(False, 0, keys, [op.id for op in orders.get(lo, [])], ops[events[hi][1]].id)
@@ -203,9 +206,9 @@ def _cut_linearizable(p: int, ops: list[Op], events: list, keys: tuple[str, ...]
     """Whether the cut at return event `p` is linearizable, decided on its own (its order kept in `orders`); the
     zones first, as the cut is likely not (it is one a bound named)."""
     cut = _cut(ops, events[p])
-    ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline, zones_first=True)
+    ok, order, _, _ = _decide(build(cut, model.register_view), keys, cut, model, max_states, deadline, zones_first=True)  # type: ignore
     if ok:
-        orders[p] = [cut[j] for j in order]
+        orders[p] = [cut[j] for j in order]  # type: ignore
     return ok
 
 
@@ -226,15 +229,12 @@ def _confirmed(hi: int, last: int, linearizable: Callable[[int], bool], known: t
     return top, lo
 
 
-@attrs.define
 class Simplified:
     """A part after `simplify`: `ops` (some evolved), each one's effective return time (+inf: may or may not take
     effect), `classes` of interchangeable optional writes for the search, and each op's register view."""
 
-    ops: list[Op]
-    returns: list[float]
-    classes: list[int]
-    views: list[tuple[str, Any]]
+    def __init__(self, ops: list[Op], returns: list[float], classes: list[int], views: list[tuple[str, Any]]) -> None:
+        self.ops, self.returns, self.classes, self.views = ops, returns, classes, views
 
     def reads(self) -> list[bool]:
         return [v[0] != "write" for v in self.views]
@@ -260,15 +260,15 @@ def simplify(ops: Sequence[Op], view: Any) -> Simplified | None:
     for i in keep:
         kind, value = views[i]
         if kind == "write" and value is not None and ret[i] == INF and unique and value in readers:
-            ret[i] = min(ops[r].completed for r in readers[value])
-    miss_rets = sorted(ops[i].completed for i in keep if views[i] == ("read", None))
+            ret[i] = min(ops[r].completed for r in readers[value])  # type: ignore
+    miss_rets = sorted(ops[i].completed for i in keep if views[i] == ("read", None))  # type: ignore
     latest_miss = miss_rets[-1] if miss_rets else -INF
-    keep = [i for i in keep if not (views[i] == ("write", None) and ret[i] == INF and latest_miss < ops[i].invoked)]
-    excl = _Exclusion([(ops[i].invoked, ret[i]) for i in keep if views[i][0] == "write"])
-    deletes = _Candidates([(ops[i].invoked, ret[i], i) for i in keep if views[i] == ("write", None)])
+    keep = [i for i in keep if not (views[i] == ("write", None) and ret[i] == INF and latest_miss < ops[i].invoked)]  # type: ignore
+    excl = _Exclusion([(ops[i].invoked, ret[i]) for i in keep if views[i][0] == "write"])  # type: ignore
+    deletes = _Candidates([(ops[i].invoked, ret[i], i) for i in keep if views[i] == ("write", None)])  # type: ignore
     keep = [i for i in keep if not (views[i][0] == READ_ANY and _always_present(ops[i], excl, deletes))]
     any_rets = [ops[i].completed for i in keep if views[i][0] == READ_ANY]
-    latest_any = max(any_rets, default=-INF)
+    latest_any = max(any_rets, default=-INF)  # type: ignore
     unseen = _UNSEEN
     while unseen in readers or unseen in writers:
         unseen += b"'"
@@ -276,13 +276,13 @@ def simplify(ops: Sequence[Op], view: Any) -> Simplified | None:
     for i in keep:
         op, (kind, value) = ops[i], views[i]
         if kind == "write" and value is not None and ret[i] == INF and value not in readers:
-            if latest_any < op.invoked:
+            if latest_any < op.invoked:  # type: ignore
                 continue  # an unobserved put nobody could follow
             op, value = attrs.evolve(op, value=unseen), unseen
         out_ops.append(op)
         out_ret.append(ret[i])
         out_views.append((kind, value))
-    return Simplified(out_ops, out_ret, _classes(out_ret, out_views), out_views)
+    return Simplified(out_ops, out_ret, _classes(out_ret, out_views), out_views)  # type: ignore
 
 
 def _classes(returns: list[float], views: list[tuple[str, Any]]) -> list[int]:
@@ -334,4 +334,4 @@ class _Candidates:
 
 def _always_present(op: Op, excl: _Exclusion, deletes: _Candidates) -> bool:
     m = excl.latest_call_before(op.invoked)
-    return m > -INF and not deletes.of(op.invoked, op.completed, m, 1)
+    return m > -INF and not deletes.of(op.invoked, op.completed, m, 1)  # type: ignore

@@ -46,14 +46,16 @@ import bisect
 import collections
 import math
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Final, Iterator, Sequence, cast
 
 from model.history import READ_ANY, Op
 
 __all__ = ["Instance", "build", "first_dead_end", "sweep", "witness", "SweepStopped", "OverBudget"]
 
-INF = math.inf
-_W, _R, _X = 0, 1, 2  # decisions: a mandatory write's deadline, a miss / contains-true read's return, a dead end
+INF: Final = math.inf
+_W: Final = 0  # decisions: a mandatory write's deadline, a miss / contains-true read's return, a dead end
+_R: Final = 1
+_X: Final = 2
 
 
 class SweepStopped(Exception):
@@ -70,8 +72,24 @@ class Instance:
     k called by then; `opt[k]` those by call. `reads`: (op index, write its get reads or -1, kind) of every read
     that constrains something; `gets[w]`: the op indices of the gets of write w."""
 
-    __slots__ = ("ops", "w_op", "w_call", "w_dl", "w_hold", "w_kind", "T", "DT", "DR", "decisions", "r_call",
-                 "r_kind", "new", "opt_calls", "opt", "reads", "gets", "dead_ends")
+    ops: Sequence[Op]
+    w_op: list[int]
+    w_call: list[float]
+    w_dl: list[float]
+    w_hold: list[float]
+    w_kind: list[int]
+    T: tuple[float, ...]
+    DT: tuple[int, ...]
+    DR: tuple[int, ...]
+    decisions: list[tuple[float, int, int, int]]
+    r_call: list[float]
+    r_kind: list[int]
+    new: list[tuple[int, ...]]
+    opt_calls: list[list[float]]
+    opt: list[list[int]]
+    reads: list[tuple[float, int, int, int]]
+    gets: list[list[int]]
+    dead_ends: bool
 
     def event(self, i: int) -> tuple[float, int]:
         return self.decisions[i][0], self.decisions[i][1]
@@ -141,11 +159,11 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
             continue  # an optional write no read could follow: it never needs to take effect
         w = n_w
         n_w += 1
-        dl = INF if unknown else op.completed
+        dl = INF if unknown else cast(float, op.completed)
         tie, hold = i, -INF
         for j in g:
             get = ops[j]
-            c = get.completed
+            c = cast(float, get.completed)
             if c < dl or (c == dl and j < tie):
                 dl, tie = c, j
             if get.invoked > hold:
@@ -164,7 +182,7 @@ def build(ops: Sequence[Op], view: Callable[[Op], Any]) -> Instance | None:
                 decisions.append((dl, tie, _X, w))
                 dead_ends = True
     for js in gets.values():  # gets of values no put wrote
-        decisions += [(ops[j].completed, j, _X, j) for j in js]
+        decisions += [(cast(float, ops[j].completed), j, _X, j) for j in js]
         dead_ends = True
     decisions.sort()
     inst.w_op, inst.w_call, inst.w_dl, inst.w_hold, inst.w_kind = w_op, w_call, w_dl, w_hold, w_kind
@@ -249,6 +267,7 @@ def sweep(inst: Instance, *, max_states: int, deadline: float | None = None, bud
                 U = U.union(NEW[i])
             typ = DT[i]
             nxt = None
+            placed: tuple[int, ...] = ()
             if typ == _W:
                 w = DR[i]
                 if w not in U:
@@ -473,6 +492,7 @@ def witness(inst: Instance, chosen: list[tuple]) -> list[int] | None:
     w_op = inst.w_op
     for p in range(n_p):
         order.append(w_op[pw[p]])
-        if after[p + 1]:
-            order += after[p + 1]
+        row = after[p + 1]
+        if row:
+            order += row
     return order

@@ -20,37 +20,13 @@ import random
 import time
 from typing import Sequence
 
-import attrs
-
+from engines.linearizability.verdict import Verdict
 from model.history import Model, Op
 
 __all__ = ["Verdict", "SearchStopped", "search_part", "unknown", "DEFAULT_MAX_STATES"]
 
 #: The search's memory bound per part: memo entries (about 200 bytes each).
 DEFAULT_MAX_STATES = 4_000_000
-
-
-@attrs.define
-class Verdict:
-    """`linearizable`: True, False, or None when a bound stopped the search (undecided: `why` says which, and
-    `undecided` lists the keys of every part left undecided). For a violation: the part's keys, the longest
-    linearizable prefix found (op ids, in order) and the op that cannot be placed after it. `methods`: how
-    many parts each path decided ("replay", "greedy", "register", "search")."""
-
-    linearizable: bool | None
-    steps: int = 0
-    keys: tuple[str, ...] = ()
-    prefix: list[int] = attrs.field(factory=list)
-    unplaceable: int | None = None
-    parts: int = 0
-    why: str | None = None
-    undecided: list[tuple[str, ...]] = attrs.field(factory=list)
-    methods: dict[str, int] = attrs.field(factory=dict)
-
-    def to_json(self) -> dict:
-        return {"linearizable": self.linearizable, "steps": self.steps, "keys": list(self.keys),
-                "prefix": list(self.prefix), "unplaceable": self.unplaceable, "parts": self.parts,
-                "why": self.why, "undecided": [list(k) for k in self.undecided], "methods": dict(self.methods)}
 
 
 class SearchStopped(Exception):
@@ -175,7 +151,7 @@ def _event_list(ops: Sequence[Op], cls: list[int], returns: Sequence[float] | No
         ret = returns[i] if returns is not None else (math.inf if unknown(op) else op.completed)
         events.append((op.invoked, 0, i))
         if cls[i] < 0:
-            events.append((ret, 1, i))
+            events.append((ret, 1, i))  # type: ignore
     events.sort()
     m = len(events)
     pos_ret, pos_call = [0] * n, [0] * n

@@ -31,7 +31,7 @@ def conflict(inst: Instance) -> tuple[float, int] | None:
     done = [(ops[j].completed, j) for b in pair for j in inst.gets[blocks[b]]]
     done += [(ops[inst.w_op[blocks[b]]].completed, inst.w_op[blocks[b]]) for b in pair
              if ops[inst.w_op[blocks[b]]].completed is not None]
-    return max(done)
+    return max(done)  # type: ignore
 
 
 def two_cycle(F: list[float], S: list[float]) -> tuple[int, int] | None:

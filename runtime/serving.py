@@ -1,0 +1,167 @@
+"""The serving engines `--engine` knows, and resolving one: a name of `SERVING_ENGINES` or `MOD:ATTR` naming a factory.
+
+A serving engine is driven through one of two seams (`ServingEngineEntry.seam`): `deployment` (a real engine's own
+lookup-and-load path called call by call: `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment`) or
+`stack` (a whole serving stack served request by request: `factory(n_ranks, *, connector, **options) ->
+ServingStack`; `model.contract`). `--engine-patch MOD:ATTR` functions are applied (`apply_engine_patches`) once per
+process before the first deployment or stack is built. Anything unusable raises `runtime.registry.ResolveError`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from model.contract import DEPLOYMENT_METHODS, missing_members
+from runtime.registry import ResolveError, load_attr, options_for_ranks, ref_of
+
+__all__ = ["ServingEngine", "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches",
+           "ENGINE_OPTIONS"]
+
+
+# -- serving engines (--engine) ------------------------------------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class ServingEngineEntry:
+    """A named serving engine (`--engine`): where its factory is and what it can do: `lookups` (the lookup modes it offers) and
+    `options` (the factory options it accepts besides `lookup` and `models`; None: any)."""
+
+    ref: str
+    about: str
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: tuple[str, ...] | None = None
+    #: What `check --engine NAME` is expected to give: "violated" (stock: its findings are searched for on it) or
+    #: "held" (fixed: the findings are judged on it, the engine demos patched into it), as `ClientEntry.expect`.
+    expect: str = "violated"
+    #: The seam it is driven through: "deployment" (`model.contract.EngineDeployment`, call by call) or "stack"
+    #: (`model.contract.ServingStack`, request by request; its factory takes `connector`, one of `connectors` or a
+    #: `MOD:ATTR`).
+    seam: str = "deployment"
+    connectors: tuple[str, ...] = ()
+
+
+#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
+#: `--runner` of the deployment, and `patches`, the `--engine-patch` functions a rank process applies first).
+ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout", "runner", "patches")
+
+
+#: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
+SERVING_ENGINES: dict[str, ServingEngineEntry] = {
+    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.factory:stock_factory", options=ENGINE_OPTIONS,
+                           about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
+                                 "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
+    "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
+                                   about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
+    "vllm": ServingEngineEntry(ref="adapters.vllm_stack:vllm_stack", seam="stack",
+                               connectors=("lmcache", "lmcache-patched"),
+                               options=("tp", "lookup_timeout_ms", "max_blocks", "async_loading", "urls", "chunk_size",
+                                        "local_cpu_gb", "cpu_connector", "max_model_len", "start_timeout",
+                                        "call_timeout", "close_timeout", "log_level"),
+                               about="vLLM 0.31 on CPU (a tiny local Llama) with a KV connector: LMCache 0.5.6, one "
+                                     "Valkey server per tensor-parallel rank"),
+    "memory-stack": ServingEngineEntry(ref="model.stack_memory:memory_stack", seam="stack", connectors=("memory",),
+                                       options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
+                                       about="the serving stack in memory: the behaviour real stacks are judged "
+                                             "against", expect="held"),
+    "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
+                                         connectors=("file",),
+                                         options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
+                                                  "start_timeout", "host_tokens", "patches"),
+                                         about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
+                                               "the hit query, its MIN agreement over gloo, the page load, the ack "
+                                               "MIN, the write-back) in N rank processes, each with its own storage",
+                                         expect="held"),
+}
+_APPLIED_PATCHES: list[str] = []
+
+
+def apply_engine_patches(specs: Any) -> list[str]:
+    """Call every `--engine-patch MOD:ATTR` function (no arguments) once in this process, in order; the specs
+    applied so far. A spec that cannot be loaded or raises is a `ResolveError`."""
+    for spec in specs or ():
+        if spec in _APPLIED_PATCHES:
+            continue
+        fn = load_attr(spec, "engine patch")
+        if not callable(fn):
+            raise ResolveError(f"engine patch {spec!r}: {type(fn).__name__} is not a function")
+        try:
+            fn()
+        except Exception as exc:
+            raise ResolveError(f"engine patch {spec!r} raised {type(exc).__name__}: {exc}") from None
+        _APPLIED_PATCHES.append(spec)
+    return list(_APPLIED_PATCHES)
+
+
+@attrs.frozen(kw_only=True)
+class ServingEngine:
+    """A resolved serving engine: the name a trace records, its factory, its capabilities and the patches applied first."""
+
+    name: str
+    factory: Callable[..., Any]
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: tuple[str, ...] | None = None
+    patches: tuple[str, ...] = ()
+    seam: str = "deployment"
+    connectors: tuple[str, ...] = ()
+
+    def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
+        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack"; and handed
+        to a factory that takes `patches`, for the processes it starts to apply them too)."""
+        apply_engine_patches(self.patches)
+        if self.patches and self.options is not None and "patches" in self.options:
+            options = {**options, "patches": tuple(self.patches)}
+        return self.factory(n_ranks, connector=connector, **options)
+
+    def accepted(self, options: dict) -> dict:
+        """The subset of `options` this engine's factory accepts."""
+        if self.options is None:
+            return dict(options)
+        return {k: v for k, v in options.items() if k in self.options}
+
+    def deployment(self, n_ranks: int, **options: Any) -> Any:
+        """A fresh deployment (the patches applied first), validated against `model.contract.EngineDeployment`
+        (`ResolveError` otherwise; what was made is closed); `urls` are those of these ranks (`options_for_ranks`)."""
+        apply_engine_patches(self.patches)
+        lookup, models = options.pop("lookup", "sync"), options.pop("models", ("m",))
+        made = self.factory(n_ranks, lookup=lookup, models=tuple(models),
+                            **self.accepted(options_for_ranks(options, n_ranks)))
+        lacking = missing_members(made, DEPLOYMENT_METHODS)
+        attrs_missing = [a for a in ("n_ranks", "deployments", "chunk_size", "chunk_bytes", "lookup_mode",
+                                     "lookup_timeout") if not hasattr(made, a)]
+        if lacking or attrs_missing:
+            if callable(getattr(made, "close", None)):
+                try:
+                    made.close()
+                except Exception:  # noqa: BLE001 - closing what a broken factory made is best effort
+                    pass
+            raise ResolveError(f"engine {self.name!r}: {type(made).__name__} lacks the EngineDeployment member(s) "
+                               f"{', '.join(lacking + attrs_missing)} (CONTRACT.md, \"Engines\")")
+        return made
+
+
+def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
+    """The engine `spec` names (`lmcache`, `lmcache-patched` or `MOD:ATTR` of a factory); `patches` are checked
+    to be loadable now (they are applied before the first deployment is built)."""
+    if isinstance(spec, ServingEngine):
+        return spec
+    for p in patches or ():
+        if not callable(load_attr(p, "engine patch")):
+            raise ResolveError(f"engine patch {p!r}: not a function")
+    if spec is not None and not isinstance(spec, str):
+        caps = {k: getattr(spec, k) for k in ("lookups", "options") if hasattr(spec, k)}
+        return ServingEngine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
+    if not spec:
+        raise ResolveError(f"engine: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
+    entry = SERVING_ENGINES.get(spec)
+    if entry is not None:
+        return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
+                             options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
+                             connectors=entry.connectors)
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
+    obj = load_attr(spec, "serving engine")
+    if not callable(obj):
+        raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
+    caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
+            for k in ("lookups", "options", "seam", "connectors") if hasattr(obj, k)}
+    return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)
