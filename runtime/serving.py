@@ -37,6 +37,9 @@ class ServingEngineEntry:
     #: `MOD:ATTR`).
     seam: str = "deployment"
     connectors: tuple[str, ...] = ()
+    #: A stack's ranks when `--engine-option tp=N` does not say (two for a stack whose subject is an agreement
+    #: across ranks: one rank has nobody to agree with).
+    ranks: int = 1
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -63,7 +66,7 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                        about="the serving stack in memory: the behaviour real stacks are judged "
                                              "against", expect="held"),
     "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
-                                         connectors=("file",),
+                                         connectors=("file",), ranks=2,
                                          options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
                                                   "start_timeout", "host_tokens", "patches"),
                                          about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
@@ -102,6 +105,7 @@ class ServingEngine:
     patches: tuple[str, ...] = ()
     seam: str = "deployment"
     connectors: tuple[str, ...] = ()
+    ranks: int = 1
 
     def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
         """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack"; and handed
@@ -155,7 +159,7 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     if entry is not None:
         return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
                              options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
-                             connectors=entry.connectors)
+                             connectors=entry.connectors, ranks=entry.ranks)
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
         raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
@@ -163,5 +167,5 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     if not callable(obj):
         raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
     caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
-            for k in ("lookups", "options", "seam", "connectors") if hasattr(obj, k)}
+            for k in ("lookups", "options", "seam", "connectors", "ranks") if hasattr(obj, k)}
     return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)
