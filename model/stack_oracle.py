@@ -85,7 +85,7 @@ def check_output(result: StackResult, reference: StackResult, *, prompt: str) ->
             return []  # a tie: either token is the model's greedy answer within float32's reach
         if got != want:
             return [Violation("output-equality", f"{result.id} ({prompt}): output token {i} is {got}, {want} with no "
-                              f"KV cache (the connector reported {result.reported} cached, vLLM took "
+                              f"KV cache (the connector reported {result.reported} cached, the stack took "
                               f"{result.external})", {**detail, "position": i})]
         top = result.top2[i] if i < len(result.top2) else None
         if top is not None and ref_top is not None and abs(top[0] - ref_top[0]) > LOGPROB_TOLERANCE:
