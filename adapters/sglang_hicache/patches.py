@@ -9,20 +9,22 @@ inherits them.
 
 - `agree_max`: every MIN agreement of the storage prefetch takes the MAX instead: the hit query's
   (`HybridCacheController._sync_prefetch_hit_query`, hybrid_cache_controller.py:1504; the base class's at
-  cache_controller.py:1377) and the acks' (`_reduce_prefetch_ack`, cache_controller.py:1484, hybrid :1934). The
-  agreed hit is then the longest prefix any rank holds: found by `hit-accuracy` (the stack layer's soundness of the
-  agreed hit: reported > what every rank holds), and the pages a rank never had are "loaded" from whatever its host
-  pool held there (`output-equality`).
-- `agree_max_hit`: the hit query alone takes the MAX; the acks' MIN repairs what is loaded (only pages every rank
-  loaded count), but the agreed hit still overstates what every rank holds: `hit-accuracy`.
-- `agree_allgather_min`: a correct other way to agree: every rank's hit gathered (`all_gather_into_tensor` on the
-  same gloo group), the least taken. Holds.
+  cache_controller.py:1377) and the acks' (`_reduce_prefetch_ack`, cache_controller.py:1484, hybrid :1934); and every
+  rank then fetches the agreed prefix, as it would after a correct agreement (SGLang cuts each rank's page list to its
+  own hits before the agreement, `_storage_hit_query`, hybrid_cache_controller.py:1463: under a MAX alone a rank
+  holding fewer pages would put fewer acks through the ack collective than the others, a desync that leaves its
+  peers blocked there; this demo keeps one agreement, so that what it shows is the over-reported hit). The agreed
+  hit is then the longest prefix any rank holds: found by `engine-soundness` and `hit-accuracy` (the agreed lookup
+  counts more than every rank holds), and the pages a rank never had are "loaded" from whatever its host pool held
+  there (`output-equality`).
+- `agree_allgather_min`: a correct other way to agree: every rank's hit gathered (`all_gather` on the same gloo
+  group), the least taken. Holds.
 """
 from __future__ import annotations
 
 import os
 
-__all__ = ["agree_max", "agree_max_hit", "agree_allgather_min"]
+__all__ = ["agree_max", "agree_allgather_min"]
 
 
 def _in_rank() -> bool:
@@ -62,8 +64,23 @@ def _flip_min(cls: type, name: str, attr: str) -> None:
     setattr(cls, name, flipped)
 
 
+def _fetch_agreed(cls: type) -> None:
+    """Wrap `cls._storage_hit_query` so that it hands on every page of the span, not only this rank's hits: the
+    prefetch thread then cuts that list to the agreed hit (cache_controller.py:1362)."""
+    original = cls.__dict__.get("_storage_hit_query")
+    if original is None or getattr(original, "_shardcheck_agreed", False):
+        return
+
+    def _storage_hit_query(self, operation):  # type: ignore[no-untyped-def]
+        hashes, count = original(self, operation)
+        return list(getattr(operation, "all_hash_values", None) or hashes), count
+    _storage_hit_query._shardcheck_agreed = True  # type: ignore[attr-defined]
+    cls._storage_hit_query = _storage_hit_query
+
+
 def agree_max() -> None:
-    """The hit query's and the acks' agreements take the MAX (see the module docstring)."""
+    """The hit query's and the acks' agreements take the MAX; every rank fetches the agreed prefix (see the module
+    docstring)."""
     if not _in_rank():
         return
     from sglang.srt.managers.cache_controller import HiCacheController
@@ -71,16 +88,7 @@ def agree_max() -> None:
     for cls in (HiCacheController, HybridCacheController):
         _flip_min(cls, "_sync_prefetch_hit_query", "_shardcheck_max_hit")
         _flip_min(cls, "_reduce_prefetch_ack", "_shardcheck_max_ack")
-
-
-def agree_max_hit() -> None:
-    """The hit query's agreement alone takes the MAX (see the module docstring)."""
-    if not _in_rank():
-        return
-    from sglang.srt.managers.cache_controller import HiCacheController
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
-    for cls in (HiCacheController, HybridCacheController):
-        _flip_min(cls, "_sync_prefetch_hit_query", "_shardcheck_max_hit")
+        _fetch_agreed(cls)
 
 
 def agree_allgather_min() -> None:

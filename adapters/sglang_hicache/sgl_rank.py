@@ -313,7 +313,9 @@ class Rank:
     def leaks(self) -> dict:
         self._housekeeping()
         pending = sorted(rid for rid, o in self.ongoing.items() if not o.done)
-        in_flight = sorted({o.rid for o in self.by_op.values() if o.pending})
+        # (an operation still owned by the controller's threads pins only once its hit gave it host pages: one the
+        # scheduler terminated before its hit holds nothing, as SGLang revokes it, `revoke_pending_prefetch`)
+        in_flight = sorted({o.rid for o in self.by_op.values() if o.pending and o.host is not None})
         return {"pins": len(set(pending) | set(in_flight)), "pinned": sorted(set(pending) | set(in_flight)),
                 "free": self.host.available_size() // self.page, "total": self.host.size // self.page,
                 "backups": len(self.backups),
