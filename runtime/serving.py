@@ -68,7 +68,8 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
     "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
                                          connectors=("file",), ranks=2,
                                          options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
-                                                  "start_timeout", "host_tokens", "patches"),
+                                                  "start_timeout", "host_tokens", "prefetch_policy",
+                                                  "patches"),
                                          about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
                                                "the hit query, its MIN agreement over gloo, the page load, the ack "
                                                "MIN, the write-back) in N rank processes, each with its own storage",

@@ -9,8 +9,9 @@ one temporary directory), and is their scheduler, as SGLang's per-rank scheduler
   one lockstep drain of every rank's control queues (the MIN over ranks of each queue's size, as
   `drain_storage_control_queues` all-reduces them; a drained hit allocates host pages and starts the page transfer,
   whose acks are MIN-reduced), terminates the prefetch of every request whose deadline passed (SGLang's `timeout`
-  prefetch policy, the default: `lookup_timeout` seconds from admission, agreed across ranks as SGLang agrees it, by
-  MAX), and ends every request whose prefetch ended on every rank: each rank digests the KV its host pool holds for
+  prefetch policy, `--hicache-storage-prefetch-policy`'s default: `lookup_timeout` seconds from admission, agreed
+  across ranks as SGLang agrees it, by MAX; `prefetch_policy=wait_complete`, SGLang's other waiting policy, never
+  terminates one: `UnifiedRadixCache._can_terminate_prefetch`, unified_radix_cache.py:2295), and ends every request whose prefetch ended on every rank: each rank digests the KV its host pool holds for
   the pages the scheduler took, frees them, and writes every full page of the prompt back to its storage
   (`write_storage`, SGLang's write-through backup after prefill) unless the request is a reference.
 - The `StackResult`: `reported` is the agreed storage hit in tokens the scheduler used (0 when the hit query had not
@@ -57,7 +58,10 @@ __all__ = ["HiCacheStack", "RankError", "factory", "CONNECTORS", "OPTIONS"]
 CONNECTORS = ("file",)
 #: The factory options (`--engine-option`); shardcheck gives `patches` itself.
 OPTIONS = ("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout", "start_timeout", "host_tokens",
-           "patches")
+           "prefetch_policy", "patches")
+#: SGLang's prefetch stop policies this scheduler applies (`best_effort`, which takes whatever has landed at the first
+#: scheduling pass, is not one: its hits depend on the pass's timing alone).
+POLICIES = ("timeout", "wait_complete")
 ROOT = Path(__file__).resolve().parents[2]
 _LIVE: set[Any] = set()
 atexit.register(lambda: [s._kill_all() for s in list(_LIVE)])
@@ -140,7 +144,10 @@ class HiCacheStack:
 
     def __init__(self, n_ranks: int, *, page_size: int = 4, lookup_timeout: float = 3.0, sync_timeout: float = 10.0,
                  call_timeout: float = 30.0, start_timeout: float = 300.0, host_tokens: int = 512,
-                 patches: Sequence[str] = (), backup_wait: float = 1.0) -> None:
+                 patches: Sequence[str] = (), backup_wait: float = 1.0, prefetch_policy: str = "timeout") -> None:
+        if prefetch_policy not in POLICIES:
+            raise ValueError(f"prefetch_policy {prefetch_policy!r}: expected one of {', '.join(POLICIES)}")
+        self.prefetch_policy = prefetch_policy
         self.n_ranks, self.chunk_size, self.block_size = n_ranks, page_size, page_size
         #: SGLang takes storage hits in whole pages (of the prompt before its last token).
         self.hit_granule = page_size
@@ -299,7 +306,9 @@ class HiCacheStack:
         sizes = self._call_all("sizes")
         n_hit, n_ack = (min(s[i] for s in sizes) for i in range(2))
         now = time.monotonic()
-        terminate = [rid for rid, q in self.running.items() if terminate_all or q.aborted or now >= q.deadline]
+        timed = self.prefetch_policy == "timeout"
+        terminate = [rid for rid, q in self.running.items()
+                     if terminate_all or q.aborted or (timed and now >= q.deadline)]
         states = self._call_all("drain", n_hit, n_ack, terminate)
         done = []
         for rid, q in list(self.running.items()):
@@ -446,7 +455,7 @@ def _free_port() -> int:
 def factory(n_ranks: int = 1, *, connector: str = "file", tp: int | None = None, patches: Sequence[str] = (),
             **options: Any) -> HiCacheStack:
     """`--engine sglang-hicache` (`--connector file`; `--engine-option tp=N`: its ranks; `page_size`,
-    `lookup_timeout`, `sync_timeout`, `call_timeout`, `start_timeout`, `host_tokens`)."""
+    `lookup_timeout`, `sync_timeout`, `call_timeout`, `start_timeout`, `host_tokens`, `prefetch_policy`)."""
     if connector not in CONNECTORS:
         raise ValueError(f"sglang-hicache runs the storage backend(s) {', '.join(CONNECTORS)}, not {connector!r}")
     return HiCacheStack(tp or n_ranks, patches=patches, **options)
