@@ -38,15 +38,17 @@ verify: venv
 # the real-client tests' tight bounds (a 0.3 s op timeout, recovery within 2 s) failed in 2 of 4 fresh-clone runs.
 # The load tests (`-m load`) run alone after the rest: their CPU hogs would slow every test beside them. So do the
 # vLLM tests (`-m vllm`, one vLLM process: its start is a minute of both cores; beside the rest, four timing-judged
-# tests were starved in one run). The compiled modules' own tests run a second time on their pure Python source
+# tests were starved in one run), and the SGLang tests (`-m sglang`: rank processes judged against 1-2 s bounds). The
+# compiled modules' own tests run a second time on their pure Python source
 # (SHARDCHECK_PURE=1).
 PURE_TESTS := tests/test_linearizability.py tests/test_linearizability_sweep.py tests/test_explore.py tests/test_native.py
 test: venv
 	$(VENV)/bin/lint-imports
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm"
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm and not sglang"
 	SHARDCHECK_PURE=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal \
-		-m "not load and not vllm" $(PURE_TESTS)
+		-m "not load and not vllm and not sglang" $(PURE_TESTS)
 	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py
+	$(VENV)/bin/python -m pytest -m sglang tests/test_sglang_stack.py
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -m load tests/test_under_load.py
 
 clean:
