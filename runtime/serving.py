@@ -40,6 +40,9 @@ class ServingEngineEntry:
     #: A stack's ranks when `--engine-option tp=N` does not say (two for a stack whose subject is an agreement
     #: across ranks: one rank has nobody to agree with).
     ranks: int = 1
+    #: Whether the catalog's `--engine-patch` demos of a stack's own agreement (`model.checks.Property.patches`) are
+    #: this stack's (verify checks each on it).
+    patch_demos: bool = False
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -66,7 +69,7 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                        about="the serving stack in memory: the behaviour real stacks are judged "
                                              "against", expect="held"),
     "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
-                                         connectors=("file",), ranks=2,
+                                         connectors=("file",), ranks=2, patch_demos=True,
                                          options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
                                                   "start_timeout", "host_tokens", "prefetch_policy",
                                                   "patches"),
