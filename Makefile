@@ -6,7 +6,7 @@ STAMP := $(VENV)/.shardcheck-bootstrapped
 UV := $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python
 REQS := requirements/bootstrap.txt requirements/base.txt requirements/native.txt requirements/lmcache.txt pyproject.toml \
 	requirements/install-lmcache.sh requirements/docs.txt requirements/vllm.txt requirements/install-vllm.sh \
-	requirements/sglang.txt requirements/install-sglang.sh
+	requirements/mooncake.txt requirements/install-mooncake.sh requirements/sglang.txt requirements/install-sglang.sh
 # The compiled hot paths (engines/native.py): rebuilt when a compiled module's source changes. A failed build says so in
 # one line and leaves pure Python running; it never fails the set-up.
 NATIVE := $(VENV)/.shardcheck-native-built
@@ -23,6 +23,7 @@ $(STAMP): $(REQS)
 	bash requirements/install-lmcache.sh $(VENV)
 	$(UV) -r requirements/docs.txt
 	bash requirements/install-vllm.sh $(VENV)
+	bash requirements/install-mooncake.sh $(VENV)
 	bash requirements/install-sglang.sh $(VENV)
 	$(UV) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
@@ -47,7 +48,7 @@ test: venv
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm and not sglang"
 	SHARDCHECK_PURE=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal \
 		-m "not load and not vllm and not sglang" $(PURE_TESTS)
-	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py
+	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py tests/test_mooncake.py
 	$(VENV)/bin/python -m pytest -m sglang tests/test_sglang_stack.py
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -m load tests/test_under_load.py
 

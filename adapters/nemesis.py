@@ -55,7 +55,16 @@ class Endpoint:
 def _addr(server: ValkeyServer | Endpoint) -> tuple[str, int, str | None]:
     if isinstance(server, ValkeyServer):
         return HOST, int(server.port), server.password  # type: ignore[arg-type]
+    if _is_process(server):  # another server's process (a Mooncake master): no password, on 127.0.0.1
+        return HOST, int(server.port), None
     return server.host, server.port, server.password
+
+
+def _is_process(server: Any) -> bool:
+    """A server process shardcheck started: a `ValkeyServer`, or another server's (a store's `server_process`,
+    e.g. `adapters.mooncake_servers.MooncakeMaster`) with `pause`, `resume`, `kill`, `respawn` and `pid`."""
+    return isinstance(server, ValkeyServer) or all(
+        callable(getattr(server, m, None)) for m in ("pause", "resume", "kill", "respawn"))
 
 
 def _admin(server: ValkeyServer | Endpoint, *args: str, timeout: float = 2.0) -> bytes:
@@ -64,7 +73,7 @@ def _admin(server: ValkeyServer | Endpoint, *args: str, timeout: float = 2.0) ->
 
 
 def _process(server: ValkeyServer | Endpoint, what: str) -> ValkeyServer:
-    if not isinstance(server, ValkeyServer):
+    if not _is_process(server):
         raise NemesisUnavailable(f"{what} needs the server's process: {server.host}:{server.port} was not started "
                                  "by shardcheck")
     return server
@@ -275,6 +284,10 @@ class Nemesis:
         only. `NemesisUnavailable` when a rank has no target."""
         targets: list[ValkeyServer | Endpoint] = []
         for rank, store in enumerate(stores):
+            own = _server_process(store)
+            if own is not None:  # a non-Valkey server shardcheck started (its process only: its `takes(kind)`)
+                targets.append(own)
+                continue
             ep = endpoint_of(store)
             if ep is None:
                 raise NemesisUnavailable(f"rank {rank}'s store ({type(store).__name__}) names no server "
@@ -294,7 +307,14 @@ class Nemesis:
 
     def supports(self, needs_process: bool) -> bool:
         """Whether every rank's target can take a fault that needs the server's process."""
-        return not needs_process or all(isinstance(t, ValkeyServer) for t in self.targets)
+        return not needs_process or all(_is_process(t) for t in self.targets)
+
+    def supports_kind(self, kind: Any) -> bool:
+        """Whether every rank's target can take `kind` (a `model.faults.FaultKind`): its process when it needs one,
+        and a kind its `takes(kind)` accepts when it has one (a server that speaks no RESP)."""
+        if not self.supports(kind.needs_process):
+            return False
+        return all(getattr(t, "takes", lambda k: True)(kind) for t in self.targets)
 
     def _record(self, strike: Strike) -> None:
         self.strikes.append(strike)
@@ -351,5 +371,17 @@ def control_maker(*, user_servers: bool = False) -> Callable[[Sequence[Any], Any
             nemesis = Nemesis.for_stores(stores, user_servers=user_servers)
         except NemesisUnavailable:
             return None
-        return nemesis if kind is None or nemesis.supports(kind.needs_process) else None
+        return nemesis if kind is None or nemesis.supports_kind(kind) else None
     return control_for
+
+
+def _server_process(store: Any) -> Any:
+    """The `server_process` a store (or the `inner` of its wrappers) names, if any."""
+    for _ in range(4):
+        own = getattr(store, "server_process", None)
+        if own is not None:
+            return own
+        store = getattr(store, "inner", None)
+        if store is None:
+            return None
+    return None

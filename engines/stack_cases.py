@@ -3,7 +3,7 @@
 Recurring prompts are the norm, as a serving stack's tier sees a system prompt again and again.
 
 - `stack_enumeration(max_ranks)`: for every rank count in turn, the recurring stream (p0 served, p1 served, p0 served
-  again: a hit), a shared prefix, the same tokens from another tenant, two requests of one prompt in flight at once,
+  again: a hit), the last rank short of a chunk in both tiers (n > 1), a shared prefix, the same tokens from another tenant, two requests of one prompt in flight at once,
   a request aborted in flight and its prompt served again; then the recurring stream with one disturbance at every
   position: a chunk evicted (each rank, the first and the last chunk, each tier), a rank's server paused across a
   request (past the lookup timeout), killed, or restarted;
@@ -35,6 +35,11 @@ def recurring_stream(n_ranks: int) -> StackCase:
 
 def _shapes(n: int) -> Iterator[tuple[str, StackCase]]:
     yield "recurring", recurring_stream(n)
+    if n > 1:  # (a rank that lost a chunk from both tiers: the prefix every rank holds is shorter than one rank's)
+        evicted = [StackStep(kind="evict", prompt="p0", rank=n - 1, chunk=_P0.chunks - 1, tier=t)
+                   for t in ("remote", "local")]
+        yield "one-rank-short", StackCase(n_ranks=n, prompts=(_P0,), steps=(_serve("q1", "p0"), *evicted,
+                                                                            _serve("q2", "p0")))
     yield "shared-prefix", StackCase(n_ranks=n, prompts=(_P0, EnginePrompt(name="p1", chunks=2, tail=2, stem="p0",
                                                                            shared=1)),
                                      steps=(_serve("q1", "p0"), _serve("q2", "p1")))

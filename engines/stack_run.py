@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from typing import Any, Callable
 
 import attrs
@@ -57,6 +58,24 @@ class References:
         self.results: dict[tuple, StackResult] = {}
 
 
+#: When each stack's last fault was struck, whichever case struck it: a stack serves many cases, and what a fault
+#: leaves behind (LMCache recomputing until it reconnects) outlives the case.
+_FAULTED_AT: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+def store_lag(stack: Any) -> float:
+    """Seconds after a request ended within which its stores may still land (the stack's optional `store_lag`; else
+    1 s): an eviction waits that long after the last end, so it removes what it names."""
+    lag = getattr(stack, "store_lag", None)
+    return 1.0 if lag is None else float(lag)
+
+
+def recovery_window(stack: Any) -> float:
+    """Seconds after a fault within which a stack may still recompute what the tier holds (its optional
+    `recovery_seconds`; else twice its lookup timeout): a hit missed then is not `hit-accuracy`'s."""
+    return float(getattr(stack, "recovery_seconds", None) or 2 * stack.lookup_timeout)
+
+
 @attrs.define
 class _Request:
     rid: str
@@ -68,6 +87,9 @@ class _Request:
     submitted: float
     #: Its bound (see the module docstring).
     bound: float
+    #: Every other request that may have stored while this one was in flight: in flight when it was submitted, ended
+    #: within the stack's `store_lag` before, or submitted before it ended.
+    overlap: set[str] = attrs.field(factory=set)
     result: StackResult | None = None
 
 
@@ -84,6 +106,9 @@ class StackRun:
         self.violations: list[Violation] = []
         self.requests: dict[str, _Request] = {}
         self.epoch = 0
+        #: rid -> when it ended (finished, aborted or given up on)
+        self.ended_at: dict[str, float] = {}
+        self._faulted_at: float | None = None
         self.stuck = False
         self.finished = False
 
@@ -129,8 +154,14 @@ class StackRun:
         for r, ks in enumerate(keys):  # (it may store any of them from now on: whose KV they hold)
             for c, key in enumerate(ks):
                 self.stored_by.setdefault((r, key), set()).add((kv_identity(self.case, prompt, c), rid))
-        req = _Request(rid, request, prompt_name, keys, self._holdings(keys), self.epoch, time.monotonic(),
-                       2 * self.stack.lookup_timeout + 3 * self._reference(request, prompt_name).seconds)
+        now, lag = time.monotonic(), store_lag(self.stack)
+        overlap = {o.rid for o in self.requests.values() if o.result is None or now - self.ended_at.get(o.rid, now) < lag}
+        for other in self.requests.values():
+            if other.result is None:
+                other.overlap.add(rid)
+        req = _Request(rid, request, prompt_name, keys, self._holdings(keys), self.epoch, now,
+                       2 * self.stack.lookup_timeout + 3 * self._reference(request, prompt_name).seconds,
+                       overlap=overlap)
         self.requests[rid] = req
         self._call(f"submit({request.id})", self.bounds.call, self.stack.submit, request)
         return req
@@ -151,6 +182,7 @@ class StackRun:
                                                       waited=time.monotonic() - req.submitted))
                 self._call(f"abort({req.request.id})", self.bounds.call, self.stack.abort, req.request.id)
                 req.result = StackResult(id=req.request.id, status="never ended")
+                self.ended_at[req.rid] = time.monotonic()
                 return
             self._step_once()
 
@@ -159,11 +191,19 @@ class StackRun:
         result = req.result
         assert result is not None
         now = time.monotonic()
+        self.ended_at[req.rid] = now
         if now - req.submitted > allowance(req.bound) and had(req.submitted, now) > allowance(req.bound):
             self.violations.extend(check_returned(req.request.id, result, req.bound, prompt=req.prompt,
                                                   had=had(req.submitted, now)))
         after = self._holdings(req.keys)
+        window = recovery_window(self.stack)
+        try:
+            faulted_at = _FAULTED_AT.get(self.stack, self._faulted_at)
+        except TypeError:
+            faulted_at = self._faulted_at
         failed = ("a fault or an eviction while it ran" if self.epoch != req.epoch else
+                  f"submitted within the stack's {window:g} s of recovery after a fault"
+                  if faulted_at is not None and req.submitted - faulted_at < window else
                   "" if all(self.stack.reachable(r) for r in range(self.stack.n_ranks)) else "a server is down")
         views = self._views(req, after)
         if any(v.unknown for v in views):
@@ -186,7 +226,9 @@ class StackRun:
                 unknown = unknown or remote is None
                 seen.append([local[c] or bool(remote and remote[c]) for c in range(len(keys))])
             lo = [a and b for a, b in zip(*seen)]
-            hi = [a or b for a, b in zip(*seen)]
+            # (held after it only counts when held before, or another request may have stored it meanwhile)
+            others = [any(rid in req.overlap for _, rid in self.stored_by.get((r, k), ())) for k in keys]
+            hi = [a or (b and o) for a, b, o in zip(*seen, others)]
             own = [any(i == identity[c] and rid != req.rid for i, rid in self.stored_by.get((r, k), ()))
                    for c, k in enumerate(keys)]
             views.append(RankView(own_lo=prefix([x and o for x, o in zip(lo, own)]),
@@ -254,8 +296,12 @@ class StackRun:
             self._call(f"abort({req.request.id})", self.bounds.call, self.stack.abort, req.request.id)
             if req.result is None:  # (ended by the abort: its blocks and pins are the stack's to free)
                 req.result = StackResult(id=req.request.id, status="aborted")
+                self.ended_at[req.rid] = time.monotonic()
 
     def _evict(self, step: StackStep) -> None:
+        wait = store_lag(self.stack) - (time.monotonic() - max(self.ended_at.values(), default=-1e9))
+        if wait > 0:  # (what the last requests stored has landed: the eviction removes it for good)
+            time.sleep(min(wait, self.bounds.settle))
         key = self._key(step.prompt, step.rank, step.chunk)
         self._call(f"evict(rank {step.rank}, {step.prompt} chunk {step.chunk}, {step.tier})", self.bounds.call,
                    self.stack.evict, step.rank, key, step.tier)
@@ -269,6 +315,10 @@ class StackRun:
         self._call(f"{step.action} rank {step.rank}'s server", self.bounds.fault, self.stack.fault, step.rank,
                    step.action)
         self.epoch += 1
+        try:
+            _FAULTED_AT[self.stack] = time.monotonic()
+        except TypeError:  # (a stack that takes no weak reference: its faults count within this case only)
+            self._faulted_at = time.monotonic()
 
     # -- the end -----------------------------------------------------------------------------------------------------
     def finish(self) -> list[Violation]:

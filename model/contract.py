@@ -231,7 +231,9 @@ class ServingStack(typing.Protocol):
     the rank's server), `reachable(rank)`. `reset()` empties every tier and the stack's own prefix cache (a fresh
     case on the same process: a stack start costs a minute); `close()` stops everything, returning what did not.
     Members: `n_ranks`, `chunk_size` (tokens of one stored chunk), `block_size` (tokens of one KV block),
-    `connector` (the KV connector's name), `lookup_timeout` (seconds the stack gives a lookup before it recomputes)."""
+    `connector` (the KV connector's name), `lookup_timeout` (seconds the stack gives a lookup before it recomputes);
+    optional `recovery_seconds` (after a fault, how long the stack may still recompute what its tier holds; default
+    twice `lookup_timeout`)."""
 
     n_ranks: int
     chunk_size: int

@@ -27,6 +27,8 @@ class MemoryStack:
     """See the module docstring."""
 
     connector = "memory"
+    #: Its stores land before a request ends.
+    store_lag = 0.0
     vocab = 1024
 
     def __init__(self, n_ranks: int = 1, *, chunk_size: int = 4, block_size: int = 4, blocks: int = 64,

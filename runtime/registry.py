@@ -89,6 +89,10 @@ CLIENTS: dict[str, ClientEntry] = {
     "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
                                    options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
                                    corpus=True, expect="held"),
+    "mooncake": ClientEntry(ref="adapters.mooncake_store:mooncake_factory", self_bounded=True,
+                            options=("op_timeout", "rpc_timeout_ms", "segment_mb", "lease_ttl_ms"),
+                            about="the Mooncake store's client over tcp, one mooncake_master per rank in a private "
+                                  "network namespace"),
 }
 
 

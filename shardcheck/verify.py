@@ -183,6 +183,8 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None) -> in
         _step(rows, f"check paper on {client} ({'stock' if expect == 'violated' else 'fixed'}, real Valkey)", expect,
               lambda client=client: _child_check(client, budget, out_dir))
 
+    _mooncake_steps(rows, budget, out_dir)
+
     from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
     nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
 
@@ -246,6 +248,39 @@ def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:
         print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
               f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
     return EXIT_HELD if ok else EXIT_VIOLATED
+
+
+def _mooncake_steps(rows: list[dict], budget: float, out_dir: str) -> None:
+    """The Mooncake store client (stock: violated) and vLLM's MooncakeStoreConnector rank-keyed lookup (stock and the
+    every-rank patch hold, the any-rank patch breaks engine-soundness); `skipped` with the reason where Mooncake
+    cannot run (`adapters.mooncake_servers.unavailable`)."""
+    import json
+    import subprocess
+
+    from adapters.mooncake_servers import unavailable
+
+    reason = unavailable()
+    if reason:
+        for name in ("check paper on the Mooncake client", "vLLM MooncakeStoreConnector lookup"):
+            rows.append({"step": name, "expected": "skipped", "got": "skipped", "ok": True, "detail": reason,
+                         "seconds": 0.0})
+        return
+    name = next(n for n, e in CLIENTS.items() if e.ref.startswith("adapters.mooncake_store:"))
+    _step(rows, f"check paper on {name} (stock, Mooncake masters)", "violated",
+          lambda: _child_check(name, budget, out_dir))
+
+    def lookup() -> tuple[str, str]:
+        import os
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        run = subprocess.run([sys.executable, "-m", "adapters.vllm_stack.mooncake_lookup"], capture_output=True,
+                             text=True, timeout=600, cwd=root)
+        got = json.loads(run.stdout.strip().splitlines()[-1])
+        ok = not got["stock"] and "engine-soundness" in got["any_rank"] and not got["every_rank"]
+        return ("as expected" if ok else "unexpected"), (
+            f"stock {got['stock'] or 'held'}; any-rank patch {got['any_rank']}; every-rank patch "
+            f"{got['every_rank'] or 'held'}")
+    _step(rows, "vLLM MooncakeStoreConnector lookup over PCP rank keys (any-rank patch -> engine-soundness)",
+          "as expected", lookup)
 
 
 def _child_check(client: str, budget: float, out_dir: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from adapters import lmcache_native, lmcache_stores, patched
+from adapters import lmcache_native, lmcache_stores, mooncake_store, patched
 from model.contract import declared_paths
 from model.history import READ_PATHS
 from properties import bad_stores
@@ -16,7 +16,7 @@ from properties import bad_stores
 NOT_PATHS = {"put", "delete", "close", "lmcache_key", "key_string", "server_key", "server_keys", "servers",
              "await_connections"}
 ADAPTERS = [lmcache_stores.BackendStore, lmcache_stores.ValkeyBackendStore, lmcache_native.NativeStore,
-            patched.PatchedBackendStore, patched.PatchedValkeyStore]
+            patched.PatchedBackendStore, patched.PatchedValkeyStore, mooncake_store.MooncakeStore]
 
 
 def public_operations(cls: type) -> set[str]:

@@ -116,3 +116,34 @@ def test_leaks_name_what_is_held():
     assert check_leaks({"pins": [0, 0], "pinned": [], "free_blocks": 5, "total_blocks": 5}, when="end") == []
     found = check_leaks({"pins": [2, 0], "pinned": ["q1"], "free_blocks": 4, "total_blocks": 5}, when="end")
     assert found and "pins held per rank [2, 0]" in found[0].summary and "4 of 5 KV blocks free" in found[0].summary
+
+
+class _SlowToRecover(MemoryStack):
+    """Recomputes every prompt after a fault, as LMCache does until it reconnects."""
+    recovery_seconds = 30.0
+
+    def fault(self, rank: int, action: str) -> None:
+        super().fault(rank, action)
+        self.degraded = True
+
+    def lookup(self, request: StackRequest) -> int:
+        return 0 if getattr(self, "degraded", False) else super().lookup(request)
+
+
+def test_a_hit_missed_within_the_recovery_window_is_not_hit_accuracy():
+    """A request submitted within the stack's `recovery_seconds` after a fault may recompute what the tier holds;
+    once the window passed (0 s here), the same miss is `hit-accuracy`."""
+    case = _case(serve("q1"), StackStep(kind="fault", rank=0, action="pause"),
+                 StackStep(kind="fault", rank=0, action="resume"), serve("q2"))
+    assert run_stack_case(_SlowToRecover(2), case).violated() == []
+    stack = _SlowToRecover(2)
+    stack.recovery_seconds = 1e-9
+    assert run_stack_case(stack, case).violated() == ["hit-accuracy"]
+
+
+def test_the_recovery_window_outlives_the_case_that_struck_the_fault():
+    """A stack serves many cases: a fault in one leaves it recovering in the next."""
+    stack = _SlowToRecover(2)
+    run_stack_case(stack, _case(StackStep(kind="fault", rank=0, action="pause"),
+                                StackStep(kind="fault", rank=0, action="resume")))
+    assert run_stack_case(stack, _case(serve("q1"), serve("q2"))).violated() == []

@@ -30,8 +30,9 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
     except TraceError as exc:
         print(f"shardcheck show: {exc}", file=sys.stderr)
         return 2
-    if engine is not None and trace.kind != "engine":
-        print(f"shardcheck show: --engine {engine}: {path} is a {trace.kind} trace, not an engine trace", file=sys.stderr)
+    if engine is not None and trace.kind not in ("engine", "stack"):
+        print(f"shardcheck show: --engine {engine}: {path} is a {trace.kind} trace, not an engine or stack trace",
+              file=sys.stderr)
         return 2
     if svg_out is not None:
         parent = Path(svg_out).parent
@@ -46,7 +47,7 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
             print(f"shardcheck show: cannot write the SVG to {svg_out}: it is a directory", file=sys.stderr)
             return 2
     concurrent = trace.kind == "concurrent"
-    if trace.kind == "engine":
+    if trace.kind in ("engine", "stack"):
         from shardcheck.show.engine import engine_svg, engine_timeline
         text, draw = engine_timeline, engine_svg
         if engine is not None and engine != trace.config.get("engine"):

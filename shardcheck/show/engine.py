@@ -22,8 +22,11 @@ def _header(trace: Trace) -> list[str]:
     prompts = ", ".join(_prompt_text(p) for p in case.get("prompts", []) if isinstance(p, dict))
     models = case.get("models", ["m"])
     deps = f"; {len(models)} deployments ({', '.join(map(str, models))}) on one tier" if len(models) > 1 else ""
-    return [f"== shardcheck trace: engine {safe(str(trace.config.get('engine')))}: {trace.property or 'no violation'}",
-            f"   {case.get('n_ranks')} rank(s), {case.get('lookup')} lookup{deps}; shown in {rate.get('k')} of "
+    how = (f"connector {safe(str(trace.config.get('connector')))}" if trace.kind == "stack" else
+           f"{case.get('lookup')} lookup")
+    return [f"== shardcheck trace: {trace.kind} {safe(str(trace.config.get('engine')))}: "
+            f"{trace.property or 'no violation'}",
+            f"   {case.get('n_ranks')} rank(s), {how}{deps}; shown in {rate.get('k')} of "
             f"{rate.get('n')} runs" + (f"; patches {', '.join(trace.config['patches'])}" if trace.config.get("patches")
                                       else ""),
             f"   prompts: {prompts}"]
@@ -55,6 +58,15 @@ def engine_rows(trace: Trace) -> list[dict]:
                                 + ("" if x.get("ok") else " BAD")) for r, x in enumerate(e["ranks"]) if isinstance(x, dict)}
             row["sched"] = f"planned {e.get('planned')}" + (f" ({e['disturbed']})" if e.get("disturbed") else "")
             row["bad"] = any(isinstance(x, dict) and not x.get("ok") for x in e["ranks"])
+        if "reported" in e:  # (a serving stack's request ended: what the connector reported, what vLLM took)
+            row["sched"] = (("" if e.get("status") == "finished" else f"{e.get('status')}: ")
+                            + f"reported {e['reported']}, took {e.get('external')}"
+                            + (f" ({e['failed']})" if e.get("failed") else ""))
+            row["ranks"] = {r: f"holds {v.get('own_lo')}-{v.get('any_hi')} chunks" + ("?" if v.get("unknown") else "")
+                            for r, v in enumerate(e.get("views") or []) if isinstance(v, dict)}
+        if isinstance(e.get("leaks"), dict):
+            leaks = e["leaks"]
+            row["sched"] = f"pins {leaks.get('pins')}, {leaks.get('free_blocks')}/{leaks.get('total_blocks')} free"
         if e.get("skipped"):
             row["sched"] = f"skipped: {e['skipped']}"
         if e.get("stuck"):
@@ -66,6 +78,10 @@ def engine_rows(trace: Trace) -> list[dict]:
         for r in rows:  # the lookup whose answer was judged, or the end (pins, close)
             if prop in ("engine-soundness", "engine-completeness", "engine-isolation") and r["sched"].startswith("answer"):
                 r["bad"] = True
+        detail = first.get("detail") if isinstance(first.get("detail"), dict) else {}
+        for r, e in zip(rows, [e for e in trace.events if isinstance(e, dict)] if isinstance(trace.events, list) else []):
+            if detail.get("request") and e.get("request") == detail.get("request"):
+                r["bad"] = True  # (a stack property: the request it names)
         if not any(r["bad"] for r in rows) and rows:
             rows[-1]["bad"] = True
     return rows
