@@ -72,8 +72,10 @@ def store_lag(stack: Any) -> float:
 
 def recovery_window(stack: Any) -> float:
     """Seconds after a fault within which a stack may still recompute what the tier holds (its optional
-    `recovery_seconds`; else twice its lookup timeout): a hit missed then is not `hit-accuracy`'s."""
-    return float(getattr(stack, "recovery_seconds", None) or 2 * stack.lookup_timeout)
+    `recovery_seconds`, 0 for one that misses nothing once the tier answers again; else twice its lookup timeout): a
+    hit missed then is not `hit-accuracy`'s."""
+    seconds = getattr(stack, "recovery_seconds", None)
+    return 2 * float(stack.lookup_timeout) if seconds is None else float(seconds)
 
 
 @attrs.define

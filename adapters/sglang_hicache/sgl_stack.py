@@ -141,6 +141,10 @@ class HiCacheStack:
 
     connector = "file"
     vocab = 1024
+    #: Nothing to reconnect: once a paused storage answers, the hit query blocked on it returns, the MIN agreement
+    #: completes and the queries queued behind it run (measured: every request served right after a `resume` got its
+    #: hit, with the sync groups' timeout not passed). A miss after that is SGLang's (`model.stack_oracle`).
+    recovery_seconds = 0.0
 
     def __init__(self, n_ranks: int, *, page_size: int = 4, lookup_timeout: float = 3.0, sync_timeout: float = 10.0,
                  call_timeout: float = 30.0, start_timeout: float = 300.0, host_tokens: int = 512,
