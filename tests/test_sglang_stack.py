@@ -118,7 +118,7 @@ def test_agree_allgather_min_holds(stacks):
 
 def test_a_pause_past_the_sync_timeout_kills_the_prefetch_threads_for_good(stacks):
     """The finding: rank 0's prefetch thread waits in the hit query's MIN all-reduce for rank 1, whose storage does not
-    answer; the gloo timeout raises there, outside the thread's try (cache_controller.py:1355), and the thread ends;
+    answer; the gloo timeout raises there, outside the thread's try (cache_controller.py:1356), and the thread ends;
     rank 1's, once its storage answers again, waits alone in the same collective and ends too. Every request returns
     (the `timeout` policy ends it at its deadline) but none gets a storage hit again: `hit-accuracy`."""
     stack = stacks["released"]

@@ -5,7 +5,7 @@ Four import-only stubs, each for a module that needs a GPU or is not installed, 
 the `sglang` package shell, `triton` (SGLang's own mock for hosts without it), `custom_all_reduce_v2` (CUDA IPC) and
 `torchvision`; and one CPU shim after the imports (`cpu_host_pools`): SGLang's host KV pools pin their memory with
 `cudaHostRegister` by default, which a CPU torch cannot do, so they are built with `pin_memory=False` (the value
-SGLang's own CPU paths pass). docs/CONTRACT.md, "Serving stacks", lists them too.
+SGLang's own CPU paths pass). docs/serving-stacks.md lists them, with their reasons.
 """
 from __future__ import annotations
 
