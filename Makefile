@@ -6,7 +6,7 @@ STAMP := $(VENV)/.shardcheck-bootstrapped
 UV := $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python
 REQS := requirements/bootstrap.txt requirements/base.txt requirements/native.txt requirements/lmcache.txt pyproject.toml \
 	requirements/install-lmcache.sh requirements/docs.txt requirements/vllm.txt requirements/install-vllm.sh \
-	requirements/mooncake.txt requirements/install-mooncake.sh
+	requirements/mooncake.txt requirements/install-mooncake.sh requirements/sglang.txt requirements/install-sglang.sh
 # The compiled hot paths (engines/native.py): rebuilt when a compiled module's source changes. A failed build says so in
 # one line and leaves pure Python running; it never fails the set-up.
 NATIVE := $(VENV)/.shardcheck-native-built
@@ -24,6 +24,7 @@ $(STAMP): $(REQS)
 	$(UV) -r requirements/docs.txt
 	bash requirements/install-vllm.sh $(VENV)
 	bash requirements/install-mooncake.sh $(VENV)
+	bash requirements/install-sglang.sh $(VENV)
 	$(UV) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -38,15 +39,17 @@ verify: venv
 # the real-client tests' tight bounds (a 0.3 s op timeout, recovery within 2 s) failed in 2 of 4 fresh-clone runs.
 # The load tests (`-m load`) run alone after the rest: their CPU hogs would slow every test beside them. So do the
 # vLLM tests (`-m vllm`, one vLLM process: its start is a minute of both cores; beside the rest, four timing-judged
-# tests were starved in one run). The compiled modules' own tests run a second time on their pure Python source
+# tests were starved in one run), and the SGLang tests (`-m sglang`: rank processes judged against 1-2 s bounds). The
+# compiled modules' own tests run a second time on their pure Python source
 # (SHARDCHECK_PURE=1).
 PURE_TESTS := tests/test_linearizability.py tests/test_linearizability_sweep.py tests/test_explore.py tests/test_native.py
 test: venv
 	$(VENV)/bin/lint-imports
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm"
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal -m "not load and not vllm and not sglang"
 	SHARDCHECK_PURE=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -n 2 --dist worksteal \
-		-m "not load and not vllm" $(PURE_TESTS)
+		-m "not load and not vllm and not sglang" $(PURE_TESTS)
 	$(VENV)/bin/python -m pytest -m vllm tests/test_vllm_stack.py tests/test_mooncake.py
+	$(VENV)/bin/python -m pytest -m sglang tests/test_sglang_stack.py
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(VENV)/bin/python -m pytest -m load tests/test_under_load.py
 
 clean:

@@ -72,8 +72,10 @@ def store_lag(stack: Any) -> float:
 
 def recovery_window(stack: Any) -> float:
     """Seconds after a fault within which a stack may still recompute what the tier holds (its optional
-    `recovery_seconds`; else twice its lookup timeout): a hit missed then is not `hit-accuracy`'s."""
-    return float(getattr(stack, "recovery_seconds", None) or 2 * stack.lookup_timeout)
+    `recovery_seconds`, 0 for one that misses nothing once the tier answers again; else twice its lookup timeout): a
+    hit missed then is not `hit-accuracy`'s."""
+    seconds = getattr(stack, "recovery_seconds", None)
+    return 2 * float(stack.lookup_timeout) if seconds is None else float(seconds)
 
 
 @attrs.define
@@ -209,7 +211,7 @@ class StackRun:
         if any(v.unknown for v in views):
             failed = failed or "a server could not be observed"
         found = check_hit(result, views, self.stack.chunk_size, len(req.request.tokens), failed=failed,
-                          prompt=req.prompt)
+                          prompt=req.prompt, granule=getattr(self.stack, "hit_granule", 1))
         if any(v.property == "hit-accuracy" and (result.reported or 0) < v.detail["held"]["lo"] for v in found):
             starved = starved_timeout(self.stack.lookup_timeout, req.submitted, now,
                                       f"the lookup of {req.request.id} (a hit missed)")

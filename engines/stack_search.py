@@ -134,7 +134,7 @@ class StackCases:
 def stack_target(spec: Any, *, connector: str | None = None, options: dict | None = None, patches: Any = (),
                  max_ranks: int | None = None) -> StackTarget:
     """The `StackTarget` a user named: `--engine`, `--connector` (default: the engine's first), `--engine-option`
-    (`tp=N`: ranks; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+    (`tp=N`: ranks, default the engine's `ranks`; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
     engine = resolve_serving_engine(spec, patches)
@@ -151,7 +151,7 @@ def stack_target(spec: Any, *, connector: str | None = None, options: dict | Non
     if unknown:
         raise ResolveError(f"engine {engine.name!r} takes no option {unknown[0]!r} (it takes "
                            f"{', '.join(engine.options or ())})")
-    ranks = opts.get("tp", 1)
+    ranks = opts.get("tp", engine.ranks)
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ResolveError(f"--engine-option tp={ranks!r}: expected a whole number of ranks, at least 1")
     if max_ranks is not None and ranks > max_ranks:

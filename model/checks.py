@@ -179,6 +179,10 @@ class Property:
     about: str
     demos: tuple[str, ...]
     check: Callable[[Outcome], list[Violation]] | None = None
+    #: `--engine-patch` demos that break a serving stack's own agreement so that the stack violates this property
+    #: (an engine property broken in a real stack's own caller: SGLang's MIN all-reduce taking the MAX), in
+    #: `runtime.registry.DEMO_MODULES["stack-patch"]`, run on the stacks that take them (`ServingEngineEntry.patch_demos`).
+    patches: tuple[str, ...] = ()
 
 
 def _protocol(name: str, about: str, check: Callable | None, *demos: str) -> Property:
@@ -189,8 +193,8 @@ def _store(name: str, about: str, *demos: str) -> Property:
     return Property(name=name, layer="store", about=about, demos=demos)
 
 
-def _engine(name: str, about: str, *demos: str) -> Property:
-    return Property(name=name, layer="engine", about=about, demos=demos)
+def _engine(name: str, about: str, *demos: str, patches: tuple[str, ...] = ()) -> Property:
+    return Property(name=name, layer="engine", about=about, demos=demos, patches=patches)
 
 
 def _concurrent(name: str, about: str, *demos: str) -> Property:
@@ -251,7 +255,7 @@ CATALOG: tuple[Property, ...] = (
     _concurrent("linearizability", "every history is linearizable against a key-value register per key",
                 "stale_cache_factory"),
     _engine("engine-soundness", "a lookup never answers more than the minimum over ranks of each rank's stored "
-            "prefix, whatever failed", "take_max"),
+            "prefix, whatever failed", "take_max", patches=("agree_max",)),
     _engine("engine-completeness", "with nothing failed, a lookup answers exactly the minimum over ranks of each "
             "rank's stored prefix", "one_chunk_short", "memoise_sync_lookup"),
     _engine("engine-integrity", "a retrieve returns exactly the stored bytes of the planned prefix (never freed "

@@ -36,23 +36,24 @@ LOGPROB_TOLERANCE = 1e-3
 TIE_MARGIN = 1e-3
 
 
-def expected_tokens(chunks: int, chunk_size: int, n_tokens: int) -> int:
+def expected_tokens(chunks: int, chunk_size: int, n_tokens: int, granule: int = 1) -> int:
     """The tokens a stack takes from `chunks` held leading chunks of a prompt of `n_tokens` (at least the last token
-    is computed: a prompt held whole is `n_tokens - 1`)."""
-    return max(0, min(chunks * chunk_size, n_tokens - 1))
+    is computed: a prompt held whole is `n_tokens - 1`; a stack that takes hits in whole pages of `granule` tokens,
+    as SGLang does, takes that rounded down to a page)."""
+    return max(0, min(chunks * chunk_size, n_tokens - 1)) // granule * granule
 
 
 def check_hit(result: StackResult, views: Sequence[RankView], chunk_size: int, n_tokens: int, *, failed: str,
-              prompt: str) -> list[Violation]:
+              prompt: str, granule: int = 1) -> list[Violation]:
     """What the connector reported against every rank's prefix (`model.engine_oracle.RankView`, in chunks): never
     more than every rank held (`hit-accuracy`; counting chunks that hold another tenant's KV: `engine-isolation`),
-    and exactly that when nothing failed (`failed` empty)."""
+    and exactly that when nothing failed (`failed` empty); `granule`: see `expected_tokens`."""
     reported = result.reported
     if reported is None:
         return []  # (the request never reached a lookup that answered: request-returns says whether it ended)
-    hi = expected_tokens(min(v.any_hi for v in views), chunk_size, n_tokens)
-    own_hi = expected_tokens(min(v.own_hi for v in views), chunk_size, n_tokens)
-    lo = expected_tokens(min(v.own_lo for v in views), chunk_size, n_tokens)
+    hi = expected_tokens(min(v.any_hi for v in views), chunk_size, n_tokens, granule)
+    own_hi = expected_tokens(min(v.own_hi for v in views), chunk_size, n_tokens, granule)
+    lo = expected_tokens(min(v.own_lo for v in views), chunk_size, n_tokens, granule)
     detail = {"request": result.id, "prompt": prompt, "reported": reported, "external": result.external,
               "held": {"lo": lo, "hi": hi, "own_hi": own_hi}, "ranks": {r: [v.own_lo, v.any_hi]
                                                                       for r, v in enumerate(views)}}
@@ -84,7 +85,7 @@ def check_output(result: StackResult, reference: StackResult, *, prompt: str) ->
             return []  # a tie: either token is the model's greedy answer within float32's reach
         if got != want:
             return [Violation("output-equality", f"{result.id} ({prompt}): output token {i} is {got}, {want} with no "
-                              f"KV cache (the connector reported {result.reported} cached, vLLM took "
+                              f"KV cache (the connector reported {result.reported} cached, the stack took "
                               f"{result.external})", {**detail, "position": i})]
         top = result.top2[i] if i < len(result.top2) else None
         if top is not None and ref_top is not None and abs(top[0] - ref_top[0]) > LOGPROB_TOLERANCE:

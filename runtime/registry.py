@@ -37,7 +37,8 @@ from model.store import MEMORY_CLIENT
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
            "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "STRATEGIES", "CHECK_SCHEDULE", "resolve_protocol",
            "resolve_client", "resolve_strategy", "parse_options", "corpus_clients", "real_clients", "by_verdict",
-           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "load_attr", "ref_of", "VALKEY_TIER", "MEMORY_TIER",
+           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "patch_refs", "load_attr", "ref_of", "VALKEY_TIER",
+           "MEMORY_TIER",
            "options_for_ranks"]
 
 DEFAULT_PROTOCOL = "paper"
@@ -133,7 +134,10 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
 DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
                                 "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
-                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos"}
+                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos",
+                                # (not a layer: the `--engine-patch` demos of a stack's own agreement,
+                                # `model.checks.Property.patches`)
+                                "stack-patch": "adapters.sglang_hicache.patches"}
 
 
 class ResolveError(ValueError):
@@ -334,6 +338,12 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
 def demo_refs(prop: Any) -> tuple[str, ...]:
     """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
     return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+
+
+def patch_refs(prop: Any) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every `--engine-patch` demo of a stack's own agreement a catalog property has
+    (`model.checks.Property.patches`)."""
+    return tuple(f"{DEMO_MODULES['stack-patch']}:{name}" for name in getattr(prop, "patches", ()))
 
 
 def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:

@@ -44,6 +44,12 @@ class ServingEngineEntry:
         """What `check` is expected to give on `connector` (the first connector by default)."""
         name = connector or (self.connectors[0] if self.connectors else "")
         return self.connector_expect.get(name, self.expect)
+    #: A stack's ranks when `--engine-option tp=N` does not say (two for a stack whose subject is an agreement
+    #: across ranks: one rank has nobody to agree with).
+    ranks: int = 1
+    #: Whether the catalog's `--engine-patch` demos of a stack's own agreement (`model.checks.Property.patches`) are
+    #: this stack's (verify checks each on it).
+    patch_demos: bool = False
 
 
 #: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
@@ -70,6 +76,15 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                        options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
                                        about="the serving stack in memory: the behaviour real stacks are judged "
                                              "against", expect="held"),
+    "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
+                                         connectors=("file",), ranks=2, patch_demos=True,
+                                         options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
+                                                  "start_timeout", "host_tokens", "prefetch_policy",
+                                                  "patches"),
+                                         about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
+                                               "the hit query, its MIN agreement over gloo, the page load, the ack "
+                                               "MIN, the write-back) in N rank processes, each with its own storage",
+                                         expect="held"),
 }
 _APPLIED_PATCHES: list[str] = []
 
@@ -102,10 +117,14 @@ class ServingEngine:
     patches: tuple[str, ...] = ()
     seam: str = "deployment"
     connectors: tuple[str, ...] = ()
+    ranks: int = 1
 
     def stack(self, n_ranks: int, *, connector: str, **options: Any) -> Any:
-        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack")."""
+        """A serving stack of `n_ranks` ranks with `connector` (the patches applied first; `seam` "stack"; and handed
+        to a factory that takes `patches`, for the processes it starts to apply them too)."""
         apply_engine_patches(self.patches)
+        if self.patches and self.options is not None and "patches" in self.options:
+            options = {**options, "patches": tuple(self.patches)}
         return self.factory(n_ranks, connector=connector, **options)
 
     def accepted(self, options: dict) -> dict:
@@ -152,7 +171,7 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     if entry is not None:
         return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
                              options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
-                             connectors=entry.connectors)
+                             connectors=entry.connectors, ranks=entry.ranks)
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
         raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
@@ -160,5 +179,5 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
     if not callable(obj):
         raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
     caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
-            for k in ("lookups", "options", "seam", "connectors") if hasattr(obj, k)}
+            for k in ("lookups", "options", "seam", "connectors", "ranks") if hasattr(obj, k)}
     return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)

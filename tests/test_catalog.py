@@ -6,7 +6,8 @@ from pathlib import Path
 
 from model import checks, protocols, variants
 from model.checks import CATALOG, CHECKS, PROPERTIES
-from runtime.registry import DEMO_MODULES, demo_refs, load_attr
+from runtime.registry import DEMO_MODULES, demo_refs, load_attr, patch_refs
+from runtime.serving import SERVING_ENGINES
 
 
 def test_every_property_has_a_resolvable_demo():
@@ -24,6 +25,15 @@ def test_every_property_has_a_resolvable_demo():
                 assert name in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}, ref
             else:
                 assert callable(load_attr(ref, "demo")), ref
+
+
+def test_every_stack_patch_demo_resolves_and_has_a_stack():
+    """A property's `--engine-patch` demos of a stack's own agreement are functions (importing their module imports
+    nothing of the stack: they patch it in its rank processes), and some stack takes them."""
+    refs = [ref for p in CATALOG for ref in patch_refs(p)]
+    assert refs and all(callable(load_attr(ref, "demo")) for ref in refs)
+    assert [p.name for p in CATALOG if p.patches] == ["engine-soundness"]
+    assert [name for name, e in SERVING_ENGINES.items() if e.patch_demos] == ["sglang-hicache"]
 
 
 def test_every_demo_variant_class_is_in_the_catalog():
