@@ -56,6 +56,12 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--seconds", type=float, default=1.5, help="seconds of GETs per measured point (default 1.5)")
     p.add_argument("--plots", default="shardcheck-tier", metavar="DIR", help="where the PNG and SVG plots go (default: shardcheck-tier)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON (default: a report)")
+    p.add_argument("--engine", default=None, metavar="NAME",
+                   help="measure the model's terms on a real serving stack instead (vllm): R from its misses, s its "
+                        "own, B of its own server, T0 from its hits; the prediction beside each measurement "
+                        "(default: none, the tier alone)")
+    p.add_argument("--connector", default="lmcache-patched", metavar="NAME",
+                   help="with --engine: the KV connector (default: lmcache-patched)")
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -157,6 +163,42 @@ def format_tier(r: dict) -> str:
     return "\n".join(lines)
 
 
+def run_stack_tier(args: Any, progress: Any = None) -> dict:
+    """`shardcheck tier --engine vllm`: the cost model's terms measured on the stack, its predictions beside the
+    measurements (`adapters.vllm_stack.stack_tier`); the stack is started and closed here."""
+    if args.engine != "vllm":
+        raise UsageError(f"tier --engine {args.engine!r}: only vllm has a KV tier to measure (a Valkey per rank)")
+    if args.url:
+        raise UsageError("tier --engine vllm measures the stack's own servers: --url does not apply")
+    from adapters.vllm_stack import vllm_stack
+    from adapters.vllm_stack.stack_tier import measure_stack_tier
+    step = progress or (lambda text: None)
+    step("starting the vLLM stack (about a minute)")
+    stack = vllm_stack(1, connector=args.connector)
+    try:
+        out = measure_stack_tier(stack, seconds=args.seconds, progress=step)
+    finally:
+        left = stack.close()
+    out.update({"engine": args.engine, "connector": args.connector, "left_running": left})
+    return out
+
+
+def format_stack_tier(r: dict) -> str:
+    """The stack's terms, then per prompt length the measured time to first token beside the model's."""
+    be = r["break_even_tokens"]
+    lines = [f"tier on the {r['engine']} stack ({r['connector']}): s = {r['s'] / 1e3:.1f} KB/token, "
+             f"R = {r['R'] / 1e3:.1f}k tokens/s (misses), B = {_gb(r['B'])} (GETs of its server), "
+             f"T0 = {r['T0'] * 1e3:.1f} ms (hits' intercept); the hits' own slope gives {_gb(r['B_stack'])}",
+             f"B* = s*R = {_gb(r['B_star'])}: " + (f"a hit beats recompute above {be:,.0f} tokens" if be is not None
+                                                   else "no prompt length makes a hit beat recompute here"),
+             f"{'tokens':>7}  {'miss':>9} {'n/R+c':>9} {'err':>6}   {'hit':>9} {'T0+ns/B':>9} {'err':>6}  reported"]
+    for row in r["rows"]:
+        lines.append(f"{row['tokens']:>7}  {row['miss_s'] * 1e3:7.1f}ms {row['predicted_miss_s'] * 1e3:7.1f}ms "
+                     f"{row['miss_error']:+6.0%}   {row['hit_s'] * 1e3:7.1f}ms {row['predicted_hit_s'] * 1e3:7.1f}ms "
+                     f"{row['hit_error']:+6.0%}  {row['reported']}")
+    return "\n".join(lines)
+
+
 def cmd_tier(args: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -164,10 +206,11 @@ def cmd_tier(args: Any) -> int:
     with Progress(TextColumn("{task.description:<48}"), BarColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("measuring the tier", total=steps)
-        result = run_tier(args, progress=lambda text: bar.update(task, advance=1, description=text))
+        advance = lambda text: bar.update(task, advance=1, description=text)  # noqa: E731
+        result = run_stack_tier(args, advance) if args.engine else run_tier(args, progress=advance)
     if args.json:
         print_json(result)
     else:
-        print(format_tier(result))
+        print(format_stack_tier(result) if args.engine else format_tier(result))
     sys.stdout.flush()
     return EXIT_HELD

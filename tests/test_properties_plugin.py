@@ -63,8 +63,10 @@ def test_unusable_protocol_is_a_clear_error(spec, named):
 
 
 def test_client_names():
-    """The client table has exactly the contract's names; `model` is the in-memory factory, the only in-memory one."""
-    assert set(CLIENTS) == {"model", "lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched"}
+    """The client table has the shared contract's names plus `mooncake` (docs/CONTRACT.md names it), and nothing else;
+    `model` is the in-memory factory, the only in-memory one."""
+    contract = {"model", "lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched"}
+    assert set(CLIENTS) == contract | {"mooncake"}
     assert resolve_client(None).factory is memory_factory and resolve_client("model").factory is memory_factory
     assert [name for name, e in CLIENTS.items() if e.in_memory] == ["model"]
     truncating = resolve_client("properties.bad_stores:TruncatingStore")
