@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 __all__ = ["TARGETS", "run_bench", "format_bench", "histories_command"]
 
-TARGETS = {"explorer.states_per_s": 500_000, "hypothesis.protocol_steps_per_s": 5_000,
+TARGETS = {"vllm.start_s": 90.0, "vllm.requests_per_s": 2.0, "vllm.hit_requests_per_s": 2.0,
+           "explorer.states_per_s": 500_000, "hypothesis.protocol_steps_per_s": 5_000,
            "hypothesis.protocol_of_ceiling": 0.6, "hypothesis.store_steps_per_s": 5_000, "z3.max_theorem_s": 1.0,
            "concurrency.checker_10k_s": 1.0, "concurrency.checker_100k_s": 1.0, "concurrency.checker_1m_s": 10.0,
            "concurrency.driver_ops_per_s": 2_000}
@@ -40,11 +41,24 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     real = measure_real()
     say("engine: a real LMCache deployment's set-up, and its sync and async lookups per second ...")
     from shardcheck.bench_engine import measure_engine
+    engine = measure_engine(min(seconds, 3.0))
+    say("vllm: a real vLLM stack's start, and its requests per second (misses, then hits) ...")
+    vllm = measure_vllm()
     compiled = native_status()
     explorer["compiled"] = compiled["engines.explore"]["compiled"]
     concurrency["compiled"] = compiled["engines.linearizability"]["compiled"]
     return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency, "scale": scale,
-            "real": real, "engine": measure_engine(min(seconds, 3.0)), "compiled": compiled}
+            "real": real, "engine": engine, "vllm": vllm, "compiled": compiled}
+
+
+def measure_vllm() -> dict[str, Any]:
+    """`vllm.start_s`, `vllm.requests_per_s` (`adapters.vllm_stack.stack_bench`); where vLLM cannot start here, the
+    reason in `vllm.unavailable` and no figures (a benchmark reports, it never fails on a missing optional stack)."""
+    try:
+        from adapters.vllm_stack.stack_bench import bench_vllm
+        return {k.removeprefix("vllm."): v for k, v in bench_vllm().items()}
+    except Exception as exc:  # noqa: BLE001 -- reported in the output, never a figure
+        return {"unavailable": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
 
 
 def native_status() -> dict[str, dict[str, Any]]:
@@ -77,14 +91,19 @@ def format_bench(r: dict[str, Any]) -> str:
         rows += [("engine.setup_s", r["engine"]["setup_s"]),
                  ("engine.lookups_per_s.sync", r["engine"]["lookups_per_s"]["sync"]),
                  ("engine.lookups_per_s.async", r["engine"]["lookups_per_s"]["async"])]
+    vllm = r.get("vllm", {})
+    if "start_s" in vllm:
+        rows += [(f"vllm.{k}", vllm[k]) for k in ("start_s", "requests_per_s", "hit_requests_per_s")]
     out = [f"{'figure':<34} {'measured':>12} {'target':>10}  met"]
     from shardcheck.bench_engine import ENGINE_TARGETS
     from shardcheck.bench_real import TARGETS as REAL
     for name, value in rows:
         target = {**TARGETS, **REAL, **ENGINE_TARGETS}[name]
-        met = value <= target if name.startswith(("z3", "real", "concurrency.checker_", "engine.setup")) \
+        met = value <= target if name.startswith(("z3", "real", "concurrency.checker_", "engine.setup", "vllm.start")) \
             else value >= target
         out.append(f"{name:<34} {value:>12,.2f} {target:>10,}  {'yes' if met else 'NO'}")
+    if "unavailable" in vllm:
+        out.append(f"(vllm: not measured: {vllm['unavailable']})")
     if "compiled" in r:
         out.append(_compiled_line(r["compiled"]))
     out.append(f"(explorer: {r['explorer']['states']:,} distinct states in {r['explorer']['seconds']:.2f} s, "

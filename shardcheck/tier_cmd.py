@@ -186,23 +186,26 @@ def run_stack_tier(args: Any, progress: Any = None) -> dict:
 def format_stack_tier(r: dict) -> str:
     """The stack's terms, then per prompt length the measured time to first token beside the model's."""
     be = r["break_even_tokens"]
+    rate = (lambda v: "not measurable (no slope above the noise)" if v == float("inf") else f"{v / 1e3:.1f}k tokens/s")
     lines = [f"tier on the {r['engine']} stack ({r['connector']}): s = {r['s'] / 1e3:.1f} KB/token, "
-             f"R = {r['R'] / 1e3:.1f}k tokens/s (misses), B = {_gb(r['B'])} (GETs of its server), "
+             f"R = {rate(r['R'])} (misses), B = {_gb(r['B'])} (GETs of its server), "
              f"T0 = {r['T0'] * 1e3:.1f} ms (hits' intercept); the hits' own slope gives {_gb(r['B_stack'])}",
              f"B* = s*R = {_gb(r['B_star'])}: " + (f"a hit beats recompute above {be:,.0f} tokens" if be is not None
                                                    else "no prompt length makes a hit beat recompute here"),
-             f"{'tokens':>7}  {'miss':>9} {'n/R+c':>9} {'err':>6}   {'hit':>9} {'T0+ns/B':>9} {'err':>6}  reported"]
+             "(each figure the best of its repeats; a hit not served whole from the tier is left out and counted)",
+             f"{'tokens':>7}  {'miss':>9} {'n/R+c':>9} {'err':>6}   {'hit':>9} {'T0+ns/B':>9} {'err':>6}  not hits"]
     for row in r["rows"]:
+        hit = (f"{row['hit_s'] * 1e3:7.1f}ms {row['predicted_hit_s'] * 1e3:7.1f}ms {row['hit_error']:+6.0%}"
+               if row["hit_s"] is not None else f"{'-':>9} {row['predicted_hit_s'] * 1e3:7.1f}ms {'-':>6}")
         lines.append(f"{row['tokens']:>7}  {row['miss_s'] * 1e3:7.1f}ms {row['predicted_miss_s'] * 1e3:7.1f}ms "
-                     f"{row['miss_error']:+6.0%}   {row['hit_s'] * 1e3:7.1f}ms {row['predicted_hit_s'] * 1e3:7.1f}ms "
-                     f"{row['hit_error']:+6.0%}  {row['reported']}")
+                     f"{row['miss_error']:+6.0%}   {hit}  {row['not_hits']}/{len(row['reported'])}")
     return "\n".join(lines)
 
 
 def cmd_tier(args: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    steps = 2 + 2 * (1 + 4) + 1 + (1 if args.url else 0)
+    steps = (3 + 5 + 1) if args.engine else 2 + 2 * (1 + 4) + 1 + (1 if args.url else 0)
     with Progress(TextColumn("{task.description:<48}"), BarColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("measuring the tier", total=steps)

@@ -59,7 +59,9 @@ def test_unreachable_server_is_exit_2_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("args, names", [(["--bytes-per-token", "-1"], "--bytes-per-token"),
                                          (["--chunk-tokens", "0"], "--chunk-tokens"),
-                                         (["--url", "nohost"], "--url 'nohost'")])
+                                         (["--url", "nohost"], "--url 'nohost'"),
+                                         (["--engine", "sglang-hicache"], "tier --engine 'sglang-hicache'"),
+                                         (["--engine", "vllm", "--url", "127.0.0.1:1"], "--url does not apply")])
 def test_bad_input_is_exit_2_naming_it(args, names, tmp_path):
     """A non-positive figure or a URL without host:port is exit 2 with a message naming the option."""
     r = _tier(*args, "--plots", str(tmp_path), timeout=60)

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from adapters.vllm_stack import vllm_stack
+from adapters.vllm_stack.lmcache_fixes import V3_APPLIED
 from adapters.vllm_stack.stack_rpc import marked_pids
 from model.contract import STACK_METHODS, ServingStack, StackRequest
 
@@ -193,6 +194,9 @@ def test_stock_lmcache_keeps_the_pins_of_a_request_aborted_while_waiting(fresh):
 
 def test_lmcache_patched_releases_them(fresh):
     fresh.use_connector("lmcache-patched")
+    # V3's classes are in place on the worker (`use_connector` and a patched start check it: a stack started as
+    # lmcache-patched once ran V3 stock, its LMCache remote backend being built only at KV-cache registration)
+    assert fresh.facts()[V3_APPLIED] == 1
     leaks = _leak_after_abort_while_waiting(fresh)
     assert leaks == {"pins": [0], "pinned": [], "free_blocks": MAX_BLOCKS - 1, "total_blocks": MAX_BLOCKS - 1}
     assert fresh.facts().get("V1 ended requests' pins released", 0) >= 1
@@ -393,3 +397,21 @@ def test_stock_lmcache_has_no_cpu_connector_and_shardcheck_s_copies_the_paged_la
     lines = out.stdout.splitlines()
     assert "stock: No supported cpu connector found." in lines
     assert "installed: CPUPagedConnector" in lines and any(line.startswith("round trip: ok") for line in lines)
+
+
+def test_tier_measures_the_cost_model_on_the_stack_and_predicts_beside_it(fresh):
+    """`tier --engine vllm`'s measurement: hits served whole from the rank's server (its chunks evicted from LocalCPU),
+    R and T0 fitted, and per length the model's prediction beside the measured time to first token."""
+    from adapters.vllm_stack.stack_tier import measure_stack_tier
+    from shardcheck.tier_cmd import format_stack_tier
+
+    fresh.use_connector("lmcache-patched")
+    out = measure_stack_tier(fresh, lengths=(2, 8), repeats=2, seconds=0.2)
+    assert [r["tokens"] for r in out["rows"]] == [129, 513], out
+    assert all(r["not_hits"] == 0 and r["reported"] == [r["tokens"] - 1] * 2 for r in out["rows"]), out["rows"]
+    assert out["s"] == fresh.chunk_bytes / fresh.chunk_size and out["B"] > 0 and out["T0"] == out["T0"]
+    for r in out["rows"]:
+        assert r["predicted_hit_s"] > 0 and r["hit_error"] == r["hit_s"] / r["predicted_hit_s"] - 1
+    text = format_stack_tier({**out, "engine": "vllm", "connector": "lmcache-patched"})
+    assert "T0+ns/B" in text and "    513 " in text
+

@@ -29,7 +29,8 @@ V3. A lookup on the worker never returns: LMCache's sync prefix count (`RemoteBa
     after a paused server: tests/test_vllm_stack.py). Fix: the remote connector of `--client lmcache-patched`
     (`adapters.patched`: fixes 2, 4-6, 8-10, 13, 14, as `--engine lmcache-patched`'s E6) in every worker, every
     native call bounded (`GET_BOUND`), the native client renewed when stuck or disconnected; switched back when the
-    fixes are switched off.
+    fixes are switched off. LMCache builds its remote backend only when vLLM registers the KV caches (`post_init`),
+    after the connector: V3 is applied then (`registered`), and the stack checks it is in place (`V3_APPLIED`).
 
 `unstick(engine)` completes (as a miss) a sync prefix count stuck that way, so `reset()` hands the next case a
 working stack; `probe(connector, what, *args)` answers the questions the stack asks of one rank (`worker_probe`).
@@ -40,7 +41,8 @@ import collections
 import threading
 from typing import Any, Iterable
 
-__all__ = ["STOCK", "PATCHED", "CONNECTORS", "Fixes", "probe", "lmcache_engine_of", "lmcache_connector_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED"]
+__all__ = ["STOCK", "PATCHED", "CONNECTORS", "Fixes", "probe", "lmcache_engine_of", "lmcache_connector_of", "tenant_configs", "TENANT_TAG", "LATE_RELEASED", "ENDED_RELEASED",
+           "V3_APPLIED"]
 
 #: The KV connectors shardcheck names (any other is `MOD:ATTR`): stock `LMCacheConnectorV1` (with the CPU paged
 #: connector) and the same with these fixes.
@@ -50,6 +52,9 @@ TENANT_TAG = "lmcache.tag.tenant"
 #: Facts (`Fixes.facts`): pins V1 released for requests that had ended, and for lookups that completed after their
 #: request ended.
 ENDED_RELEASED, LATE_RELEASED = "V1 ended requests' pins released", "V1 late lookups' pins released"
+#: Fact (`Fixes.facts`): V3's classes are in place on this worker (1) -- LMCache builds its remote backend only when vLLM
+#: registers the KV caches (`LMCacheEngine.post_init`), after the connector is built, so V3 is applied then.
+V3_APPLIED = "V3 remote fixes applied"
 #: Ended request ids a worker remembers (for lookups completing late).
 _REMEMBERED = 4096
 #: Seconds V3 gives one native call of the remote connector (LMCache's GET and EXISTS).
@@ -79,6 +84,7 @@ class Fixes:
         self._lock = threading.Lock()
         self._engine: Any = None
         self._stock: tuple[type, type] | None = None  # V3: the remote backend's and connector's stock classes
+        self._registered = False  # vLLM registered the KV caches: LMCache's storage backends exist
         self.worker = connector.role == KVConnectorRole.WORKER
         self._on = False
         if self.worker:
@@ -95,12 +101,23 @@ class Fixes:
         if self.worker:
             self._remote_fixes(self._on)
 
+    def registered(self) -> None:
+        """vLLM registered the KV caches (LMCache's `post_init` built its storage backends): V3 applies from now."""
+        self._registered = True
+        if self.worker:
+            self._remote_fixes(self._on)
+
     def _remote_fixes(self, on: bool) -> None:
-        """V3 on (the patched classes, a renewed native client) or off (the stock classes back)."""
+        """V3 on (the patched classes, a renewed native client) or off (the stock classes back). Before the KV caches
+        are registered there is no remote backend yet: `registered()` applies it then. After, an LMCache engine with
+        no remote backend to fix is an error, never a silent stock run under the patched name."""
         engine = self.engine()
         sm = getattr(engine, "storage_manager", None)
         backend = (getattr(sm, "storage_backends", None) or {}).get("RemoteBackend")
         if backend is None:
+            if on and self._registered and engine is not None:
+                raise RuntimeError("lmcache-patched: V3 cannot apply, LMCache built no RemoteBackend on this worker "
+                                   f"(its backends: {sorted(getattr(sm, 'storage_backends', None) or {})})")
             return
         conn = getattr(backend.connection, "_connector", backend.connection)
         if on and self._stock is None:
@@ -111,9 +128,11 @@ class Fixes:
             conn.adopt(GET_BOUND, ("", ""))
             backend.__class__ = patched_remote_backend_class()
             backend.put_wait = GET_BOUND
+            self.facts[V3_APPLIED] = 1
         elif not on and self._stock is not None:
             backend.__class__, conn.__class__ = self._stock
             self._stock = None
+            self.facts[V3_APPLIED] = 0
 
     def engine(self) -> Any:
         if self._engine is None:

@@ -166,6 +166,11 @@ class RecordingConnector(DelegatingConnector):
         self.name = name
         self.fixes.on = name == PATCHED
 
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        # LMCache builds its storage backends here (`post_init`): the fixes that re-class them apply only now
+        super().register_kv_caches(kv_caches)
+        self.fixes.registered()
+
     # -- scheduler side -----------------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         rid = request.request_id

@@ -23,8 +23,8 @@ import tempfile
 from typing import Any, Sequence
 
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
-from adapters.vllm_stack.lmcache_fixes import CONNECTORS, STOCK
-from adapters.vllm_stack.stack_rpc import StackChild
+from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, V3_APPLIED
+from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
 from model.contract import StackRequest, StackResult
 
 __all__ = ["VllmStack", "vllm_stack", "BLOCK_SIZE", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS", "CONNECTORS"]
@@ -114,6 +114,7 @@ class VllmStack:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(tp))
             self.child = StackChild(spec, env=env, start_timeout=start_timeout or 300.0 * tp,
                                     call_timeout=call_timeout, close_timeout=close_timeout or 30.0 * tp)
+            self._check_fixes()
         except BaseException:
             self.close()
             raise
@@ -213,6 +214,22 @@ class VllmStack:
         `StackChildError` for a connector that cannot be put there (a restart is needed)."""
         self._call("use_connector", name)
         self.connector = name
+        self._check_fixes()
+
+    def _check_fixes(self) -> None:
+        """`lmcache-patched` is never stock under its name: every rank's worker has V3's classes in place (they can
+        only be put there once vLLM registered the KV caches; a stack that started patched once ran stock V3 silently
+        and its lookups timed out for good after a lost completion)."""
+        if self.connector != PATCHED:
+            return
+        applied = self.facts().get(V3_APPLIED, 0)
+        if applied != self.n_ranks:
+            raise StackChildError(f"lmcache-patched: V3's remote fixes are in place on {applied} of {self.n_ranks} "
+                                  "ranks' workers")
+
+    def wait_puts(self, seconds: float = _PUTS_LAND_SECONDS) -> int:
+        """Wait up to `seconds` for every rank's remote writes in flight to land; how many were still in flight."""
+        return int(self._call("wait_puts", seconds) or 0)
 
     def reset(self) -> None:
         """A fresh case on the same process: every request aborted and gone, paused servers resumed and killed ones
@@ -226,7 +243,7 @@ class VllmStack:
                 if not server.running():
                     server.respawn()
         self.last_reset = self._call("reset")
-        self._call("wait_puts", _PUTS_LAND_SECONDS)
+        self.wait_puts()
         for rank in range(self.n_ranks):
             if self.owned is not None:
                 self._admin(rank, "FLUSHALL")
