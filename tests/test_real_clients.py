@@ -43,13 +43,18 @@ PROTOCOL_TRACE = ROOT / "counterexamples" / "demo-give-up-on-local-miss.json"
 def test_corpus_replays_as_expected_on_real_client(client):
     """`shardcheck replay ... --expect` passes for the stock and the patched client on the real-client traces
     (`counterexamples/lmcache-*.json`) and one protocol trace (the command line's path for those on a real client);
-    `make verify` replays the whole corpus on both clients ("replay corpus --expect on ...")."""
+    `make verify` replays the whole corpus on both clients ("replay corpus --expect on ...").
+    Less the racy traces `test_racy_counterexample_reproduces_by_its_rate_and_the_patch_fixes_it` already judges by
+    their rate on this very client (the one each records, and lmcache-patched): the slowest replays here, as a rate
+    needs many runs. A racy trace recorded on another client is replayed here (lmcache-native's, on stock lmcache)."""
+    traces = [p for p in ALL_REAL if p not in RACY_TRACES
+              or (client != "lmcache-patched" and Trace.load(p).client != client)]
     # (0.5 s: stock lmcache's GET of a missing key never returns; 10 runs of a demo waiting 2 s each add a minute)
-    r = run("-m", "shardcheck", "replay", *map(str, ALL_REAL), str(PROTOCOL_TRACE), "--client", client, "--expect",
+    r = run("-m", "shardcheck", "replay", *map(str, traces), str(PROTOCOL_TRACE), "--client", client, "--expect",
             "--json", "--op-timeout", "0.5")
     rows = json.loads(r.stdout)["results"]
     assert r.returncode == 0, [row for row in rows if not row["matches"]]
-    assert len(rows) == len(ALL_REAL) + 1 and Trace.load(PROTOCOL_TRACE).kind == "protocol", rows
+    assert len(rows) == len(traces) + 1 and Trace.load(PROTOCOL_TRACE).kind == "protocol", rows
     assert any(row["outcome"] == "reproduces" for row in rows)
 
 
@@ -73,8 +78,10 @@ def test_check_stock_client_finds_a_violation_that_the_patch_fixes(tmp_path):
 
 def test_check_patched_client_holds(tmp_path):
     """check --client lmcache-patched holds, with every engine having run (how long it took is `bench`'s business)."""
-    r = run("-m", "shardcheck", "check", "--client", "lmcache-patched", "--budget", "40", "--json",
-            "--out", str(tmp_path))  # (importing LMCache counts in the budget)
+    # (importing LMCache counts in the budget; 20 s reached the Hypothesis machines at load 7 on two cores. The
+    # verdict alone, under CPU hogs, is the load session's: tests/test_under_load.py)
+    r = run("-m", "shardcheck", "check", "--client", "lmcache-patched", "--budget", "25", "--json",
+            "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert data["verdict"] == "held"
