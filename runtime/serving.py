@@ -66,7 +66,7 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
                                    about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
     "vllm": ServingEngineEntry(ref="adapters.vllm_stack:vllm_stack", seam="stack",
                                connectors=("lmcache", "lmcache-patched", "mooncake"),
-                               connector_expect={"lmcache-patched": "held", "mooncake": "held"},
+                               connector_expect={"lmcache-patched": "held", "mooncake": "violated"},
                                options=("tp", "lookup_timeout_ms", "max_blocks", "async_loading", "urls", "chunk_size",
                                         "local_cpu_gb", "cpu_connector", "max_model_len", "start_timeout",
                                         "call_timeout", "close_timeout", "log_level", "segment_mb"),

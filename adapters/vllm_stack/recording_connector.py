@@ -168,6 +168,9 @@ class RecordingConnector(DelegatingConnector):
         root = self.base if self.tier == MOONCAKE else lmcache_connector_of(self.base)
         if root is None:
             raise ValueError(f"the running connector {self.name} has no LMCacheConnectorV1 to serve {name} through")
+        retire = getattr(self.inner, "retire", None)
+        if callable(retire):  # (a demo that patched vLLM while it served: vLLM back as it was)
+            retire()
         if name in (CONNECTORS if self.tier != MOONCAKE else (MOONCAKE,)):
             self.inner = root
         else:

@@ -273,12 +273,7 @@ class VllmStack:
 
 
 def vllm_stack(n_ranks: int = 1, *, connector: str = STOCK, **options: Any) -> VllmStack:
-    """`--engine vllm`: the real vLLM stack with `connector` (`lmcache`, `lmcache-patched`, `mooncake` (vLLM's
-    `MooncakeStoreConnector` over a Mooncake master shardcheck starts: `adapters.vllm_stack.mooncake_stack`) or
-    `MOD:ATTR`, a `KVConnectorBase_V1` subclass importable in the child: the parent's `sys.path` is its PYTHONPATH).
-    Options: see the module docstring (Mooncake's: `adapters.vllm_stack.mooncake_stack`)."""
-    if connector == MOONCAKE:
-        from adapters.vllm_stack.mooncake_stack import MooncakeVllmStack
-
-        return MooncakeVllmStack(n_ranks, **options)
+    """The real vLLM stack over LMCache with `connector` (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a
+    `KVConnectorBase_V1` subclass importable in the child: the parent's `sys.path` is its PYTHONPATH). Options: see
+    the module docstring. (`--engine vllm` is `adapters.vllm_stack.vllm_stack`, which also builds `mooncake`.)"""
     return VllmStack(n_ranks, connector=connector, **options)

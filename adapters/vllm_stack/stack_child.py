@@ -218,12 +218,13 @@ class Driver:
         return self.rank(rank, "remote", list(keys))
 
     def idle_steps(self, seconds: float = 0.0) -> int:
-        """With no request pending, step while the scheduler still has work (a connector's pending push work:
-        Mooncake's save jobs hold block references until a step carries their completion back), as vLLM's engine
-        core busy loop does (`EngineCore.run_busy_loop` steps while `scheduler.has_requests()`,
-        vllm/v1/core/sched/scheduler.py:2757); at most `seconds` after the first step. How many steps ran."""
+        """With no request pending, step while the connector has pending push work (Mooncake's save jobs hold block
+        references until a step carries their completion back), as vLLM's engine core busy loop does (it steps while
+        `scheduler.has_requests()`, which counts that work: vllm/v1/core/sched/scheduler.py:2757-2767); at most
+        `seconds` after the first step. How many steps ran."""
         ran, deadline = 0, time.monotonic() + seconds
-        while not self.pending() and self.scheduler.has_requests():
+        connector = self.scheduler.connector
+        while not self.pending() and connector is not None and connector.has_pending_push_work():
             self.ended.extend(self.step())
             ran += 1
             if time.monotonic() >= deadline:
