@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["connector_class", "install", "probe", "close_lookup_sockets", "TIER", "worker_of"]
+__all__ = ["connector_class", "install", "probe", "close_lookup_sockets", "stop_lookup_server", "close_lookup_client",
+           "TIER", "worker_of"]
 
 #: The tier name the stack's spec carries (`spec["tier"]`).
 TIER = "mooncake"
@@ -128,27 +129,59 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     raise ValueError(f"unknown probe {what!r}")
 
 
+def stop_lookup_server(server: Any, timeout: float = 2.0) -> bool:
+    """Stop a `LookupKeyServer` and close its socket without racing its thread: a ZMQ socket must not be closed while
+    another thread is in its `recv_multipart` (libzmq aborts the process). `running` goes False, a request of an
+    unknown type wakes the thread (it answers an error, sees `running` and ends), and once it has ended (at most
+    `timeout`) its socket and context are closed. A thread still busy then (a lookup waiting on a paused master) is
+    left as it is (a daemon); False."""
+    import zmq
+
+    server.running = False
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"ipc://{server._ipc_path}")
+        sock.send(b"shardcheck-stop")
+        if sock.poll(int(timeout * 1000)):
+            sock.recv()
+        sock.close(linger=0)
+    finally:
+        ctx.term()
+    server.thread.join(timeout)
+    if server.thread.is_alive():
+        return False
+    server.close()
+    server.ctx.term()
+    return True
+
+
+def close_lookup_client(client: Any) -> bool:
+    """Close a `LookupKeyClient`'s socket and context (`LookupKeyClient.close`), unless a lookup is still in flight on
+    its thread (closing under it would abort the process); whether it was closed."""
+    if any(not f.done() for f in list(client.futures.values())):
+        return False
+    client.close()
+    client.ctx.term()
+    return True
+
+
 def close_lookup_sockets(connectors: list) -> int:
-    """Close the ZMQ sockets of the connector's lookup client (scheduler) and lookup server (worker rank 0), as
-    `LookupKeyClient.close` / `LookupKeyServer.close` do (vLLM's own shutdown closes neither); how many were closed."""
+    """Close the ZMQ sockets of the connector's lookup client (scheduler) and lookup server (worker rank 0)
+    (`close_lookup_client`, `stop_lookup_server`; vLLM's own shutdown closes neither); how many were closed."""
     closed = 0
     for connector in connectors:
         base = getattr(connector, "base", None)
         sched = getattr(base, "connector_scheduler", None)
-        if sched is not None and getattr(sched, "client", None) is not None:
-            try:
-                sched.client.close()
-                sched.client.ctx.term()
-                closed += 1
-            except Exception:  # noqa: BLE001 - best effort at close
-                pass
         worker = getattr(base, "connector_worker", None)
-        server = getattr(worker, "lookup_server", None)
-        if server is not None:
+        for done in ((lambda: close_lookup_client(sched.client)) if getattr(sched, "client", None) else None,
+                     (lambda: stop_lookup_server(worker.lookup_server))
+                     if getattr(worker, "lookup_server", None) else None):
+            if done is None:
+                continue
             try:
-                server.running = False
-                server.close()
-                closed += 1
-            except Exception:  # noqa: BLE001
+                closed += bool(done())
+            except Exception:  # noqa: BLE001 - best effort at close
                 pass
     return closed
