@@ -232,10 +232,10 @@ class ServingStack(typing.Protocol):
     case on the same process: a stack start costs a minute); `close()` stops everything, returning what did not.
     Members: `n_ranks`, `chunk_size` (tokens of one stored chunk), `block_size` (tokens of one KV block),
     `connector` (the KV connector's name), `lookup_timeout` (seconds the stack gives a lookup before it recomputes);
-    optional `recovery_seconds` (after a fault, how long the stack may still recompute what its tier holds; default
-    twice `lookup_timeout`), `store_lag` (seconds after a request ended within which its stores may still land; 1 s),
-    `hit_granule` (tokens a reported hit is rounded down to, e.g. a page; 1), `vocab` (token ids drawn below it;
-    1024)."""
+    optional `recovery_seconds` (after a fault, how long the stack may still recompute what its tier holds, and
+    still hold KV blocks for work the fault caught; default twice `lookup_timeout`), `store_lag` (seconds after a
+    request ended within which its stores may still land; 1 s), `hit_granule` (tokens a reported hit is rounded down
+    to, e.g. a page; 1), `vocab` (token ids drawn below it; 1024)."""
 
     n_ranks: int
     chunk_size: int

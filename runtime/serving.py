@@ -65,13 +65,14 @@ SERVING_ENGINES: dict[str, ServingEngineEntry] = {
     "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
                                    about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
     "vllm": ServingEngineEntry(ref="adapters.vllm_stack:vllm_stack", seam="stack",
-                               connectors=("lmcache", "lmcache-patched"),
-                               connector_expect={"lmcache-patched": "held"},
+                               connectors=("lmcache", "lmcache-patched", "mooncake"),
+                               connector_expect={"lmcache-patched": "held", "mooncake": "violated"},
                                options=("tp", "lookup_timeout_ms", "max_blocks", "async_loading", "urls", "chunk_size",
                                         "local_cpu_gb", "cpu_connector", "max_model_len", "start_timeout",
-                                        "call_timeout", "close_timeout", "log_level"),
+                                        "call_timeout", "close_timeout", "log_level", "segment_mb"),
                                about="vLLM 0.31 on CPU (a tiny local Llama) with a KV connector: LMCache 0.5.6, one "
-                                     "Valkey server per tensor-parallel rank"),
+                                     "Valkey server per tensor-parallel rank, or vLLM's MooncakeStoreConnector over "
+                                     "a Mooncake master"),
     "memory-stack": ServingEngineEntry(ref="model.stack_memory:memory_stack", seam="stack", connectors=("memory",),
                                        options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
                                        about="the serving stack in memory: the behaviour real stacks are judged "

@@ -60,8 +60,9 @@ def add_arguments(p: Any) -> None:
                    help="measure the model's terms on a real serving stack instead (vllm): R from its misses, s its "
                         "own, B of its own server, T0 from its hits; the prediction beside each measurement "
                         "(default: none, the tier alone)")
-    p.add_argument("--connector", default="lmcache-patched", metavar="NAME",
-                   help="with --engine: the KV connector (default: lmcache-patched)")
+    from adapters.vllm_stack.lmcache_fixes import PATCHED  # (light: no vLLM, no LMCache)
+    p.add_argument("--connector", default=PATCHED, metavar="NAME",
+                   help=f"with --engine: the KV connector (default: {PATCHED})")
 
 
 def _positive(name: str, value: float | None) -> None:

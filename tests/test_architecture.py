@@ -200,6 +200,10 @@ CLIENT_NAME_USES = {
     "lmcache-native": {"adapters/racy_findings.py": "a racy finding recorded on it"},
     "lmcache-patched": {"adapters/vllm_stack/lmcache_fixes.py": "the vLLM stack's KV connector of that name (its fixes)"},
     "lmcache-valkey": {"adapters/storeops_findings.py": "a store-ops finding recorded on it (and run in a child)"},
+    # `mooncake` is also the vLLM stack's connector of that name (vLLM's MooncakeStoreConnector), not the client
+    "mooncake": {f"adapters/vllm_stack/{m}.py": "the vLLM stack's KV connector of that name"
+                 for m in ("mooncake_child", "recording_connector", "serving_stack", "stack_child")}
+                | {"shardcheck/verify.py": "verify's row of the vLLM stack's mooncake connector"},
 }
 
 

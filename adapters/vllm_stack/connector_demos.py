@@ -18,7 +18,10 @@
   another request's KV (`output-equality`); hits and counts stay right.
 
 Each can also be put around a running stack's LMCache (`LMCacheWrapper.around`, the stack's `use_connector`), so one
-vLLM start serves them all.
+vLLM start serves them all. Around vLLM's `MooncakeStoreConnector` (`--connector mooncake`) the same wrappers go, by
+`around` only (`MOONCAKE_DEMOS`): `CorrectWrapper`, `OverReporting`, `NeverFinishedLoad` and `HeldBlocks` as above,
+and two of Mooncake's own: `DuplicatedLoads` (each load reads its first chunk's KV into every block: `output-equality`) and `SaltBlind`
+(vLLM's block hashes without the tenant's salt: `engine-isolation`).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from adapters.vllm_stack.delegating import DelegatingConnector
 
 __all__ = ["LMCacheWrapper", "CorrectWrapper", "OverReporting", "NeverFinishedLoad", "HeldBlocks", "SwappedLoads",
-           "DEMOS"]
+           "DuplicatedLoads", "SaltBlind", "DEMOS", "MOONCAKE_DEMOS"]
 
 
 class LMCacheWrapper(DelegatingConnector):
@@ -92,6 +95,11 @@ class NeverFinishedLoad(LMCacheWrapper):
         sending, _ = self.inner.get_finished(finished_req_ids)
         return sending, None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        # (a connector with transfer results of its own, Mooncake's, reports its loads there, not in get_finished)
+        results = super().get_transfer_results(finished_req_ids)
+        return dataclasses.replace(results, finished_recving=set())
+
 
 class HeldBlocks(LMCacheWrapper):
     """Blocks held for a save that is never reported done (see the module docstring)."""
@@ -103,6 +111,10 @@ class HeldBlocks(LMCacheWrapper):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         _, receiving = self.inner.get_finished(finished_req_ids)
         return None, receiving
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        results = super().get_transfer_results(finished_req_ids)
+        return dataclasses.replace(results, finished_sending=set())
 
 
 class SwappedLoads(LMCacheWrapper):
@@ -130,6 +142,66 @@ class SwappedLoads(LMCacheWrapper):
             meta.requests = original
 
 
+class DuplicatedLoads(LMCacheWrapper):
+    """Mooncake: each load reads its first chunk's KV into every block it loads (the load's copy of the request's
+    block hashes starts every chunk with chunk 0's), the hit and its count right: a request that loads two chunks or
+    more computes over chunk 0's KV twice and never sees the rest (`output-equality`; a mere reordering of the
+    blocks would not show: attention over the prompt's keys does not depend on where they sit). Around vLLM's
+    `MooncakeStoreConnector` only (its `ReqMeta.block_hashes`)."""
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self.inner._get_connector_metadata()
+        original = list(getattr(meta, "requests", ()))
+        block = self._vllm_config.cache_config.block_size
+        changed = []
+        for r in original:
+            spec = r.load_spec
+            n = spec.kvpool_cached_tokens // block if spec is not None and spec.can_load else 0
+            if n >= 2:  # (a copy: the receiving threads read it later)
+                hashes = list(r.block_hashes)
+                r = dataclasses.replace(r, block_hashes=[hashes[0]] * n + hashes[n:])
+            changed.append(r)
+        meta.requests = changed
+        try:
+            return self.inner.start_load_kv(forward_context, **kwargs)
+        finally:
+            meta.requests = original
+
+
+class SaltBlind(LMCacheWrapper):
+    """Mooncake: vLLM's block hashes without the tenant's `cache_salt` while this demo serves (vLLM's
+    `generate_block_hash_extra_keys`, vllm/v1/core/kv_cache_utils.py:614, answered without its salt key), so two
+    tenants' identical prompts share the connector's keys and one is served the other's KV (`engine-isolation`).
+    `retire()` puts vLLM's function back (the stack's `use_connector` calls it when it moves on)."""
+
+    _stock: Any = None
+
+    def _setup(self) -> None:
+        from vllm.v1.core import kv_cache_utils as K
+
+        if SaltBlind._stock is None:
+            SaltBlind._stock = K.generate_block_hash_extra_keys
+        stock = SaltBlind._stock
+
+        def without_salt(request: Any, *args: Any, **kwargs: Any) -> Any:
+            keys, nxt = stock(request, *args, **kwargs)
+            if keys:
+                keys = tuple(k for k in keys if not (isinstance(k, tuple) and k and k[0] == "cache_salt")) or None
+            return keys, nxt
+
+        K.generate_block_hash_extra_keys = without_salt
+
+    def retire(self) -> None:
+        from vllm.v1.core import kv_cache_utils as K
+
+        if SaltBlind._stock is not None:
+            K.generate_block_hash_extra_keys = SaltBlind._stock
+
+
 #: The demos by name, with the property each breaks.
 DEMOS = {"CorrectWrapper": None, "OverReporting": "hit-accuracy", "NeverFinishedLoad": "request-returns",
          "HeldBlocks": "kv-leaks", "SwappedLoads": "output-equality"}
+#: The demos put around vLLM's `MooncakeStoreConnector` (`--connector mooncake`, the stack's `use_connector`), with
+#: the property each breaks.
+MOONCAKE_DEMOS = {"CorrectWrapper": None, "OverReporting": "hit-accuracy", "NeverFinishedLoad": "request-returns",
+                  "HeldBlocks": "kv-leaks", "DuplicatedLoads": "output-equality", "SaltBlind": "engine-isolation"}

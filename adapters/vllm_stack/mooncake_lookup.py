@@ -167,15 +167,15 @@ class MooncakeLookup:
         return reported, check_hit(result, views, BLOCK, len(tokens), failed="", prompt=prompt)
 
     def close(self) -> None:
-        for obj, what in ((self.sched, "client"), (self.server, None)):
+        from adapters.vllm_stack.mooncake_child import close_lookup_client, stop_lookup_server
+
+        # (never closing a socket under its thread's recv: libzmq aborts the process)
+        for obj, close in ((self.sched, lambda: close_lookup_client(self.sched.client)),
+                           (self.server, lambda: stop_lookup_server(self.server))):
             if obj is None:
                 continue
             try:
-                if what:
-                    getattr(obj, what).close()
-                else:
-                    obj.running = False
-                    obj.close()
+                close()
             except Exception:  # noqa: BLE001 - best effort; the masters stop all the same
                 pass
         for w in self.writers:

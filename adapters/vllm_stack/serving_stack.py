@@ -25,6 +25,9 @@ from typing import Any, Sequence
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, V3_APPLIED
 from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
+
+#: vLLM's own `MooncakeStoreConnector` (`adapters.vllm_stack.mooncake_stack`).
+MOONCAKE = "mooncake"
 from model.contract import StackRequest, StackResult
 
 __all__ = ["VllmStack", "vllm_stack", "BLOCK_SIZE", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS", "CONNECTORS"]
@@ -110,14 +113,20 @@ class VllmStack:
                     "max_num_batched_tokens": 2048}
             env = {"SHARDCHECK_LMCACHE_CONFIG": os.path.join(self._config_dir, "lmcache-{rank}.yaml"),
                    "VLLM_LOGGING_LEVEL": log_level, "LMCACHE_LOG_LEVEL": log_level}
-            if tp > 1:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(tp))
-            self.child = StackChild(spec, env=env, start_timeout=start_timeout or 300.0 * tp,
-                                    call_timeout=call_timeout, close_timeout=close_timeout or 30.0 * tp)
+            self._start_child(spec, env, start_timeout=start_timeout, call_timeout=call_timeout,
+                              close_timeout=close_timeout)
             self._check_fixes()
         except BaseException:
             self.close()
             raise
+
+    def _start_child(self, spec: dict, env: dict, *, start_timeout: float | None, call_timeout: float,
+                     close_timeout: float | None, argv_prefix: list[str] | None = None) -> None:
+        if self.tp > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(self.tp))
+        self.child = StackChild(spec, env=env, start_timeout=start_timeout or 300.0 * self.tp,
+                                call_timeout=call_timeout, close_timeout=close_timeout or 30.0 * self.tp,
+                                argv_prefix=argv_prefix)
 
     # -- the stack's start --------------------------------------------------------------------------------------------
     @property
@@ -281,7 +290,7 @@ class VllmStack:
 
 
 def vllm_stack(n_ranks: int = 1, *, connector: str = STOCK, **options: Any) -> VllmStack:
-    """`--engine vllm`: the real vLLM stack with `connector` (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a
+    """The real vLLM stack over LMCache with `connector` (`lmcache`, `lmcache-patched` or `MOD:ATTR`, a
     `KVConnectorBase_V1` subclass importable in the child: the parent's `sys.path` is its PYTHONPATH). Options: see
-    the module docstring."""
+    the module docstring. (`--engine vllm` is `adapters.vllm_stack.vllm_stack`, which also builds `mooncake`.)"""
     return VllmStack(n_ranks, connector=connector, **options)

@@ -26,6 +26,8 @@ from typing import Any
 _WARMUP_TOKENS = 2
 #: Steps `drain` runs at most to let aborted or finishing requests leave the engine.
 _DRAIN_STEPS = 64
+#: Seconds `reset` steps an idle engine at most while Mooncake's save jobs finish (their block references).
+_SAVES_SECONDS = 30.0
 
 
 def _internal(rid: str) -> str:
@@ -58,11 +60,17 @@ class Driver:
         if spec["tp"] > 1:
             kw.update(tensor_parallel_size=spec["tp"], distributed_executor_backend="mp")
         self.connected = spec["connector"] is not None
+        from adapters.vllm_stack.lmcache_fixes import STOCK  # (light: no LMCache import)
+
+        #: The tier the connector stores in: LMCache's (`STOCK`), or "mooncake" (`adapters.vllm_stack.mooncake_child`).
+        self.tier = spec.get("tier", STOCK)
         if self.connected:
+            extra = {"shardcheck": {"connector": spec["connector"], "cpu_connector": spec["cpu_connector"],
+                                    "tier": self.tier}}
+            extra.update(spec.get("connector_extra") or {})
             kw["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="RecordingConnector", kv_connector_module_path="adapters.vllm_stack.recording_connector",
-                kv_role="kv_both", kv_connector_extra_config={"shardcheck": {
-                    "connector": spec["connector"], "cpu_connector": spec["cpu_connector"]}})
+                kv_role="kv_both", kv_connector_extra_config=extra)
         t = time.monotonic()
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=self.model_dir, **kw))
         self.build_s = time.monotonic() - t
@@ -195,12 +203,40 @@ class Driver:
 
     # -- what the checks observe ---------------------------------------------------------------------------------------
     def chunk_keys(self, rank: int, tokens: list[int], tenant: str) -> list[str]:
+        if self.tier == "mooncake":  # (vLLM's block hashes, as its engine core computes them for a request)
+            from vllm.v1.request import Request
+
+            request = Request("shardcheck-keys", list(tokens), self.SamplingParams(max_tokens=1), None,
+                              cache_salt=tenant or None, block_hasher=self.core.request_block_hasher)
+            hashes = [bytes(h).hex() for h in request.block_hashes]
+            return self.rank(rank, "keys", hashes, len(hashes) * self.spec["block_size"])
         from adapters.vllm_stack.lmcache_fixes import tenant_configs
 
         patched = self.recorder is not None and self.recorder.fixes.on
         return self.rank(rank, "keys", list(tokens), tenant_configs(tenant, patched))
 
+    def remote(self, rank: int, keys: list[str]) -> list[bool] | None:
+        """Which `keys` the rank's store holds (Mooncake: its master, through the rank's own store handle)."""
+        return self.rank(rank, "remote", list(keys))
+
+    def idle_steps(self, seconds: float = 0.0) -> int:
+        """With no request pending, step while the connector has pending push work (Mooncake's save jobs hold block
+        references until a step carries their completion back), as vLLM's engine core busy loop does (it steps while
+        `scheduler.has_requests()`, which counts that work: vllm/v1/core/sched/scheduler.py:2757-2767); at most
+        `seconds` after the first step. How many steps ran."""
+        ran, deadline = 0, time.monotonic() + seconds
+        connector = self.scheduler.connector
+        while not self.pending() and connector is not None and connector.has_pending_push_work():
+            self.ended.extend(self.step())
+            ran += 1
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        return ran
+
     def leaks(self) -> dict:
+        if self.tier == "mooncake":
+            self.idle_steps()
         bp = self.scheduler.kv_cache_manager.block_pool
         # (the contract's total: the blocks requests can hold, vLLM's null block excluded: whole when free == total)
         out = {"pins": [], "pinned": [], "free_blocks": bp.get_num_free_blocks(), "total_blocks": bp.num_gpu_blocks - 1}
@@ -220,6 +256,10 @@ class Driver:
         (`lmcache_fixes.unstick`) completed as misses."""
         unstuck = sum(self._workers("unstick")) if self.connected else 0
         left = self.drain()
+        released = 0
+        if self.tier == "mooncake":  # (the save jobs finish and give their blocks back, as they would in vLLM)
+            self.idle_steps(_SAVES_SECONDS)
+            released = self._release_saves()
         held = [r for r in list(self.scheduler.requests.values()) if r.is_finished()]
         for request in held:
             self.scheduler._free_blocks(request)
@@ -229,7 +269,21 @@ class Driver:
                 connector.forget()
         self.engine.reset_prefix_cache()
         self.requests = {rid: rec for rid, rec in self.requests.items() if not rec.get("done")}
-        return {"left": left, "freed": len(held), "unstuck": unstuck}
+        return {"left": left, "freed": len(held), "unstuck": unstuck, "released_saves": released}
+
+    def _release_saves(self) -> int:
+        """Mooncake: the block references of save jobs that did not finish within `reset`'s wait (their master
+        gone), dropped as a restart would (the next case starts with a whole pool); how many jobs."""
+        sched = getattr(getattr(self.recorder, "base", None), "connector_scheduler", None)
+        pinned = getattr(sched, "_pinned_saves", None)
+        if not pinned:
+            return 0
+        pool = self.scheduler.kv_cache_manager.block_pool
+        jobs = list(pinned.items())
+        pinned.clear()
+        for _job, (block_ids, _remaining) in jobs:
+            pool.free_blocks(pool.blocks[b] for b in reversed(block_ids))
+        return len(jobs)
 
     def wait_puts(self, seconds: float) -> int:
         """Wait (at most `seconds`) until no rank has a remote write in flight; how many were left."""
@@ -267,6 +321,10 @@ class Driver:
 
     def close(self) -> None:
         self.engine.engine_core.shutdown()
+        if self.tier == "mooncake":  # (vLLM's shutdown closes neither the lookup client's nor the server's socket)
+            from adapters.vllm_stack.mooncake_child import close_lookup_sockets
+
+            close_lookup_sockets(_connectors())
 
 
 def _connectors() -> list:

@@ -6,7 +6,9 @@ every call bounded, always stopped.
 process dies), in a session of its own (so its tensor-parallel workers share its process group), with its own run
 dir as cwd, TMPDIR and VLLM_RPC_BASE_PATH (LMCache's and vLLM's ZMQ socket files, torch's compile cache, the log
 `vllm.log`), a marker variable (`SHARDCHECK_VLLM_RUN`) by which anything it left is found in /proc, and the parent's
-`sys.path` on PYTHONPATH (a user's `MOD:ATTR` connector must be importable there). The environment:
+`sys.path` on PYTHONPATH (a user's `MOD:ATTR` connector must be importable there); `argv_prefix` runs its command
+under another that execs it in place (the Mooncake stack's `nsenter --net=...`: the child joins the masters' private
+network namespace). The environment:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core in the child's own process: the scheduler and its connector can
 be read), `HF_HUB_OFFLINE=1`, `LMCACHE_TRACK_USAGE=false`, `VLLM_NO_USAGE_STATS=1`, `PYTHONHASHSEED=0` (LMCache
 hashes chunks with Python's `hash()`: without a fixed seed, ranks and processes never agree on a key).
@@ -76,7 +78,7 @@ class StackChild:
     """One vLLM process (see the module docstring)."""
 
     def __init__(self, spec: dict, *, env: dict[str, str], start_timeout: float, call_timeout: float,
-                 close_timeout: float) -> None:
+                 close_timeout: float, argv_prefix: list[str] | None = None) -> None:
         self.marker = uuid.uuid4().hex[:12]
         self.run_dir = tempfile.mkdtemp(prefix="shardcheck-vllm-")
         self.log_path = os.path.join(self.run_dir, "vllm.log")
@@ -86,6 +88,8 @@ class StackChild:
         self.conn: Connection | None = None
         self.dead: str | None = None
         self.info: dict = {}
+        #: What the child's command runs under (e.g. `nsenter --net=...`, which execs it: same pid).
+        self.argv_prefix = list(argv_prefix or ())
         self._lock = threading.Lock()  # one call at a time on the connection
         _LIVE.add(self)
         try:
@@ -114,7 +118,7 @@ class StackChild:
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = SPAWNER.popen(
-                    [sys.executable, "-m", "adapters.vllm_stack.stack_child", str(theirs.fileno())],
+                    [*self.argv_prefix, sys.executable, "-m", "adapters.vllm_stack.stack_child", str(theirs.fileno())],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     close_fds=True, pass_fds=(theirs.fileno(),), env=self._env(env), cwd=self.run_dir)
         finally:
