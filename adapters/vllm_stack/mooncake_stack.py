@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from typing import Any, Sequence
@@ -172,19 +171,10 @@ class MooncakeVllmStack(VllmStack):
             time.sleep(0.2)
         self.last_reset = self._call("reset")
 
-    def close(self) -> list[str]:
-        """Stop the vLLM process (bounded) and the master; what was still running afterwards."""
-        if self._closed:
-            return []
-        self._closed = True
-        left: list[str] = []
-        try:
-            if self.masters is not None:
-                self.master.resume()
-            if self.child is not None:
-                left = self.child.close()
-        finally:
-            if self.masters is not None:
-                self.masters.stop()
-            shutil.rmtree(self._config_dir, ignore_errors=True)
-        return left
+    def _resume_servers(self) -> None:  # (`VllmStack.close`: the master, not Valkey servers)
+        if self.masters is not None:
+            self.master.resume()
+
+    def _stop_servers(self) -> None:
+        if self.masters is not None:
+            self.masters.stop()

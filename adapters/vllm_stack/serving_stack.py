@@ -267,16 +267,22 @@ class VllmStack:
         self._closed = True
         left: list[str] = []
         try:
-            if self.owned is not None:
-                for server in self.owned.servers:
-                    server.resume()
+            self._resume_servers()  # a paused server would hold the child's shutdown
             if self.child is not None:
                 left = self.child.close()
         finally:
-            if self.owned is not None:
-                self.owned.stop()
+            self._stop_servers()
             shutil.rmtree(self._config_dir, ignore_errors=True)
         return left
+
+    def _resume_servers(self) -> None:
+        if self.owned is not None:
+            for server in self.owned.servers:
+                server.resume()
+
+    def _stop_servers(self) -> None:
+        if self.owned is not None:
+            self.owned.stop()
 
     def _admin(self, rank: int, *args: str) -> bytes:
         host, port = self.endpoints[rank]
