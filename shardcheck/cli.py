@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"shardcheck {args.command}: interrupted", file=sys.stderr)
+        if argv is None:  # (its clean-up unwound: finalising LMCache's and torch's threads once crashed it, SIGSEGV)
+            supervise.quick_exit(130)
         return 130
     except Exception:  # never exit 1 (which means "violation") on a crash: report it as unusable input
         import traceback
