@@ -39,9 +39,12 @@ def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchange
     assert 1 <= rate["k"] <= rate["n"] >= 2 and not rate.get("deterministic"), rate
     outcomes = [run_replay([path])[0]["outcome"] for _ in range(10)]
     assert outcomes == ["reproduces"] * 10
-    (row,) = run_replay([path], CORRECT)  # (the racy client it records runs beside it: the control)
-    assert row["outcome"] == "fixed" and row["candidate"]["k"] == 0 and row["control"]["k"] >= 7, row
-    assert row["control"]["subject"] == RACY and "Fisher" in row["why"], row
+    (row,) = run_replay([path], CORRECT)
+    if rate["k"] < rate["n"]:  # (a race measured as one: the racy client it records runs beside it, the control)
+        assert row["outcome"] == "fixed" and row["candidate"]["k"] == 0 and row["control"]["k"] >= 7, row
+        assert row["control"]["subject"] == RACY and "Fisher" in row["why"], row
+    else:  # (on a quiet machine the race showed in every run: judged as a deterministic trace is, by clean runs)
+        assert row["outcome"] == "fixed" and row["control"] is None and "as for a deterministic trace" in row["why"]
 
 
 def test_a_tier_that_cannot_be_reached_is_exit_2_in_one_line_and_writes_nothing(tmp_path):

@@ -186,7 +186,8 @@ def _leak_after_abort_while_waiting(st) -> dict:
 def test_stock_lmcache_keeps_the_pins_of_a_request_aborted_while_waiting(fresh):
     def body():
         leaks = _leak_after_abort_while_waiting(fresh)
-        assert leaks["pins"][0] > 0 and leaks["pinned"] == ["k2"]
+        # (k2 at least: under load the long request, preempted and looked up again, may keep pins of its own)
+        assert leaks["pins"][0] > 0 and "k2" in leaks["pinned"]
         fresh.reset()
         assert fresh.leaks()["pins"] == [0]
     _stock(fresh, body)
