@@ -33,11 +33,12 @@ from engines.linearizability import check
 from runtime.bounded import call_bounded
 from model.codec import preview
 from model.contract import StoreCallTimeout
+from model.outcome import Violation
 from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 from model.recovery import default_recovery_seconds, probe
 from model.timing import allowance, over_text, overran, stolen
 
-__all__ = ["Layout", "Run", "Rate", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
+__all__ = ["Layout", "Run", "Measurement", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
            "thread_safe"]
 
 _nonce = itertools.count()
@@ -134,10 +135,10 @@ def tag_value(key: str, caller: str, index: int, pad: int) -> bytes:
 
 @attrs.define
 class Run:
-    """One run: its history and its violations (dicts with `property`, `summary`, `op`)."""
+    """One run: its history and its violations (each about an op: `detail["op"]`, its id; None: the run)."""
 
     history: History
-    violations: list[dict]
+    violations: list[Violation]
     verdict: dict = attrs.field(factory=dict)
     prefix: str = ""
 
@@ -316,54 +317,58 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
     return (None, exc) if exc is not None else (fut.result(), None)
 
 
-def judge(history: History, *, max_states: int = 500_000) -> tuple[list[dict], dict]:
+def _violation(prop: str, op: int | None, summary: str) -> Violation:
+    return Violation(prop, summary, {"op": op})  # (about op `op`, its id in the history; None: about the run)
+
+
+def judge(history: History, *, max_states: int = 500_000) -> tuple[list[Violation], dict]:
     """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
     real-server faults (`History.faults`): an op never completed, or one that took longer than its bound, is
     `fault-hang`; an error or a miss while a fault lasted or within the recovery bound after it is fine (it
     constrains nothing), an error after that is `recovery`, as is a failed recovery probe; a wrong answer is
     `fault-integrity`, judged against the register the faults allow (`model.history.LOSSY_KV_MODEL`)."""
-    out: list[dict] = []
+    out: list[Violation] = []
     faults = history.faults
     window = (min(f["struck"] for f in faults), max(f["healed"] for f in faults),
               max(f["healed"] + f["recovery_seconds"] for f in faults)) if faults else None
     for op in history.ops:
         if op.pending:
             why = op.error or "no completion within the run's bound"
-            out.append({"property": "fault-hang" if faults else "lost-completion", "op": op.id,
-                        "summary": f"{op.label()} never completed ({why})" + _during(faults)})
+            out.append(_violation("fault-hang" if faults else "lost-completion", op.id,
+                                  f"{op.label()} never completed ({why})" + _during(faults)))
         elif faults and op.caller != "nemesis" and \
                 op.completed - op.invoked - op.stolen > allowance(faults[0]["op_timeout"]):
             took = op.completed - op.invoked
-            out.append({"property": "fault-hang", "op": op.id,
-                        "summary": f"{op.label()} did not return within "
-                                   f"{over_text(faults[0]['op_timeout'], took, op.stolen)}" + _during(faults)})
+            out.append(_violation("fault-hang", op.id,
+                                  f"{op.label()} did not return within "
+                                  f"{over_text(faults[0]['op_timeout'], took, op.stolen)}" + _during(faults)))
     for op in history.ops:
         if op.completions > 1:
-            out.append({"property": "double-completion", "op": op.id,
-                        "summary": f"{op.label()} was completed {op.completions} times"})
+            out.append(_violation("double-completion", op.id, f"{op.label()} was completed {op.completions} times"))
     for v in _foreign_values(history):  # through faults every wrong value is the one property
-        out.append({**v, "property": "fault-integrity", "summary": f"{v['summary']} ({v['property']})" + _during(faults)}
+        out.append(_violation("fault-integrity", v.detail["op"], f"{v.summary} ({v.property})" + _during(faults))
                    if faults else v)
     for f in faults:
         if "not_recovered" in f:
-            out.append({"property": "recovery", "op": None,
-                        "summary": f"{f['recovery_seconds']:g} s after the server was back from {f['fault']} the client "
-                                   f"still fails: {f['not_recovered']}"})
+            out.append(_violation("recovery", None,
+                                  f"{f['recovery_seconds']:g} s after the server was back from {f['fault']} the client "
+                                  f"still fails: {f['not_recovered']}"))
             break
     for op in history.ops:
         if op.error and not op.pending:
             if window is not None and op.invoked <= window[2]:
                 continue  # an error while a fault lasts, or before the client had its bound to recover, is fine
-            out.append({"property": "recovery" if faults else "store-error", "op": op.id,
-                        "summary": f"{op.label()} raised {op.error}" + (" after the client should have recovered"
-                                                                         if faults else "")})
+            out.append(_violation("recovery" if faults else "store-error", op.id,
+                                  f"{op.label()} raised {op.error}"
+                                  + (" after the client should have recovered" if faults else "")))
     ops = [_unconstrained_miss(op) if window and op.invoked <= window[2] else op for op in history.ops]
     verdict = check(ops, LOSSY_KV_MODEL if faults else KV_MODEL, max_states=max_states).to_json()
     if verdict["linearizable"] is False:
         bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
-        out.append({"property": "fault-integrity" if faults else "linearizability", "op": bad.id,
-                    "summary": f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
-                               f"op(s) in order, {bad.label()} -> {preview(bad.result, 24)} cannot be placed" + _during(faults)})
+        out.append(_violation("fault-integrity" if faults else "linearizability", bad.id,
+                              f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
+                              f"op(s) in order, {bad.label()} -> {preview(bad.result, 24)} cannot be placed"
+                              + _during(faults)))
     return out, verdict
 
 
@@ -389,7 +394,7 @@ def _overlap(a: Op, b: Op) -> bool:
     return a.invoked <= b_end and b.invoked <= a_end
 
 
-def _foreign_values(history: History) -> list[dict]:
+def _foreign_values(history: History) -> list[Violation]:
     """Reads answered with a value that is not their key's: bytes no put wrote (`store-roundtrip`), the reply to
     another caller's concurrent read of the key that value was put for (`wrong-caller`), or else a value put for
     another key (`wrong-key`: no other caller was reading that key, so no reply was crossed)."""
@@ -404,30 +409,30 @@ def _foreign_values(history: History) -> list[dict]:
                 continue
             put = puts.get(bytes(value))
             if put is None:
-                out.append({"property": "store-roundtrip", "op": op.id,
-                            "summary": f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
-                                       f"({preview(value, 24)})"})
+                out.append(_violation("store-roundtrip", op.id,
+                                      f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
+                                      f"({preview(value, 24)})"))
                 break
             if put.key == key:
                 continue
             crossed = next((o for o in history.ops if o.caller != op.caller and o.path in VALUE_READS
                             and put.key in o.keys and _overlap(o, op)), None)
             if crossed is not None:
-                out.append({"property": "wrong-caller", "op": op.id,
-                            "summary": f"{op.label()} was answered with the reply to {crossed.label()} (a value put "
-                                       f"for {put.key} by op {put.id})"})
+                out.append(_violation("wrong-caller", op.id,
+                                      f"{op.label()} was answered with the reply to {crossed.label()} (a value put "
+                                      f"for {put.key} by op {put.id})"))
             else:
-                out.append({"property": "wrong-key", "op": op.id,
-                            "summary": f"{op.label()} answered {key} with the value put for {put.key} "
-                                       f"({put.label()}); no other caller was reading {put.key} meanwhile"})
+                out.append(_violation("wrong-key", op.id,
+                                      f"{op.label()} answered {key} with the value put for {put.key} "
+                                      f"({put.label()}); no other caller was reading {put.key} meanwhile"))
             break
     return out
 
 
-
 @attrs.define
-class Rate:
-    """How often a layout showed a violation: `k` of `n` runs; `first` is the first failing run."""
+class Measurement:
+    """What runs of a layout showed: a violation in `k` of `n` runs; `first` is the first failing run (its rate, as
+    every finding's, is `model.finding.Rate`)."""
 
     k: int
     n: int
@@ -467,12 +472,12 @@ def remove_keys(store: Any, history: History, bound: float = CLEANUP_SECONDS) ->
 def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: str | None = None,
             should_stop: Callable[[], bool] = lambda: False, first_only: bool = False,
             strikes: Sequence[tuple[Any, Any]] = (), control: Any = None, op_timeout: float | None = None,
-            recovery_seconds: float | None = None) -> Rate:
+            recovery_seconds: float | None = None) -> Measurement:
     """Run `layout` up to `runs` times on `store` (each run striking `strikes` through `control`); count the runs with
     a violation (of property `want`, when given). Stops early when `should_stop()`, or after the first failing run
     with `first_only`; `n` counts the runs made."""
     t0 = time.monotonic()
-    rate = Rate(0, 0)
+    rate = Measurement(0, 0)
     for _ in range(runs):
         if should_stop():
             break
@@ -481,11 +486,11 @@ def measure(store: Any, layout: Layout, *, runs: int, bound: float = 2.0, want: 
         violations, verdict = judge(history)
         remove_keys(store, history, bound)
         if want is not None:
-            violations = [v for v in violations if v["property"] == want]
+            violations = [v for v in violations if v.property == want]
         rate.n += 1
         if violations:
             rate.k += 1
-            prop = violations[0]["property"]
+            prop = violations[0].property
             rate.properties[prop] = rate.properties.get(prop, 0) + 1
             if rate.first is None:
                 rate.first = Run(history, violations, verdict)

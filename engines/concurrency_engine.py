@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator, Sequence
 import attrs
 
 from engines.api import SearchContext
-from engines.concurrency import Layout, Rate, ServerClients, make_layout, measure, thread_safe
+from engines.concurrency import Layout, Measurement, ServerClients, make_layout, measure, thread_safe
 from model.contract import declared_paths
 from model.faults import kind_of
-from model.finding import Finding, Rate as FindingRate
+from model.finding import Finding, Rate
 from model.history import lanes
 from model.outcome import Violation
 from model.trace import Trace, violations_of
@@ -59,7 +59,7 @@ def needs_shared(trace: Trace) -> bool:
     return int(trace.config.get("clients", 1)) > 1 or any(op.get("path") == "evict" for op in trace.ops)
 
 
-def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) -> Rate:
+def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) -> Measurement:
     """`measure` on `store`, or on a fresh target of `fresh()` (closed afterwards): a store that earlier runs
     wedged makes every later layout fail, and a replay starts from a fresh store."""
     if fresh is None:
@@ -71,12 +71,12 @@ def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) 
         target.close()
 
 
-def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
+def minimise(store: Any, layout: Layout, want: str, rate: Measurement, *, bound: float,
              should_stop: Callable[[], bool], fresh: Callable[[], list] | None = None) -> Layout:
     """Fewest threads, then fewest ops, then the shortest values, keeping the `want` violation showing within
     the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate), each candidate on a fresh
     store when `fresh` makes them."""
-    runs = min(MAX_CANDIDATE_RUNS, FindingRate(rate.k, rate.n).runs_to_show())
+    runs = min(MAX_CANDIDATE_RUNS, Rate(rate.k, rate.n).runs_to_show())
 
     def fails(candidate: Layout) -> bool:
         return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop,
@@ -113,22 +113,22 @@ def minimise(store: Any, layout: Layout, want: str, rate: Rate, *, bound: float,
     return current
 
 
-def to_trace(layout: Layout, rate: Rate, *, client: str, bound: float, seeds: list[int], origin: str,
+def to_trace(layout: Layout, rate: Measurement, *, client: str, bound: float, seeds: list[int], origin: str,
              options: dict | None = None, clients: int = 1, strikes: Sequence[tuple[Any, Any]] = ()) -> Trace:
     """The `concurrent` trace of a finding: the layout, its measured rate, the first failing run's history, and the
     real-server faults each run struck (`config.faults`: `{"fault", "rank", "at": "run", "step", "seconds"}`)."""
     first = rate.first
     assert first is not None, "a finding has a failing run"
     v = first.violations[0]
-    summary = (f"{v['summary']} -- in {rate.k} of {rate.n} runs of {len(layout.threads)} caller thread(s), "
+    summary = (f"{v.summary} -- in {rate.k} of {rate.n} runs of {len(layout.threads)} caller thread(s), "
                f"{layout.n_ops} ops")
-    return Trace(kind="concurrent", property=v["property"], summary=summary, protocol={"name": "-", "ref": None},
+    return Trace(kind="concurrent", property=v.property, summary=summary, protocol={"name": "-", "ref": None},
                  client=client, ops=layout.to_ops(),
                  config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {**FindingRate.now(rate.k, rate.n).to_json(), "seeds": list(seeds)},
+                         "rate": {**Rate.now(rate.k, rate.n).to_json(), "seeds": list(seeds)},
                          **({"clients": clients} if clients > 1 else {}), **(options or {}),
                          **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
-                 verdict={"violations": [{"property": x["property"], "summary": x["summary"], "detail": {"op": x["op"]}}
+                 verdict={"violations": [{"property": x.property, "summary": x.summary, "detail": {"op": x.detail["op"]}}
                                          for x in first.violations],
                           "linearizability": first.verdict, "history": first.history.to_json(),
                           **({"faults": first.history.faults} if first.history.faults else {}),
@@ -174,7 +174,7 @@ def layout_runs(trace: Trace, stores: Any, control: Any = None) -> Iterator[Call
         got = measure(target, layout, runs=1, bound=bound, **faulted)
         if not got.k:
             return [], ""
-        return [Violation(v["property"], v["summary"], {"op": v["op"]}) for v in got.first.violations], ""
+        return list(got.first.violations), ""
     try:
         yield once
     finally:
@@ -286,4 +286,4 @@ class Concurrency:
             return None
         trace.config.update(client.accepted(ours))
         return Finding(strategy=self.name, violations=violations_of(trace), trace=trace,
-                       rate=FindingRate.from_json(trace.config["rate"]))
+                       rate=Rate.from_json(trace.config["rate"]))

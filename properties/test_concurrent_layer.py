@@ -46,7 +46,7 @@ def _assert_holds(store, layout: Layout) -> None:
         return
     first = rate.first
     v = first.violations[0]
-    message = (f"{v['property']}: {v['summary']} (in {rate.k} of {rate.n} runs)\nlayout: {layout.to_ops()}\n"
+    message = (f"{v.property}: {v.summary} (in {rate.k} of {rate.n} runs)\nlayout: {layout.to_ops()}\n"
                f"history: {lanes(first.history, verdict=first.verdict)}")
     if final_run():
         path = _write(layout, rate, len(target.clients))
@@ -70,7 +70,7 @@ def _write(layout: Layout, rate, clients: int = 1) -> object:
     trace = to_trace(layout, rate, client=cfg.client_label(), bound=_bound(), seeds=[layout.seed],
                      origin="pytest properties/ (concurrent layer)", options={"op_timeout": cfg.op_timeout},
                      clients=clients)
-    return write_found(trace, cfg, cfg.client_label(), "concurrent", rate.first.violations[0]["property"])
+    return write_found(trace, cfg, cfg.client_label(), "concurrent", rate.first.violations[0].property)
 
 
 def _writes_a_trace(test):
@@ -150,5 +150,5 @@ def test_concurrent_runs_hold_through_real_faults(kind):
     violations, verdict = judge(history)
     if violations:
         cfg.discard()  # the fault may have left the client unusable
-    assert not violations, (f"{violations[0]['property']}: {violations[0]['summary']}\n"
+    assert not violations, (f"{violations[0].property}: {violations[0].summary}\n"
                             f"layout: {layout.to_ops()}\nfaults: {history.faults}")

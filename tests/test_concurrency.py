@@ -96,7 +96,7 @@ def one(path, keys=("k0",)):
 def test_double_completion_is_reported():
     """A completion delivered twice to one op is a double-completion violation."""
     violations, _ = judge(run_layout(DoubleCompletionStore(), one("get_async"), bound=1.0))
-    assert [v["property"] for v in violations] == ["double-completion"]
+    assert [v.property for v in violations] == ["double-completion"]
 
 
 def test_stuck_sync_call_is_a_lost_completion_naming_the_op():
@@ -106,13 +106,13 @@ def test_stuck_sync_call_is_a_lost_completion_naming_the_op():
         violations, _ = judge(run_layout(store, one("contains"), bound=0.3, prefix=""))
     finally:
         store.release.set()
-    assert violations[0]["property"] == "lost-completion" and "contains(k0)" in violations[0]["summary"]
+    assert violations[0].property == "lost-completion" and "contains(k0)" in violations[0].summary
 
 
 def test_raising_call_is_a_store_error():
     """A call that raises is a store-error naming the op and the exception."""
     violations, _ = judge(run_layout(RaisingStore(), one("get"), bound=1.0))
-    assert violations[0]["property"] == "store-error" and "ConnectionError" in violations[0]["summary"]
+    assert violations[0].property == "store-error" and "ConnectionError" in violations[0].summary
 
 
 def test_declared_paths_and_thread_safety_are_read_with_defaults():
@@ -131,8 +131,8 @@ def test_a_deterministic_wrong_key_is_no_wrong_caller():
     from properties.bad_stores import MgetDropsMissesStore
     layout = Layout([[{"path": "put", "keys": ["k1"], "pad": 2}, {"path": "get_batch", "keys": ["k0", "k1"]}]])
     violations, _ = judge(run_layout(MgetDropsMissesStore(), layout, bound=1.0))
-    assert violations[0]["property"] == "wrong-key", violations
-    assert "with the value put for" in violations[0]["summary"] and "put(" in violations[0]["summary"]
+    assert violations[0].property == "wrong-key", violations
+    assert "with the value put for" in violations[0].summary and "put(" in violations[0].summary
 
 
 def test_bytes_no_put_wrote_are_named_so():
@@ -143,8 +143,8 @@ def test_bytes_no_put_wrote_are_named_so():
             value = super().get(key)
             return None if value is None else b"\x00garbage"
     violations, _ = judge(run_layout(Garbling(), one("get"), bound=1.0))
-    assert violations[0]["property"] == "store-roundtrip"
-    assert "bytes that no put wrote" in violations[0]["summary"] and "None" not in violations[0]["summary"]
+    assert violations[0].property == "store-roundtrip"
+    assert "bytes that no put wrote" in violations[0].summary and "None" not in violations[0].summary
 
 
 def test_crossed_replies_are_wrong_caller_naming_the_other_read():
@@ -156,4 +156,4 @@ def test_crossed_replies_are_wrong_caller_naming_the_other_read():
     layout = Layout([writes + [{"path": "get", "keys": ["k0"]}] * 4, [{"path": "get", "keys": ["k1"]}] * 6])
     rate = measure(store, layout, runs=RUNS, bound=1.0)
     assert rate.properties.get("wrong-caller"), rate.properties
-    assert "was answered with the reply to op" in rate.first.violations[0]["summary"]
+    assert "was answered with the reply to op" in rate.first.violations[0].summary

@@ -171,9 +171,9 @@ def test_a_faulted_concurrent_history_is_judged_with_its_window():
                   attrs_evolve(_op(1, "get", "k", t=(1.5, 1.6)), error="ConnectionError: down")], [fault])
     assert judge(ok)[0] == []
     late = History([attrs_evolve(_op(1, "get", "k", t=(3.5, 3.6)), error="ConnectionError: down")], [fault])
-    assert [v["property"] for v in judge(late)[0]] == ["recovery"]
+    assert [v.property for v in judge(late)[0]] == ["recovery"]
     hung = History([_op(1, "get", "k", t=(1.5, None))], [fault])
-    assert [v["property"] for v in judge(hung)[0]] == ["fault-hang"]
+    assert [v.property for v in judge(hung)[0]] == ["fault-hang"]
 
 
 def attrs_evolve(op, **kw):

@@ -60,7 +60,7 @@ def test_a_local_read_cache_is_not_linearizable_across_two_clients():
         violations, _ = judge(run_layout(ServerClients.shared(shared), layout, bound=1.0))
     finally:
         shared.close()
-    assert [v["property"] for v in violations] == ["linearizability"]
+    assert [v.property for v in violations] == ["linearizability"]
     alone = Layout([[{k: v for k, v in op.items() if k != "client"} for op in layout.threads[0]]])
     assert measure(local_read_cache_factory(1)[0], alone, runs=3, bound=1.0).k == 0
 
