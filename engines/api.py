@@ -38,8 +38,9 @@ class Target:
     engine's own deployment (`engine`). `client_options` are the user's (`--client-option`); `max_ranks` caps every
     engine's rank counts (`--max-ranks`, or the number of `urls`); `ranks`, when set, is the only rank count."""
 
-    protocol: Any
-    client: Any
+    #: None when the subject is a serving engine (`engine`): named `-` in the verdict.
+    protocol: Any = None
+    client: Any = None
     client_options: Mapping[str, Any] = attrs.field(factory=dict)
     max_ranks: int | None = None
     ranks: int | None = None
@@ -122,7 +123,8 @@ class SearchContext:
     measured (`engines.check.Deadlines`)."""
 
     target: Target
-    run: Runner
+    #: Runs a protocol case over the target's client (None: a serving engine's target, whose cases need no runner).
+    run: Runner | None = None
     seed: int = 0
     op_timeout: float = 2.0
     coverage: Coverage = attrs.field(factory=Coverage)

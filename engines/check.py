@@ -97,7 +97,7 @@ class CheckResult:
         """The contract's JSON of `check`."""
         t = self.target
         out: dict[str, Any] = {
-            "protocol": t.protocol.name, "client": t.client.name, "verdict": self.verdict, "violations": [],
+            "protocol": _name(t.protocol), "client": _name(t.client), "verdict": self.verdict, "violations": [],
             "stats": {"cases": self.coverage.cases(), "seconds": round(self.seconds, 3), "budget": self.budget,
                       "seed": self.seed, "runner": t.runner, "coverage": self.coverage.to_json()}}
         if t.engine is not None:
@@ -116,7 +116,7 @@ class CheckResult:
                                               "summary": v.summary})
             out["stats"]["counterexample"] = {"strategy": f.strategy, "kind": f.trace.kind, "notes": list(f.notes),
                                               "rate": f.rate.to_json() if f.rate else None}
-            if f.case is not None:
+            if f.trace.kind == "protocol" and f.case is not None:
                 out["stats"]["counterexample"].update(n_ranks=f.case.n_ranks, n_chunks=f.case.n_chunks,
                                                       faults=f.case.faults.size())
             if f.trace.kind in ("store-ops", "concurrent"):
@@ -124,7 +124,8 @@ class CheckResult:
         return out
 
 
-def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], ContextManager[Runner]], budget: float,
+def run_check(target: Target, *, budget: float, run: Runner | None = None,
+              fresh_runner: Callable[[], ContextManager[Runner]] | None = None,
               seed: int = 0, out_dir: str | Path = "counterexamples/found", op_timeout: float = 2.0,
               explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
@@ -132,7 +133,9 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
               nemesis: Any = None, started: float | None = None) -> CheckResult:
     """Search `target` within `budget` seconds of `started` (monotonic; default: now), see the module doc. `run` runs
     a protocol case over the target's client (kept for the whole check); `fresh_runner()` a context giving one over
-    fresh stores (the measurement)."""
+    fresh stores (the measurement); both None for a serving engine (its strategies measure their own findings)."""
+    if target.engine is None and (run is None or fresh_runner is None):
+        raise ValueError("a protocol-and-client target needs run and fresh_runner")
     t0 = time.monotonic() if started is None else min(started, time.monotonic())
     forget()  # every stall the engines find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
@@ -174,6 +177,11 @@ def run_check(target: Target, *, run: Runner, fresh_runner: Callable[[], Context
             raise SaveError(f"cannot write the counterexample under {out_dir}: {exc}") from None
     return CheckResult(target=target, finding=finding, path=path, coverage=coverage,
                        seconds=time.monotonic() - t0, budget=budget, seed=seed, undecided=ctx.undecided)
+
+
+def _name(part: Any) -> str:
+    """A target's protocol or client in the verdict: `-` when the subject is a serving engine."""
+    return "-" if part is None else part.name
 
 
 def _resolved(ctx: SearchContext) -> list[tuple[str, float | str | None, Any]]:
@@ -291,12 +299,14 @@ def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Findin
     return finding
 
 
-def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], ContextManager[Runner]],
+def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], ContextManager[Runner]] | None,
               finish_by: float) -> Finding:
     """The finding with its rate: `CONFIRM_RUNS` runs on fresh stores (one when deterministic), unless its engine
     measured it already. One that never shows again keeps the run that found it in its rate, and says so."""
     if finding.rate is not None:
         return finding
+    if fresh_runner is None:
+        raise ValueError(f"{finding.strategy} returned an unmeasured finding on a target with no runner")
     t = ctx.target
     on = ReplayOn(client=t.client, protocol=t.protocol, runner=fresh_runner, runner_name=t.runner,
                   options=dict(t.client_options), op_timeout=ctx.op_timeout, nemesis=ctx.nemesis)

@@ -5,8 +5,9 @@ written as `engine` (or `stack`) traces.
 deployment each (`deployment_source`: `engines.engine_cases`, `engines.engine_run`) or stack cases on one stack
 (`engines.stack_search.stack_source`). A case that violates a property not found yet is a finding: run again to
 tell a deterministic one from a race, minimised (`engines.serving_minimise.minimise_case`: fewest ranks, then steps
-by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as an
-`EngineFinding`; the search goes on for the properties not found yet (one finding per property), so one run reports
+by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as the one
+`model.finding.Finding` (its case, first failing outcome, rate and trace, written for the source's `TraceSubject`);
+the search goes on for the properties not found yet (one finding per property), so one run reports
 every distinct bug.
 
 Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
@@ -39,9 +40,10 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace, encode, subject_key
 
-__all__ = ["CaseSource", "deployment_source", "finding_key", "call_of", "shows", "EngineFinding", "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search",
+__all__ = ["CaseSource", "TraceSubject", "deployment_source", "finding_key", "call_of", "shows", "leading",
+           "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search",
            "facts_of", "facts_note",
-           "measure_rate", "engine_trace", "engine_session", "MAX_CANDIDATE_RUNS"]
+           "measure_rate", "engine_finding", "engine_session", "MAX_CANDIDATE_RUNS"]
 
 #: The most runs one minimisation candidate of a racy finding gets.
 MAX_CANDIDATE_RUNS = 6
@@ -49,28 +51,18 @@ MAX_CANDIDATE_RUNS = 6
 Make = Callable[[EngineCase], Any]
 
 
-@attrs.define
-class EngineFinding:
-    """A minimised case violating `property`, its rate (`k` of `n` runs), the outcome of its first failing run."""
+@attrs.frozen(kw_only=True)
+class TraceSubject:
+    """What a serving layer's trace names as its subject: the engine (`--engine`), its factory options, patches and
+    runner, a stack's connector (a `stack` trace; None: an `engine` trace), and the expectations to record (default:
+    `reproduces` on the subject)."""
 
-    property: str
-    case: EngineCase
-    outcome: EngineOutcome
-    k: int
-    n: int
-    origin: str
-    original_size: tuple
-    #: For `engine-returns`: the call that did not return (`call_of`); the finding is about that call only.
-    call: str | None = None
-
-    @property
-    def summary(self) -> str:
-        return self.violation.summary
-
-    @property
-    def violation(self) -> Any:
-        """The first violation of its first failing run that is this finding (its property, and its call)."""
-        return next(v for v in self.outcome.violations if shows([v], self.property, self.call))
+    engine: str
+    options: dict = attrs.field(factory=dict)
+    patches: tuple[str, ...] = ()
+    runner: str = "in-process"
+    connector: str | None = None
+    expect: dict | None = None
 
 
 @attrs.define
@@ -110,12 +102,14 @@ class CaseSource:
     cases: Callable[[], Iterator[tuple[str, Any]]]
     random_case: Callable[[random.Random, int], Any]
     first_level: int
+    #: What its findings' traces name as their subject.
+    subject: TraceSubject
     #: Whether a finding may be cut down to fewer ranks (not on a stack: its ranks are the stack's).
     shrink_ranks: bool = True
 
 
-def deployment_source(make: Make, *, lookups: tuple[str, ...], max_ranks: int, bounds: Bounds = Bounds(),
-                      call: str | None = None) -> CaseSource:
+def deployment_source(make: Make, *, subject: TraceSubject, lookups: tuple[str, ...], max_ranks: int,
+                      bounds: Bounds = Bounds(), call: str | None = None) -> CaseSource:
     """The `CaseSource` of a serving engine's deployments: engine cases on a fresh deployment each (`make(case)`);
     while minimising a finding that is not about `close`, a stuck close is not waited for."""
     def run(case: EngineCase, salt: str | None = None, quick: bool = False) -> EngineOutcome:
@@ -124,20 +118,21 @@ def deployment_source(make: Make, *, lookups: tuple[str, ...], max_ranks: int, b
     def random_of(rng: random.Random, i: int) -> EngineCase:
         return random_case(rng, rng.randint(1, max_ranks), lookups[i % len(lookups)])
     return CaseSource(run=run, cases=lambda: enumeration(max_ranks, lookups), random_case=random_of,
-                      first_level=FIRST_CASES * max_ranks * len(lookups))
+                      first_level=FIRST_CASES * max_ranks * len(lookups), subject=subject)
 
 
-def engine_search(source: CaseSource, *, seed: int, should_stop: Callable[[], bool], stats: EngineStats,
+def engine_search(source: CaseSource, *, strategy: str, seed: int, should_stop: Callable[[], bool],
+                  stats: EngineStats,
                   minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
                   random_after: Callable[[], bool] | None = None, faults: bool = True,
                   one: bool = False, minimise_seconds: float = 30.0,
-                  stop_before: float | None = None, by_origin: bool = False) -> list[EngineFinding]:
+                  stop_before: float | None = None, by_origin: bool = False) -> list[Finding]:
     """Run the source's cases until `should_stop()`; one finding per property (just the first with `one`).
     `random_after()` true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases
     that pause, kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured
     for at most `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness`
     once per kind of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
-    findings: list[EngineFinding] = []
+    findings: list[Finding] = []
     enumerated = source.cases()
     rng = random.Random(seed)
     i = 0
@@ -169,8 +164,8 @@ def engine_search(source: CaseSource, *, seed: int, should_stop: Callable[[], bo
         stats.found.append(finding_key(new[0], kind))
         outer = minimise_stop or should_stop
         call = call_of(new[0])
-        finding = _finding(_about(source, call), case, out, prop, origin, outer=outer, seconds=minimise_seconds,
-                           measure_runs=measure_runs, stats=stats, call=call, ranks=source.shrink_ranks)
+        finding = _finding(source, strategy, case, out, prop, origin, outer=outer, seconds=minimise_seconds,
+                           measure_runs=measure_runs, stats=stats, call=call)
         findings.append(finding)
         if one:
             break
@@ -206,6 +201,12 @@ def shows(violations: Any, prop: str, call: str | None = None) -> bool:
     return any(v.property == prop and (call is None or call_of(v) == call) for v in violations)
 
 
+def leading(violations: Any, prop: str, call: str | None = None) -> list[Violation]:
+    """`violations` as `model.outcome.Violation`s, the first of `prop` (about `call`) first: what names a finding."""
+    first = next(v for v in violations if shows([v], prop, call))
+    return [Violation(v.property, v.summary, v.detail) for v in [first] + [v for v in violations if v is not first]]
+
+
 def _shows(run: Callable[..., EngineOutcome], case: Any, prop: str, call: str | None, runs: int,
            stop: Callable[[], bool], stats: EngineStats) -> EngineOutcome | None:
     """The first of up to `runs` runs of `case` that violates `prop` (about `call`), or None."""
@@ -219,17 +220,18 @@ def _shows(run: Callable[..., EngineOutcome], case: Any, prop: str, call: str | 
     return None
 
 
-def _finding(run: Callable[..., EngineOutcome], case: Any, out: EngineOutcome, prop: str, origin: str, *,
+def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, prop: str, origin: str, *,
              outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats,
-             call: str | None = None, ranks: bool = True) -> EngineFinding:
+             call: str | None = None) -> Finding:
     """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest). An
     `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is another finding)."""
+    run = _about(source, call)
     t0 = time.monotonic()
     stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
     again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
     runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
     small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
-                          ranks=ranks)
+                          ranks=source.shrink_ranks)
     left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
     k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
     if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
@@ -237,7 +239,11 @@ def _finding(run: Callable[..., EngineOutcome], case: Any, out: EngineOutcome, p
         k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
     if first is None:  # no time left to measure: the runs made so far
         k, n, first = 1 + again, 3 if again or not stop() else 1, out
-    return EngineFinding(prop, small, first, k, n, origin, case.size(), call)
+    ranks = f"{case.n_ranks} ranks, " if source.shrink_ranks else ""
+    small_ranks = f"{small.n_ranks} ranks, " if source.shrink_ranks else ""
+    note = f"minimised from {ranks}{len(case.steps)} steps to {small_ranks}{len(small.steps)} steps"
+    return engine_finding(source.subject, strategy, small, first, leading(first.violations, prop, call),
+                          Rate.now(k, n), origin, notes=[note])
 
 
 def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
@@ -266,28 +272,26 @@ def measure_rate(run: Callable[..., EngineOutcome], case: Any, prop: str, runs: 
 
 
 # -- traces ----------------------------------------------------------------------------------------------------------
-def engine_trace(finding: EngineFinding, *, engine: str, options: dict, patches: tuple[str, ...] = (),
-                 expect: dict | None = None, runner: str = "in-process", connector: str | None = None) -> Trace:
-    """The `engine` trace of a finding, or the `stack` trace of a serving stack's (its `connector` named; see
+def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: EngineOutcome,
+                   violations: list[Violation], rate: Rate, origin: str, *, notes: list[str] = ()) -> Finding:
+    """The `Finding` of a serving layer's `case` whose run `outcome` showed `violations` (the first names it) in
+    `rate`: with its `engine` trace, or the `stack` trace of a serving stack's (its `connector` named; see
     `counterexamples/README.md`)."""
-    out = finding.outcome
-    first = finding.violation
-    ordered = [first] + [v for v in out.violations if v is not first]
-    violations = [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)} for v in ordered]
-    rate = f"{finding.k} of {finding.n} runs" if finding.k < finding.n else f"every one of {finding.n} runs"
-    how = f"{finding.case.lookup} lookup" if connector is None else f"connector {connector}"
-    summary = (f"{finding.summary} -- {finding.case.n_ranks} rank(s), {how}, "
-               f"{len(finding.case.steps)} steps; in {rate}")
-    stack = {} if connector is None else {"connector": connector}
-    return Trace(kind="engine" if connector is None else "stack", property=finding.property, summary=summary,
-                 protocol={"name": "-", "ref": None},
-                 client="-", config={"engine": engine, **stack, "case": finding.case.to_json(),
-                                     "options": dict(options), "patches": list(patches), "runner": runner,
-                                     "rate": Rate.now(finding.k, finding.n).to_json()},
-                 events=[{k: encode(v) for k, v in e.items()} for e in out.events],
-                 verdict={"violations": violations},
-                 expect=dict(expect or {subject_key(engine, patches): "reproduces"}),
-                 origin=f"check:engine:{finding.origin}")
+    rated = f"{rate.k} of {rate.n} runs" if rate.k < rate.n else f"every one of {rate.n} runs"
+    how = f"{case.lookup} lookup" if subject.connector is None else f"connector {subject.connector}"
+    summary = f"{violations[0].summary} -- {case.n_ranks} rank(s), {how}, {len(case.steps)} steps; in {rated}"
+    stack = {} if subject.connector is None else {"connector": subject.connector}
+    trace = Trace(kind="engine" if subject.connector is None else "stack", property=violations[0].property,
+                  summary=summary, protocol={"name": "-", "ref": None}, client="-",
+                  config={"engine": subject.engine, **stack, "case": case.to_json(), "options": dict(subject.options),
+                          "patches": list(subject.patches), "runner": subject.runner},
+                  events=[{k: encode(v) for k, v in e.items()} for e in outcome.events],
+                  verdict={"violations": [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)}
+                                          for v in violations]},
+                  expect=dict(subject.expect or {subject_key(subject.engine, subject.patches): "reproduces"}),
+                  origin=f"check:engine:{origin}")
+    return Finding(strategy=strategy, violations=violations, trace=trace, case=case, outcome=outcome,
+                   notes=list(notes)).measured(rate)
 
 
 @attrs.frozen(kw_only=True)
@@ -309,6 +313,15 @@ class EngineTarget:
     def faults(self) -> bool:
         """Whether cases may pause, kill and restart servers: only those shardcheck starts (no `urls`)."""
         return "urls" not in self.options
+
+    @property
+    def subject(self) -> TraceSubject:
+        return TraceSubject(engine=self.name, options=self.options, patches=tuple(self.engine.patches),
+                            runner=self.runner)
+
+    def source(self) -> CaseSource:
+        """Its engine cases, each on a fresh deployment."""
+        return deployment_source(self.make, subject=self.subject, lookups=self.lookups, max_ranks=self.max_ranks)
 
     def make(self, case: EngineCase) -> Any:
         """A fresh deployment for `case` (with `runner` and `patches` where the factory takes them)."""
@@ -384,28 +397,12 @@ class EngineCases:
     def search(self, ctx: SearchContext) -> Finding | None:
         target: EngineTarget = ctx.target.engine
         cov = ctx.coverage.of(self.name, EngineCasesCoverage)
-        source = deployment_source(target.make, lookups=target.lookups, max_ranks=target.max_ranks)
-        findings = engine_search(source, seed=ctx.seed, should_stop=ctx.should_stop, stats=cov.stats,
-                                 faults=target.faults, one=True,
+        findings = engine_search(target.source(), strategy=self.name, seed=ctx.seed, should_stop=ctx.should_stop,
+                                 stats=cov.stats, faults=target.faults, one=True,
                                  # (no run is started that the cases so far say would end past finish_by)
                                  minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
                                  minimise_seconds=float("inf"), stop_before=ctx.phase_end)
-        if not findings:
-            return None
-        return to_finding(findings[0], target, engine=self.name)
-
-
-def to_finding(found: EngineFinding, target: EngineTarget, *, engine: str) -> Finding:
-    """The `model.finding.Finding` of an engine finding, with its trace and measured rate."""
-    trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
-                         expect={subject_key(target.name, target.engine.patches): "reproduces"}, runner=target.runner)
-    first = found.violation
-    violations = [Violation(v.property, v.summary, v.detail)
-                  for v in [first] + [v for v in found.outcome.violations if v is not first]]
-    notes = [f"minimised from {found.original_size[0]} ranks, {found.original_size[1]} steps to "
-             f"{found.case.n_ranks} ranks, {len(found.case.steps)} steps"]
-    return Finding(strategy=engine, violations=violations, trace=trace, rate=Rate.from_json(trace.config["rate"]),
-                   notes=notes)
+        return findings[0] if findings else None
 
 
 @contextlib.contextmanager

@@ -54,7 +54,8 @@ class ReplayOn:
     """What a replay runs on: the client (`runtime.registry.Client`) and its user options, the protocol of protocol
     traces, and `runner()`: a context giving `run(protocol, case)` over fresh stores of the client."""
 
-    client: Any
+    #: None for a serving engine's traces (`engine`).
+    client: Any = None
     protocol: Any = None
     runner: Callable[[], ContextManager[Runner]] | None = None
     runner_name: str = "sim"
@@ -75,7 +76,8 @@ class ReplayOn:
 
     def deterministic(self, trace: Trace) -> bool:
         """Whether every run of `trace` here gives the same result (one run is the verdict)."""
-        return trace.kind in ("protocol", "store-ops") and self.client.in_memory and self.runner_name == "sim"
+        return (trace.kind in ("protocol", "store-ops") and self.client is not None and self.client.in_memory
+                and self.runner_name == "sim")
 
 
 @attrs.frozen

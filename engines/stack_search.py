@@ -17,12 +17,11 @@ import attrs
 
 from engines.api import SearchContext
 from engines.engine_run import EngineOutcome
-from engines.engine_search import CaseSource, EngineCasesCoverage, engine_search, engine_trace
+from engines.engine_search import CaseSource, EngineCasesCoverage, TraceSubject, engine_search
 from engines.stack_cases import stack_enumeration, stack_random_case
 from engines.stack_run import References, StackBounds, run_stack_case
 from model.contract import STACK_METHODS, StoreCallTimeout, missing_members
-from model.finding import Finding, Rate
-from model.outcome import Violation
+from model.finding import Finding
 from model.stack_case import StackCase, stack_case_from_json
 from model.timing import SetupTimeout, over_text
 from model.trace import Trace
@@ -55,6 +54,11 @@ class StackTarget:
     def faults(self) -> bool:
         """Whether cases may pause, kill and restart servers: only those shardcheck starts (no `urls`)."""
         return "urls" not in self.options
+
+    @property
+    def subject(self) -> TraceSubject:
+        return TraceSubject(engine=self.name, options=self.options, patches=tuple(self.engine.patches),
+                            connector=self.connector)
 
     def stack(self) -> Any:
         """The stack (started on first use, within `--setup-timeout`: `SetupTimeout` otherwise), validated against
@@ -95,7 +99,7 @@ def stack_source(target: StackTarget, bounds: StackBounds = StackBounds()) -> Ca
 
     return CaseSource(run=run, cases=lambda: stack_enumeration(target.n_ranks, counts=(target.n_ranks,)),
                       random_case=lambda rng, i: stack_random_case(rng, target.n_ranks), first_level=6,
-                      shrink_ranks=False)
+                      shrink_ranks=False, subject=target.subject)
 
 
 @attrs.define
@@ -114,21 +118,11 @@ class StackCases:
     def search(self, ctx: SearchContext) -> Finding | None:
         target: StackTarget = ctx.target.engine
         cov = ctx.coverage.of(self.name, StackCasesCoverage)
-        findings = engine_search(stack_source(target), seed=ctx.seed, should_stop=ctx.should_stop, stats=cov.stats,
-                                 faults=target.faults, one=True,
+        findings = engine_search(stack_source(target), strategy=self.name, seed=ctx.seed,
+                                 should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
                                  minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
                                  minimise_seconds=float("inf"), stop_before=ctx.phase_end)
-        if not findings:
-            return None
-        found = findings[0]
-        trace = engine_trace(found, engine=target.name, options=target.options, patches=target.engine.patches,
-                             expect={target.name: "reproduces"}, connector=target.connector)
-        first = found.violation
-        violations = [Violation(v.property, v.summary, v.detail)
-                      for v in [first] + [v for v in found.outcome.violations if v is not first]]
-        notes = [f"minimised from {found.original_size[1]} steps to {len(found.case.steps)} steps"]
-        return Finding(strategy=self.name, violations=violations, trace=trace, rate=Rate.now(found.k, found.n),
-                       notes=notes)
+        return findings[0] if findings else None
 
 
 def stack_target(spec: Any, *, connector: str | None = None, options: dict | None = None, patches: Any = (),

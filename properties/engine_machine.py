@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from engines.api import SearchContext
 from engines.engine_run import Bounds, EngineRun, build_deployment
-from engines.engine_search import EngineFinding, call_of, engine_trace, measure_rate, shows
+from engines.engine_search import call_of, engine_finding, leading, measure_rate, shows
 from engines.serving_minimise import minimise_case
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.finding import Finding
@@ -128,10 +128,11 @@ class EngineMachine(RuleBasedStateMachine):
         if first is None:
             from engines.engine_run import EngineOutcome
             small, k, n, first = case, 1, 1, EngineOutcome(case, list(violations), list(self.run.events), 0.0)
-        finding = EngineFinding(prop, small, first, k, n, "pytest properties/ (EngineMachine)", case.size(), call)
-        trace = engine_trace(finding, engine=self.target.name, options=self.target.options,
-                             patches=self.target.engine.patches, runner=self.target.runner)
-        return write_found(trace, self.cfg, self.target.name, prop)
+        from model.finding import Rate
+        finding = engine_finding(self.target.subject, "engine-machine", small, first,
+                                 leading(first.violations, prop, call), Rate.now(k, n),
+                                 "pytest properties/ (EngineMachine)")
+        return write_found(finding.trace, self.cfg, self.target.name, prop)
 
     # -- rules --------------------------------------------------------------------------------------------------
     def _prompt(self, i: int) -> EnginePrompt:

@@ -95,13 +95,8 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
 def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool, started: float) -> dict:
     """`check --engine`: the deployment schedule of `engines.check.run_check` (no protocol runner: every case runs
     on fresh deployments of the engine)."""
-    import contextlib
-
     from engines.check import SaveError, run_check as check
     from shardcheck.progress import Progress
-
-    def no_runner(protocol: Any, case: Any) -> Any:
-        raise UsageError("a protocol case cannot run on a serving engine target")
 
     starting = getattr(target.engine, "stack", None)
     if callable(starting):  # a serving stack starts once, as set-up (`--setup-timeout`), and serves every case
@@ -114,8 +109,7 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
-            result = check(target, run=no_runner, fresh_runner=lambda: contextlib.nullcontext(no_runner),
-                           budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
+            result = check(target, budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
                            note=_err if progress else (lambda text: None), started=started)
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None

@@ -35,10 +35,9 @@ FIRM_RUNS = 40
 def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
           modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
-    from engines.engine_search import EngineStats, call_of, deployment_source, engine_search, engine_target, \
-        engine_trace
+    from engines.engine_search import EngineStats, TraceSubject, call_of, deployment_source, engine_search, \
+        engine_target
     from engines.replay import ReplayOn, judge
-    from shardcheck.targets import NotUnderTest
 
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
@@ -47,17 +46,19 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
         stats = EngineStats()
         end = time.monotonic() + budget
         progress(f"engine findings, {mode} lookups: {budget:g} s of search on {STOCK} ...")
-        findings = engine_search(deployment_source(stock.make, lookups=(mode,), max_ranks=3), seed=0, stats=stats,
-                                 by_origin=True, should_stop=lambda: time.monotonic() >= end,
+        subject = TraceSubject(engine=STOCK, expect={STOCK: "reproduces"})
+        findings = engine_search(deployment_source(stock.make, subject=subject, lookups=(mode,), max_ranks=3),
+                                 strategy="regen engine", seed=0, stats=stats, by_origin=True, should_stop=lambda: time.monotonic() >= end,
                                  minimise_seconds=MINIMISE_SECONDS, measure_runs=MEASURE_RUNS)
         progress(f"  {len(findings)} findings in {stats.cases} cases: " + ", ".join(
-            f"{f.property} ({f.k}/{f.n})" for f in findings))
+            f"{f.property} ({f.rate.k}/{f.rate.n})" for f in findings))
         for f in findings:
-            f = _firm_rate(f, stock.make, progress)
+            f = _firm_rate(f, stock.make, subject, progress)
             if f is None:
                 continue
-            trace = engine_trace(f, engine=STOCK, options={}, expect={STOCK: "reproduces"})
-            what = call_of(f.violation) or f.origin.split("@")[0].split(":")[0]  # the call, else the kind of case
+            trace = f.trace
+            origin = trace.origin.removeprefix("check:engine:")
+            what = call_of(f.violations[0]) or origin.split("@")[0].split(":")[0]  # the call, else the kind of case
             path = ENGINE_CORPUS / f"{STOCK}-{mode}-{f.property}-{what}.json"
             kept = _better_on_disk(path, trace)
             if kept:
@@ -65,8 +66,8 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
                 written.append(path)
                 continue
             trace.save(path, overwrite=True)
-            progress(f"  judging {path.name} ({f.k}/{f.n} on {STOCK}) on {FIXED} ...")
-            verdict = judge(trace, ReplayOn(client=NotUnderTest(), engine=patched))
+            progress(f"  judging {path.name} ({f.rate.k}/{f.rate.n} on {STOCK}) on {FIXED} ...")
+            verdict = judge(trace, ReplayOn(engine=patched))
             trace.expect[FIXED] = verdict.outcome
             trace.save(path, overwrite=True)
             written.append(path)
@@ -74,25 +75,27 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
     return written
 
 
-def _firm_rate(finding: Any, make: Callable, progress: Callable[[str], None]) -> Any:
+def _firm_rate(finding: Any, make: Callable, subject: Any, progress: Callable[[str], None]) -> Any:
     """`finding` measured until its rate asks a replay for at most `ENGINE_MAX_RUNS` clean runs (up to `FIRM_RUNS`
     runs in all), or None, said in `progress`, when it still asks for more: a rare race is not saved (its `fixed`
     would take a replay of hundreds of real deployments; make its case force the interleaving instead)."""
-    import attrs
-
-    from engines.engine_search import deployment_source, measure_rate
+    from engines.engine_run import run_engine_case
+    from engines.engine_search import call_of, engine_finding, measure_rate
     from engines.replay import ENGINE_MAX_RUNS
     from model.finding import Rate
-    k, n = finding.k, finding.n
+    k, n = finding.rate.k, finding.rate.n
     while k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS and n < FIRM_RUNS:
-        more_k, more_n, _ = measure_rate(deployment_source(make, lookups=(finding.case.lookup,), max_ranks=3).run,
-                                         finding.case, finding.property, min(10, FIRM_RUNS - n), call=finding.call)
+        more_k, more_n, _ = measure_rate(lambda case: run_engine_case(make, case), finding.case, finding.property,
+                                         min(10, FIRM_RUNS - n), call=call_of(finding.violations[0]))
         k, n = k + more_k, n + more_n
     if k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS:
-        progress(f"  not saved: {finding.property} ({finding.origin}) showed in {k} of {n} runs, so a replay would "
-                 f"need {Rate(k, n).runs_to_clear()} clean runs (at most {ENGINE_MAX_RUNS})")
+        progress(f"  not saved: {finding.property} ({finding.trace.origin}) showed in {k} of {n} runs, so a replay "
+                 f"would need {Rate(k, n).runs_to_clear()} clean runs (at most {ENGINE_MAX_RUNS})")
         return None
-    return attrs.evolve(finding, k=k, n=n)
+    if (k, n) == (finding.rate.k, finding.rate.n):
+        return finding
+    return engine_finding(subject, finding.strategy, finding.case, finding.outcome, finding.violations,
+                          Rate.now(k, n), finding.trace.origin.removeprefix("check:engine:"), notes=finding.notes)
 
 
 def _better_on_disk(path: Path, new: Any) -> str:
@@ -100,14 +103,13 @@ def _better_on_disk(path: Path, new: Any) -> str:
     or "" to write `new`."""
     from engines.replay import ReplayOn, clean_runs
     from model.trace import Trace, TraceError
-    from shardcheck.targets import NotUnderTest
     if not path.exists():
         return ""
     try:
         old = Trace.load(path)
     except TraceError:
         return ""
-    on = ReplayOn(client=NotUnderTest())
+    on = ReplayOn()
     (old_need, _), (new_need, _) = clean_runs(old, on), clean_runs(new, on)
     if old.property != new.property or old_need >= new_need:
         return ""

@@ -18,7 +18,7 @@ from typing import Any
 
 from shardcheck.errors import EXIT_HELD, EXIT_UNDECIDED, EXIT_USAGE, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
-from shardcheck.targets import (NotUnderTest, add_engine_arguments, add_nemesis_arguments, add_target_arguments,
+from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments,
                                 build_engine_target, build_target, fresh_runner_of, nemesis_plan_of, parse_options)
 
 __all__ = ["run_replay", "cmd_replay", "trace_paths", "replay_exit"]
@@ -203,7 +203,7 @@ def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, target
         key = ("engine", spec, repr(opts), patches, conn)
         if key not in targets:
             targets[key] = build_engine_target(spec, lookup=lookup, options=opts, patches=patches, connector=conn)
-        return ReplayOn(client=NotUnderTest(), engine=targets[key].engine)
+        return ReplayOn(engine=targets[key].engine)
 
     on = on_engine(row["engine"], tuple(row["patches"]))
     if not _racy(trace):

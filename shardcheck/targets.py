@@ -10,7 +10,7 @@ from runtime.options import ENGINE_FLAGS, HARNESS_FLAGS, NEMESIS_FLAGS, add_opti
 from shardcheck.errors import UsageError
 
 __all__ = ["parse_options", "build_target", "case_runner_of", "fresh_runner_of", "add_target_arguments",
-           "add_engine_arguments", "build_engine_target", "NotUnderTest", "add_nemesis_arguments", "nemesis_plan_of"]
+           "add_engine_arguments", "build_engine_target", "add_nemesis_arguments", "nemesis_plan_of"]
 
 
 def add_target_arguments(p: Any, *, protocol: bool = True) -> None:
@@ -55,16 +55,6 @@ def add_engine_arguments(p: Any) -> None:
     add_options(p.add_argument, *ENGINE_FLAGS)
 
 
-class NotUnderTest:
-    """The protocol and client of a target whose subject is a serving engine: named `-` in the verdict."""
-
-    name = ref = "-"
-    in_memory = False
-
-    def accepted(self, options: dict) -> dict:
-        return {}
-
-
 def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] | dict | None = None,
                         patches: Any = (), max_ranks: int | None = None, runner: str = "sim",
                         preflight: bool = True, connector: str | None = None) -> Any:
@@ -87,7 +77,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
                                  max_ranks=max_ranks)
             if preflight and opts.get("urls"):
                 _reach_urls(opts["urls"])
-            return Target(protocol=NotUnderTest(), client=NotUnderTest(), engine=stack, max_ranks=stack.n_ranks)
+            return Target(engine=stack, max_ranks=stack.n_ranks)
     except ResolveError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -97,8 +87,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
         raise UsageError(str(exc)) from None
     if preflight and engine.options.get("urls"):
         _reach_urls(engine.options["urls"])
-    return Target(protocol=NotUnderTest(), client=NotUnderTest(), engine=engine, max_ranks=engine.max_ranks,
-                  runner=engine.runner)
+    return Target(engine=engine, max_ranks=engine.max_ranks, runner=engine.runner)
 
 
 def _reach_urls(urls: Any) -> None:

@@ -38,9 +38,8 @@ def test_engine_traces_ask_for_a_replay_verify_can_afford():
     never stops short of its 99% (a capped `fixed` was false once), so a racy one must be re-measured instead."""
     from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
     from shardcheck.engine_findings import ENGINE_CORPUS
-    from shardcheck.targets import NotUnderTest
     paths = sorted(ENGINE_CORPUS.glob("*.json"))
-    asks = {p.name: clean_runs(Trace.load(p), ReplayOn(client=NotUnderTest()))[0] for p in paths}
+    asks = {p.name: clean_runs(Trace.load(p), ReplayOn())[0] for p in paths}
     assert paths and all(1 <= n <= ENGINE_MAX_RUNS for n in asks.values()), asks
 
 
@@ -49,10 +48,9 @@ def test_an_engine_replay_is_never_capped():
     from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
     from model.finding import Rate
     from shardcheck.engine_findings import ENGINE_CORPUS
-    from shardcheck.targets import NotUnderTest
     trace = Trace.load(sorted(ENGINE_CORPUS.glob("*.json"))[0])
     trace = attrs.evolve(trace, config={**trace.config, "rate": {"k": 2, "n": 9}})
-    need, why = clean_runs(trace, ReplayOn(client=NotUnderTest()))
+    need, why = clean_runs(trace, ReplayOn())
     assert need == Rate(2, 9).runs_to_clear() > ENGINE_MAX_RUNS and "2/9" in why
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
 from model.trace import Trace
-from shardcheck.targets import NotUnderTest
 from tests.conftest import run_cli
 
 
@@ -66,7 +65,7 @@ def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
     assert result["engine"] == "lmcache" and result["verdict"] == "violated"
     # (a replay is never capped: a finding the short budget measured as racy could ask the patched engine for
     # hundreds of runs; the first one a replay can clear in ENGINE_MAX_RUNS is judged here)
-    on = ReplayOn(client=NotUnderTest())
+    on = ReplayOn()
     first = next((v for v in result["violations"]
                   if clean_runs(Trace.load(v["counterexample"]), on)[0] <= ENGINE_MAX_RUNS), None)
     assert first is not None, result["violations"]

@@ -159,16 +159,23 @@ def test_regen_engine_measures_a_rare_race_further_and_does_not_save_one_it_cann
     """A finding whose rate asks a replay for more than ENGINE_MAX_RUNS runs is measured up to FIRM_RUNS runs;
     one that still asks for more is not saved, and progress says why."""
     import engines.engine_search as search
-    from engines.engine_search import EngineFinding
+    from engines.engine_run import EngineOutcome
+    from engines.engine_search import TraceSubject, engine_finding
+    from model.finding import Rate
+    from model.outcome import Violation
     from shardcheck.engine_findings import FIRM_RUNS, _firm_rate
     monkeypatch.setattr(search, "measure_rate", lambda make, case, prop, runs, **kw: (runs if shows else 0, runs, None))
     said: list[str] = []
-    found = EngineFinding("engine-completeness", _case(), None, 1, 2, "check:engine:random:0:1", (1,))
-    got = _firm_rate(found, make=None, progress=said.append)
+    subject = TraceSubject(engine="lmcache")
+    bad = [Violation("engine-completeness", "q0 was not loaded", {})]
+    found = engine_finding(subject, "regen engine", _case(), EngineOutcome(_case(), bad, [], 0.0), bad, Rate(1, 2),
+                           "random:0:1")
+    got = _firm_rate(found, make=None, subject=subject, progress=said.append)
     if saved is None:
         assert got is None and f"showed in 1 of {FIRM_RUNS} runs" in said[0]
     else:
-        assert (got.k, got.n) == saved and not said
+        assert (got.rate.k, got.rate.n) == saved and not said
+        assert got.trace.config["rate"]["n"] == saved[1] and f"in {saved[0]} of {saved[1]} runs" in got.trace.summary
 
 
 def test_regen_engine_keeps_a_saved_trace_whose_rate_asks_for_fewer_runs(tmp_path):
