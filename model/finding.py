@@ -54,8 +54,8 @@ class Rate:
     @classmethod
     def now(cls, k: int, n: int, deterministic: bool = False) -> "Rate":
         """k of n runs measured just now: with the machine's load (`machine_load`)."""
-        load1, cores = machine_load()
-        return cls(k, n, deterministic, load1, cores)
+        load1, cores = machine_load()  # (rounded as its JSON is: the text and the saved trace say the same load)
+        return cls(k, n, deterministic, None if load1 is None else round(load1, 2), cores)
 
     @property
     def racy(self) -> bool:
