@@ -5,6 +5,10 @@
 - `resolve_client(spec) -> Client`: a name of `CLIENTS` or `MOD:ATTR` naming a factory
   `factory(n_ranks, **options) -> list[RankStore]` (or a `RankStore` class, one instance per rank).
   `Client.stores(n_ranks, **options)` calls the factory and validates what it returns (count and methods).
+- `resolve_strategy(name, strategies)`: a fresh instance of `check`'s strategy `name` of the table `strategies`
+  (`check`'s strategies and the demos' modules name modules of several layers: they are the command line's,
+  `shardcheck.catalogue`, handed down).
+- `demo_refs(prop, demos)`, `patch_refs(prop, demos)`: the `MOD:ATTR` of a catalog property's demos.
 - `options_for_ranks(options, n_ranks, first=0)`: a factory call's `urls`, those of its own ranks (the one place).
 
 A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
@@ -27,7 +31,7 @@ import inspect
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 
@@ -35,9 +39,9 @@ from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 from model.store import MEMORY_CLIENT
 
 __all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "STRATEGIES", "CHECK_SCHEDULE", "resolve_protocol",
+           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "CHECK_SCHEDULE", "resolve_protocol",
            "resolve_client", "resolve_strategy", "parse_options", "corpus_clients", "real_clients", "by_verdict",
-           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "patch_refs", "load_attr", "ref_of", "VALKEY_TIER",
+           "protocol_bug_expect", "demo_refs", "patch_refs", "load_attr", "ref_of", "VALKEY_TIER",
            "MEMORY_TIER",
            "options_for_ranks"]
 
@@ -106,22 +110,9 @@ def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
     return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
 
 
-#: The strategies of `check` (`engines.api.Strategy`), by name.
-STRATEGIES: dict[str, str] = {
-    "scenarios": "engines.scenarios:Scenarios",
-    "nemesis": "engines.nemesis:Nemesis",
-    "retention": "engines.retention:Retention",
-    "concurrency": "engines.concurrency_engine:Concurrency",
-    "enumerate": "engines.search:Enumeration",
-    "explore": "engines.explore.engine:Explorer",
-    "hypothesis": "properties.engine:HypothesisMachines",
-    "random": "engines.search:RandomCases",
-    "engine-cases": "engines.engine_search:EngineCases",
-    "engine-machine": "properties.engine_machine:EngineMachineSearch",
-    "stack-cases": "engines.stack_search:StackCases",
-}
-#: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
-#: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
+#: `check`'s schedule per kind of target (`engines.api.target_kind`): the strategies in order (names of the table
+#: `engines.check.run_check` is handed, `shardcheck.catalogue.STRATEGIES`), each with its share of the budget
+#: (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
     "real": (("scenarios", None), ("retention", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15),
@@ -129,15 +120,6 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "deployment": (("engine-cases", 0.75), ("engine-machine", "rest")),
     "stack": (("stack-cases", "rest"),),
 }
-
-
-#: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
-DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
-                                "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
-                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos",
-                                # (not a layer: the `--engine-patch` demos of a stack's own agreement,
-                                # `model.checks.Property.patches`)
-                                "stack-patch": "adapters.sglang_hicache.patches"}
 
 
 class ResolveError(ValueError):
@@ -335,15 +317,16 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     return Client(name=name, factory=obj, **caps)
 
 
-def demo_refs(prop: Any) -> tuple[str, ...]:
-    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
-    return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+def demo_refs(prop: Any, demos: Mapping[str, str]) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`), its layer's module found in
+    `demos` (layer -> module: `shardcheck.catalogue.DEMO_MODULES`)."""
+    return tuple(f"{demos[prop.layer]}:{name}" for name in prop.demos)
 
 
-def patch_refs(prop: Any) -> tuple[str, ...]:
+def patch_refs(prop: Any, demos: Mapping[str, str]) -> tuple[str, ...]:
     """The `MOD:ATTR` of every `--engine-patch` demo of a stack's own agreement a catalog property has
-    (`model.checks.Property.patches`)."""
-    return tuple(f"{DEMO_MODULES['stack-patch']}:{name}" for name in getattr(prop, "patches", ()))
+    (`model.checks.Property.patches`), in the module `demos["stack-patch"]` names."""
+    return tuple(f"{demos['stack-patch']}:{name}" for name in getattr(prop, "patches", ()))
 
 
 def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
@@ -390,10 +373,11 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
     return out
 
 
-def resolve_strategy(name: str) -> Any:
-    """A fresh instance of `check`'s strategy `name` (`STRATEGIES`)."""
+def resolve_strategy(name: str, strategies: Mapping[str, str]) -> Any:
+    """A fresh instance of `check`'s strategy `name`, whose `MOD:ATTR` the table `strategies` gives
+    (`shardcheck.catalogue.STRATEGIES`)."""
     try:
-        ref = STRATEGIES[name]
+        ref = strategies[name]
     except KeyError:
-        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(STRATEGIES)}") from None
+        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(strategies)}") from None
     return load_attr(ref, "engine")()

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from runtime.registry import CLIENTS, by_verdict, corpus_clients, patch_refs
 from runtime.serving import SERVING_ENGINES
+from shardcheck.catalogue import DEMO_MODULES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 
@@ -113,12 +114,11 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
             _step(rows, name, entry.expected(connector), check(stack, secs=secs_here, connector=connector))
         if entry.patch_demos:  # its own agreement broken by an --engine-patch demo, found by the property it breaks
             for p in CATALOG:
-                for ref in patch_refs(p):
+                for ref in patch_refs(p, DEMO_MODULES):
                     _step(rows, f"check --engine {stack} --engine-patch {ref} -> {p.name}", f"violated: {p.name}",
                           check(stack, (ref,), secs=small.get(stack, secs), want=p.name))
         if stack != "vllm" or not full:
             continue
-        from runtime.registry import DEMO_MODULES
         for p in CATALOG:
             if p.layer == "stack":
                 for demo in p.demos:

@@ -18,7 +18,8 @@ from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
-from runtime.registry import STRATEGIES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
+from runtime.registry import CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
+from shardcheck.catalogue import STRATEGIES
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
@@ -40,7 +41,7 @@ def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
     (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
-    engine = resolve_strategy(name)
+    engine = resolve_strategy(name, STRATEGIES)
     assert engine.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
     if kinds == ["deployment"]:
@@ -80,7 +81,7 @@ class _ToyEngine:
         return ctx.protocol_finding(case, out, self.name)
 
 
-def test_an_engine_is_its_module_and_one_registry_entry(monkeypatch, tmp_path):
+def test_an_engine_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
     """A new engine: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
@@ -236,7 +237,7 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the catalogue and
 #: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
 #: shrinks).
 ENGINE_NAME_USES = {
@@ -257,15 +258,15 @@ ENGINE_NAME_USES = {
 
 def engines_named_in() -> dict[str, list[str]]:
     """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
-    registry and its own module."""
-    return {name: sorted(path for path, names in STRINGS.items() if name in names and
-                         path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
+    catalogue and its own module."""
+    return {name: sorted(path for path, names in STRINGS.items() if name in names and path != "shardcheck/catalogue.py"
+                         and path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
             for name, ref in STRATEGIES.items()}
 
 
-def test_an_engine_is_named_in_the_registry_and_its_module():
-    """ARCHITECTURE.md "an engine": its name is in the registry and its module, and where `ENGINE_NAME_USES` says
-    why only (what `test_an_engine_is_its_module_and_one_registry_entry` shows working)."""
+def test_an_engine_is_named_in_the_catalogue_and_its_module():
+    """ARCHITECTURE.md "an engine": its name is in the catalogue and its module, and where `ENGINE_NAME_USES` says
+    why only (what `test_an_engine_is_its_module_and_one_catalogue_entry` shows working)."""
     for name, files in engines_named_in().items():
         allowed = ENGINE_NAME_USES.get(name, {})
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))

@@ -16,7 +16,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace
 from properties.engine import BATCH, batch_size
-from runtime.registry import STRATEGIES, CHECK_SCHEDULE, resolve_client, resolve_protocol
+from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_protocol
 
 
 class Clock:
@@ -74,8 +74,6 @@ def fake_schedule(monkeypatch, clock):
     module = types.ModuleType("fake_engines")
     module.Setup, module.A, module.B = _engine("setup", 3.0, units=1), _engine("a", 1.0), _engine("b", 3.0)
     monkeypatch.setitem(sys.modules, "fake_engines", module)
-    for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B")):
-        monkeypatch.setitem(STRATEGIES, name, f"fake_engines:{attr}")
     monkeypatch.setitem(CHECK_SCHEDULE, "real", (("setup", None), ("a", 0.5), ("b", "rest")))
     return module
 
@@ -84,8 +82,13 @@ def _target() -> Target:
     return Target(protocol=resolve_protocol("paper"), client=resolve_client("properties.bad_stores:jitter_factory"))
 
 
+#: The table of strategies the check is handed: the fake engines.
+FAKE_STRATEGIES = {name: f"fake_engines:{attr}" for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B"))}
+
+
 def _run(clock: Clock, budget: float, started: float) -> check.CheckResult:
     return check.run_check(_target(), run=lambda protocol, case: None, fresh_runner=lambda: None, budget=budget,
+                           strategies=FAKE_STRATEGIES,
                            started=started, out_dir="/nonexistent-never-written")
 
 
