@@ -1,14 +1,19 @@
-"""Every table of names that names modules of several layers, assembled where the command line builds the program
-(the composition root) and handed down from here.
+"""Every table of names, assembled where the command line builds the program and handed down from here: the tables
+that name modules of several layers live in this, the composition root; the others are re-exported from the layer
+that holds them.
 
 - `STRATEGIES`: `check`'s strategies by name (`MOD:ATTR` of the class, in `engines/` and `properties/`), handed to
   `engines.check.run_check`, which runs them in the order of `runtime.registry.CHECK_SCHEDULE`.
 - `DEMO_MODULES`: where each property layer's demos live (`model.checks.Property.demos` names them in that module:
   `model`, `properties` and `adapters`), for `runtime.registry.demo_refs` and `patch_refs`.
+- `CLIENTS`, `SERVING_ENGINES`, `CATALOGUE` (and its `nemesis`): the named real clients and serving engines,
+  `adapters.catalogue`'s.
 """
 from __future__ import annotations
 
-__all__ = ["STRATEGIES", "DEMO_MODULES"]
+from adapters.catalogue import CATALOGUE, CLIENTS, SERVING_ENGINES
+
+__all__ = ["STRATEGIES", "DEMO_MODULES", "CLIENTS", "SERVING_ENGINES", "CATALOGUE"]
 
 #: The strategies of `check` (`engines.api.Strategy`), by name: what `runtime.registry.CHECK_SCHEDULE` names.
 STRATEGIES: dict[str, str] = {

@@ -1,7 +1,7 @@
 """ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
-has its record, and the "Where to add things" table holds when it is done (an engine is its module and one registry
-entry, a client its factory and one registry entry) and when it is counted (a fault kind's field named in its record
-alone, a client's name in the registry and its adapter); no module over 500 lines, no function over 100."""
+has its record, and the "Where to add things" table holds when it is done (an engine is its module and one catalogue
+entry, a client its factory and one catalogue entry) and when it is counted (a fault kind's field named in its record
+alone, a client's name in the catalogue and its adapter); no module over 500 lines, no function over 100."""
 from __future__ import annotations
 
 import ast
@@ -18,14 +18,14 @@ from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
-from runtime.registry import CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
-from shardcheck.catalogue import STRATEGIES
+from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_strategy, resolve_protocol
+from shardcheck.catalogue import CLIENTS, SERVING_ENGINES, STRATEGIES
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
     left = iter(range(polls))
     now = time.monotonic()
-    target = target or Target(protocol=resolve_protocol("paper"), client=resolve_client(client))
+    target = target or Target(protocol=resolve_protocol("paper"), client=resolve_client(client, CLIENTS))
     return SearchContext(target=target, run=run_case, should_stop=lambda: next(left, None) is None,
                          phase_end=now + 3, deadline=now + 3, coverage=Coverage())
 
@@ -63,7 +63,7 @@ def test_every_engine_is_scheduled_and_reports_its_coverage(name):
 @pytest.mark.parametrize("name", list(CLIENTS))
 def test_every_client_name_resolves_with_its_capabilities(name):
     """Every named client resolves to a callable factory; only `model` is in memory."""
-    client = resolve_client(name)
+    client = resolve_client(name, CLIENTS)
     assert callable(client.factory) and client.name == name
     assert client.in_memory == (name == "model")
 
@@ -94,12 +94,13 @@ def test_an_engine_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
     assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"
 
 
-def test_a_client_is_its_factory_and_one_registry_entry(monkeypatch, tmp_path):
+def test_a_client_is_its_factory_and_one_catalogue_entry(monkeypatch, tmp_path):
     """A new named client: a factory and one `ClientEntry`; `--client NAME` then works in check and replay."""
     from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     module = types.ModuleType("toy_client_module")
-    module.factory = lambda n_ranks, **options: resolve_client("properties.bad_stores:truncating_factory").factory(n_ranks)
+    module.factory = lambda n_ranks, **options: resolve_client("properties.bad_stores:truncating_factory",
+                                                               CLIENTS).factory(n_ranks)
     monkeypatch.setitem(sys.modules, "toy_client_module", module)
     monkeypatch.setitem(CLIENTS, "toy", registry.ClientEntry(ref="toy_client_module:factory", about="a toy client",
                                                              options=()))
@@ -188,7 +189,7 @@ def test_a_plan_built_by_phase_round_trips():
     assert FaultPlan.from_json(plan.to_json()) == plan and plan.size() == 5
 
 
-#: Where a first-class client's name may be written besides the registry and its adapter, and why: the findings
+#: Where a first-class client's name may be written besides the catalogue and its adapter, and why: the findings
 #: tables of what was measured on that very client, or the word meaning something else (the list only shrinks).
 CLIENT_NAME_USES = {
     "model": {"engines/engine_cases.py": "an isolation case: a prompt of another model",
@@ -214,22 +215,25 @@ def _in_adapter(path: str, ref: str) -> bool:
     return path == f"{module}.py" or (len(module.parts) > 2 and Path(path).parent == module.parent)
 
 
+#: The catalogues: where the tables of names are (`runtime/registry.py` has the model's, `adapters/catalogue.py` the
+#: clients and serving engines, `shardcheck/catalogue.py` the strategies and the demos' modules).
+CATALOGUES = ("runtime/registry.py", "adapters/catalogue.py", "shardcheck/catalogue.py")
+
+
 def clients_named_in() -> dict[str, list[str]]:
-    """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the registry and
+    """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the catalogues and
     its adapter (the module of its factory, or of its serving engine of the same name)."""
-    from runtime.serving import SERVING_ENGINES
     out = {}
     for name, entry in CLIENTS.items():
         refs = [entry.ref] + ([SERVING_ENGINES[name].ref] if name in SERVING_ENGINES else [])
-        out[name] = sorted(path for path, names in STRINGS.items() if name in names and
-                           path not in ("runtime/registry.py", "runtime/serving.py")
+        out[name] = sorted(path for path, names in STRINGS.items() if name in names and path not in CATALOGUES
                            and not any(_in_adapter(path, ref) for ref in refs))
     return out
 
 
-def test_a_client_is_named_in_the_registry_and_its_adapter():
+def test_a_client_is_named_in_the_catalogue_and_its_adapter():
     """ARCHITECTURE.md "a client": a first-class client's name (a `CLIENTS` key, as a string in the code) is in the
-    registry, its adapter and the modules of `CLIENT_NAME_USES` only (each with why: the list only shrinks)."""
+    catalogue, its adapter and the modules of `CLIENT_NAME_USES` only (each with why: the list only shrinks)."""
     for name, files in clients_named_in().items():
         allowed = CLIENT_NAME_USES.get(name, {})
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
@@ -237,7 +241,7 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the catalogue and
+#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the catalogues and
 #: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
 #: shrinks).
 ENGINE_NAME_USES = {
@@ -258,9 +262,9 @@ ENGINE_NAME_USES = {
 
 def engines_named_in() -> dict[str, list[str]]:
     """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
-    catalogue and its own module."""
-    return {name: sorted(path for path, names in STRINGS.items() if name in names and path != "shardcheck/catalogue.py"
-                         and path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
+    catalogues and its own module."""
+    return {name: sorted(path for path, names in STRINGS.items() if name in names and path not in CATALOGUES and
+                         path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
             for name, ref in STRATEGIES.items()}
 
 

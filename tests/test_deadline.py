@@ -9,6 +9,7 @@ import types
 import attrs
 import pytest
 
+from adapters.catalogue import CLIENTS
 from engines import check
 from engines.api import Target
 from engines.check import FINISH_GRACE, FINISH_SHARE, MIN_SEARCH_SHARE, TEARDOWN_SECONDS, Deadlines
@@ -79,7 +80,8 @@ def fake_schedule(monkeypatch, clock):
 
 
 def _target() -> Target:
-    return Target(protocol=resolve_protocol("paper"), client=resolve_client("properties.bad_stores:jitter_factory"))
+    return Target(protocol=resolve_protocol("paper"),
+                  client=resolve_client("properties.bad_stores:jitter_factory", CLIENTS))
 
 
 #: The table of strategies the check is handed: the fake engines.
