@@ -1,10 +1,12 @@
 """ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
 has its record, and the "Where to add things" table holds when it is done (an engine is its module and one catalogue
 entry, a client its factory and one catalogue entry) and when it is counted (a fault kind's field named in its record
-alone, a client's name in the catalogue and its adapter); no module over 500 lines, no function over 100."""
+alone, a client's name in the catalogue and its adapter); no string names a module its layer may not import; no
+module over 500 lines, no function over 100."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import time
 import types
@@ -276,6 +278,50 @@ def test_an_engine_is_named_in_the_catalogue_and_its_module():
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
         assert set(allowed) <= set(files), (name, "no longer named there: take it off ENGINE_NAME_USES",
                                             sorted(set(allowed) - set(files)))
+
+
+# -- names by string follow the layers ----------------------------------------------------------------------------
+#: The layers from the bottom up (`pyproject.toml`'s import-linter contract): a package imports only those below it.
+LAYERS = (("model",), ("runtime",), ("engines",), ("proofs", "properties", "adapters"), ("shardcheck",))
+
+
+def _layer(package: str) -> int:
+    return next(i for i, packages in enumerate(LAYERS) if package in packages)
+
+
+def refs_past_the_layers(path: str, tree: ast.AST) -> list[str]:
+    """The strings of a module (its docstrings and other bare string statements aside) that name a module it may not
+    import: one of a layer above it, or of a sibling of its own layer (`adapters.nemesis:control_maker`,
+    `properties.bad_stores`, `f"adapters.{name}"`). import-linter sees imports only; such a string is a dependency
+    it cannot see, resolved at run time (`runtime.registry.load_attr`, `importlib.import_module`)."""
+    own = path.split("/")[0]
+    banned = [p for i, packages in enumerate(LAYERS) for p in packages
+              if p != own and (i > _layer(own) or own in packages)]
+    if not banned:
+        return []
+    named = re.compile(rf"^({'|'.join(banned)})\.([A-Za-z_][\w.]*)?(:[\w.]*)?$")
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return sorted(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                  and isinstance(node.value, str) and id(node) not in prose and named.match(node.value))
+
+
+def test_no_module_names_by_string_a_module_it_may_not_import():
+    """A table of names (clients, serving engines, strategies, demos, the nemesis) lives in the lowest layer that may
+    import everything it names, and is handed down from there: no string of `model/`, `runtime/`, `engines/` (nor of
+    `proofs/`, `properties/`, `adapters/` about each other) names a module above it, as `MOD:ATTR` or as a module."""
+    found = {path: refs for path, tree in SOURCES.items() if (refs := refs_past_the_layers(path, tree))}
+    assert found == {}, found
+
+
+def test_the_layer_check_sees_a_ref_upward():
+    """The check itself: a `MOD:ATTR` or a module of a layer above is seen; one below, a docstring and prose are not."""
+    tree = ast.parse('"""adapters.nemesis:control_maker in a docstring."""\n'
+                     'A = "adapters.nemesis:control_maker"\nB = "properties.bad_stores"\nC = f"adapters.{A}:x"\n'
+                     'D = "model.store:memory_factory"\nE = "adapters.nemesis strikes real faults"\n')
+    assert refs_past_the_layers("runtime/x.py", tree) == ["adapters.", "adapters.nemesis:control_maker",
+                                                         "properties.bad_stores"]
+    assert refs_past_the_layers("adapters/x.py", tree) == ["properties.bad_stores"]
+    assert refs_past_the_layers("shardcheck/x.py", tree) == []
 
 
 # -- size limits --------------------------------------------------------------------------------------------------
