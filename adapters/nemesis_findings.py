@@ -16,12 +16,13 @@ from adapters.nemesis import control_maker
 from engines.faulted import fault_op
 from engines.storeops import kept_by_removal, run
 from model.trace import Trace
+from adapters.catalogue import CLIENTS as registry_clients
 from runtime.registry import real_clients
 
 __all__ = ["CLIENTS", "FINDINGS", "OUT_DIR", "trace_of", "build"]
 
 #: The clients every nemesis finding is measured on: every real one.
-CLIENTS = real_clients()
+CLIENTS = real_clients(registry_clients)
 OUT_DIR = Path(__file__).resolve().parents[1] / "counterexamples" / "nemesis"
 _CONFIG = {"n_ranks": 1, "topology": "per-rank", "use_mla": False, "op_timeout": 1.0}
 
@@ -89,7 +90,7 @@ def _factory(client: str) -> Callable[..., list]:
     from runtime.registry import resolve_client
     from runtime.bounded import BoundedStore
 
-    resolved = resolve_client(client)
+    resolved = resolve_client(client, registry_clients)
     return lambda n, **options: [BoundedStore(s, _CONFIG["op_timeout"]) for s in resolved.stores(n, **options)]
 
 

@@ -63,12 +63,14 @@ def _context(client: Any) -> Any:
 
 class ProcessRunner:
     """`run(protocol, case)` with one OS process per rank; `client` is a resolved `runtime.registry.Client` (or a name
-    or `MOD:ATTR` of one; None: the default client), handed whole to every rank process."""
+    of `adapters.catalogue.CLIENTS` or `MOD:ATTR` of one; None: the default client), handed whole to every rank
+    process."""
 
     def __init__(self, client: Any = None, *, options: dict | None = None, timeout: float | None = None,
                  op_timeout: float = DEFAULT_OP_TIMEOUT) -> None:
+        from adapters.catalogue import CLIENTS
         from runtime.registry import resolve_client
-        self.client, self.options = resolve_client(client), dict(options or {})
+        self.client, self.options = resolve_client(client, CLIENTS), dict(options or {})
         self.in_memory = self.client.in_memory
         if timeout is None:
             timeout = DEFAULT_TIMEOUT if self.in_memory else REAL_CLIENT_TIMEOUT

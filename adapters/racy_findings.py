@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
+from adapters.catalogue import CLIENTS as registry_clients
 from adapters.storeops_findings import CLIENTS, ROOT, _factory
 from engines.concurrency import Layout, measure
 from engines.concurrency_engine import to_trace
@@ -74,7 +75,7 @@ def build(names: Sequence[str] = tuple(RACY_FINDINGS), out_dir: Path = ROOT / "c
         trace.summary = f"{what} Measured: {rate.k} of {rate.n} runs of this layout."
         notes = []
         for other in CLIENTS:
-            client = resolve_client(other)
+            client = resolve_client(other, registry_clients)
             verdict = judge(trace, ReplayOn(client=client, options=client.accepted(OPTIONS)))
             outcome, why = verdict.outcome, verdict.why
             trace.expect[other] = outcome

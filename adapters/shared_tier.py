@@ -101,5 +101,5 @@ class ValkeyTier:
 
 
 def valkey_tier(n_ranks: int, *, urls: Sequence[str] | None = None, password: str | None = None) -> ValkeyTier:
-    """The shared-tier servers of a real client (`runtime.registry.VALKEY_TIER`)."""
+    """The shared-tier servers of a real client (`adapters.catalogue.VALKEY_TIER`)."""
     return ValkeyTier(n_ranks, urls, password)

@@ -32,19 +32,21 @@ from typing import Any, Callable, Sequence
 from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
 from model.outcome import Violation
 from model.trace import Trace
-from runtime.registry import CLIENTS as registry_clients, real_clients
+from adapters.catalogue import CLIENTS as registry_clients
+from runtime.registry import real_clients
 
 __all__ = ["ROOT", "CLIENTS", "FINDINGS", "MEASURED", "RECORDED_ON", "trace_of", "build", "CHILD"]
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Every named client a finding is measured on: the real ones, then the in-memory model.
-CLIENTS = (*real_clients(), *(c for c in registry_clients if c not in real_clients()))
+CLIENTS = (*real_clients(registry_clients),
+           *(c for c in registry_clients if c not in real_clients(registry_clients)))
 
 
 def _factory(client: str) -> Callable[..., list]:
     from runtime.registry import resolve_client
 
-    resolved = resolve_client(client)
+    resolved = resolve_client(client, registry_clients)
     return lambda n, **options: resolved.stores(n, **options)
 
 

@@ -7,7 +7,8 @@ what the check opened and end the process, the `finish` seconds before them mini
 finding made earlier has all the time up to `Deadlines.finish`), and the engines search until `Deadlines.search`
 (but for at least `MIN_SEARCH_SHARE` of the budget once the target is set up: a set-up slower than the rest of the
 budget makes the check end late by the difference).
-The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`: engines with no share run first to their end
+The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`, its names looked up in the table of strategies
+`run_check` is handed (`strategies`: `shardcheck.catalogue.STRATEGIES`): engines with no share run first to their end
 (their time counts in the budget); the others split what is left by their shares, the last taking the rest. No
 engine starts a unit of its work (a case, a run, a batch) that its longest unit so far says would end past its
 phase (`_stopper`); a finding is measured by `CONFIRM_RUNS` runs on fresh stores (one when the run is
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Mapping
 
 import attrs
 
@@ -130,7 +131,7 @@ def run_check(target: Target, *, budget: float, run: Runner | None = None,
               explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
               note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION,
-              nemesis: Any = None, started: float | None = None) -> CheckResult:
+              nemesis: Any = None, started: float | None = None, strategies: Mapping[str, str]) -> CheckResult:
     """Search `target` within `budget` seconds of `started` (monotonic; default: now), see the module doc. `run` runs
     a protocol case over the target's client (kept for the whole check); `fresh_runner()` a context giving one over
     fresh stores (the measurement); both None for a serving engine (its strategies measure their own findings)."""
@@ -146,7 +147,8 @@ def run_check(target: Target, *, budget: float, run: Runner | None = None,
         start = time.monotonic()
     else:
         finding, start = None, t0
-    schedule = _resolved(ctx)  # (importing the engines is set-up too: Hypothesis takes seconds on a loaded machine)
+    # (importing the engines is set-up too: Hypothesis takes seconds on a loaded machine)
+    schedule = _resolved(ctx, strategies)
     ends = Deadlines.of(start, budget, target_kind(target), ready=time.monotonic())
     ctx.deadline, ctx.finish_by = ends.search, ends.finish
     try:
@@ -184,14 +186,15 @@ def _name(part: Any) -> str:
     return "-" if part is None else part.name
 
 
-def _resolved(ctx: SearchContext) -> list[tuple[str, float | str | None, Any]]:
-    """The target's schedule: (name, share, engine) in order, every engine made (its module imported)."""
+def _resolved(ctx: SearchContext, strategies: Mapping[str, str]) -> list[tuple[str, float | str | None, Any]]:
+    """The target's schedule: (name, share, engine) in order, every engine made from `strategies` (its module
+    imported)."""
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
     if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
         schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
-    return [(name, share, resolve_strategy(name)) for name, share in schedule]
+    return [(name, share, resolve_strategy(name, strategies)) for name, share in schedule]
 
 
 def _schedule(ctx: SearchContext, on_progress: Callable[[Coverage], None],

@@ -332,9 +332,10 @@ class EngineTarget:
 
 
 def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = None, patches: Any = (),
-                  max_ranks: int | None = None, runner: str = "in-process") -> EngineTarget:
-    """The `EngineTarget` a user named: `--engine`, `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the
-    most ranks of a case, default 4; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
+                  max_ranks: int | None = None, runner: str = "in-process", engines: Any = None) -> EngineTarget:
+    """The `EngineTarget` a user named: `--engine` (a name of `engines`, the named serving engines handed down, or
+    `MOD:ATTR`), `--lookup sync|async|both`, `--engine-option` (`ranks=N`: the most ranks of a case, default 4; the
+    rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
     from runtime.options import check_engine_options
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
@@ -344,7 +345,7 @@ def engine_target(spec: Any, *, lookup: str = "both", options: dict | None = Non
     ranks = opts.pop("ranks", None)
     if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):
         raise ResolveError(f"--engine-option ranks={ranks!r}: expected a whole number of ranks, at least 1")
-    engine = resolve_serving_engine(spec, patches)
+    engine = resolve_serving_engine(spec, patches, engines)
     lookups = ("sync", "async") if lookup == "both" else (lookup,)
     missing = [m for m in lookups if m not in engine.lookups]
     if missing:

@@ -57,15 +57,16 @@ class NemesisPlan:
         return self.control_for(stores, None)
 
 
-def plan_for(client: Any, client_options: dict, spec: str | None, *,
-             recovery_seconds: float | None = None) -> NemesisPlan | None:
-    """The plan of `--nemesis spec` for `client` (a `runtime.registry.Client`), or None: no real faults. Without `spec`,
-    every kind on servers shardcheck started (an in-memory client has none); given explicitly, servers passed with
-    `urls` are faulted too (admin faults only: process faults need servers shardcheck started). `ValueError` naming
-    what is wrong (an unknown kind, a bad bound, an in-memory client asked for faults)."""
+def plan_for(client: Any, client_options: dict, spec: str | None, *, recovery_seconds: float | None = None,
+             nemesis: Callable[..., Any] | None = None) -> NemesisPlan | None:
+    """The plan of `--nemesis spec` for `client` (a `runtime.registry.Client`), or None: no real faults, striking
+    through `nemesis(user_servers=...) -> control_for(stores, kind)` (`adapters.catalogue.nemesis`, handed down;
+    None: there is none, and only the default asks for no faults). Without `spec`, every kind on servers shardcheck
+    started (an in-memory client has none); given explicitly, servers passed with `urls` are faulted too (admin
+    faults only: process faults need servers shardcheck started). `ValueError` naming what is wrong (an unknown
+    kind, a bad bound, an in-memory client asked for faults, no nemesis)."""
     import math
     from model.faults import server_fault_kinds
-    from runtime.registry import resolve_nemesis
     if recovery_seconds is not None and (not math.isfinite(recovery_seconds) or recovery_seconds <= 0):
         raise ValueError(f"--recovery-seconds must be a positive number of seconds, got {recovery_seconds:g}")
     kinds = server_fault_kinds("all" if spec is None else spec)
@@ -75,8 +76,12 @@ def plan_for(client: Any, client_options: dict, spec: str | None, *,
         if spec is None:
             return None
         raise ValueError(f"client {client.name!r} is in memory: it has no servers to fault")
+    if nemesis is None:
+        if spec is None:
+            return None
+        raise ValueError("no nemesis was handed down here to strike real faults with")
     user_servers = spec is not None and "urls" in client_options
-    return NemesisPlan(kinds=kinds, control_for=resolve_nemesis(user_servers=user_servers),
+    return NemesisPlan(kinds=kinds, control_for=nemesis(user_servers=user_servers),
                        recovery_seconds=recovery_seconds, first=spec is not None)
 
 

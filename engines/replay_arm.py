@@ -47,8 +47,10 @@ atexit.register(lambda: [_kill(p) for p in list(_LIVE)])
 
 
 def arm_spec(target: Any) -> dict:
-    """What a fresh process needs to build `target` (an `engines.engine_search.EngineTarget`) again: plain data."""
-    return {"engine": target.engine.name, "patches": list(target.engine.patches), "options": dict(target.options),
+    """What a fresh process needs to build `target` (an `engines.engine_search.EngineTarget`) again: the resolved
+    serving engine (`runtime.serving.ServingEngine`: its name, patches and capabilities as data, its factory by
+    reference, imported there; no table of names is needed to build it again) and plain data."""
+    return {"engine": target.engine, "options": dict(target.options),
             "lookup": "both" if len(target.lookups) > 1 else target.lookups[0], "runner": target.runner}
 
 
@@ -59,7 +61,7 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
     `ReplayError`) saying why."""
     from model.outcome import Violation
     spec = arm_spec(target)
-    what = spec["engine"] + "".join(f"+{p}" for p in spec["patches"])
+    what = spec["engine"].name + "".join(f"+{p}" for p in spec["engine"].patches)
     ctx = multiprocessing.get_context("spawn")
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child, trace.to_json(), spec, error), name="shardcheck-replay-arm",
@@ -119,7 +121,7 @@ def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> N
     try:
         trace = Trace.from_json(trace_json)
         target = engine_target(spec["engine"], lookup=spec["lookup"], options=spec["options"],
-                               patches=tuple(spec["patches"]), runner=spec["runner"])
+                               runner=spec["runner"])
         session = engine_session(trace, target.make)
         once = session.__enter__()
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it

@@ -126,12 +126,13 @@ class StackCases:
 
 
 def stack_target(spec: Any, *, connector: str | None = None, options: dict | None = None, patches: Any = (),
-                 max_ranks: int | None = None) -> StackTarget:
-    """The `StackTarget` a user named: `--engine`, `--connector` (default: the engine's first), `--engine-option`
+                 max_ranks: int | None = None, engines: Any = None) -> StackTarget:
+    """The `StackTarget` a user named: `--engine` (a name of `engines`, the named serving engines handed down, or
+    `MOD:ATTR`), `--connector` (default: the engine's first), `--engine-option`
     (`tp=N`: ranks, default the engine's `ranks`; the rest go to the factory), `--engine-patch` (`ResolveError` when unusable)."""
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
-    engine = resolve_serving_engine(spec, patches)
+    engine = resolve_serving_engine(spec, patches, engines)
     if engine.seam != "stack":
         raise ResolveError(f"engine {engine.name!r} is not a serving stack (--connector is for stacks)")
     opts = dict(options or {})

@@ -9,7 +9,8 @@ from typing import Any, Sequence
 
 __all__ = ["MemoryStore", "memory_factory", "MemoryTier", "memory_tier", "server_data", "SCHEME", "MEMORY_CLIENT"]
 
-#: The in-memory client's name (`runtime.registry.CLIENTS`, the default client; what a trace of a model run records).
+#: The in-memory client's name (`runtime.registry.MEMORY_CLIENTS`, the default client; what a trace of a model run
+#: records).
 MEMORY_CLIENT = "model"
 
 #: The URL scheme of an in-memory server: `memory://<tier>/<rank>`.

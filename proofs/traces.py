@@ -13,7 +13,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, Outcome, run_case
 from model.store import MEMORY_CLIENT
 from model.trace import Trace
-from runtime.registry import load_attr, protocol_bug_expect
+from runtime.registry import load_attr
 
 from .flawed import FLAWED, KMAX, NMAX, VARIANTS
 from .runner import TheoremReport, run_theorem
@@ -55,24 +55,26 @@ def summary_of(w: dict[str, Any]) -> str:
             f"replayed in the simulator with the non-cached chunks evicted before lookup.")
 
 
-def build_trace(report: TheoremReport) -> Trace:
-    """The Trace of the simulator run on the report's Z3 counterexample."""
+def build_trace(report: TheoremReport, expect: dict[str, str]) -> Trace:
+    """The Trace of the simulator run on the report's Z3 counterexample, with the expectation `expect` on each client
+    (a protocol bug's, `runtime.registry.protocol_bug_expect` of the command line's clients)."""
     w = report.counterexample
     if w is None:
         raise ValueError(f"{report.theorem}: no counterexample to turn into a trace")
     outcome = replay(w)
     trace = Trace.from_outcome(outcome, protocol_ref=protocol_ref(w["variant"]), client=MEMORY_CLIENT,
                                origin=f"z3:proofs.flawed:{report.theorem}", summary=summary_of(w),
-                               expect=protocol_bug_expect())
+                               expect=dict(expect))
     trace.notes = (f"Z3 model: n_ranks={w['n_ranks']} n_chunks={w['n_chunks']} cached={w['cached']} "
                    f"reports={w['reports']} planned={w['planned']} lcp={w['lcp']}")
     return trace
 
 
-def z3_traces(*, seeds: int = 1) -> dict[str, Trace]:
-    """File name (`z3-<variant>.json`) -> the trace of every flawed variant's Z3 counterexample."""
+def z3_traces(*, expect: dict[str, str], seeds: int = 1) -> dict[str, Trace]:
+    """File name (`z3-<variant>.json`) -> the trace of every flawed variant's Z3 counterexample (`expect`: as
+    `build_trace`)."""
     out = {}
     for th in FLAWED:
         report = run_theorem(th, seeds=seeds)
-        out[f"z3-{report.counterexample['variant']}.json"] = build_trace(report)
+        out[f"z3-{report.counterexample['variant']}.json"] = build_trace(report, expect)
     return out

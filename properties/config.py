@@ -1,6 +1,8 @@
 """What the property machines run against: the protocol, the client, where counterexamples go.
 
-The pytest plugin fills `CURRENT` from the command line; tests and `properties.bench` swap it with `using()`.
+The pytest plugin fills `CURRENT` from the command line, with the catalogue the names resolve in (the model's own,
+`runtime.registry.MODEL_CATALOGUE`, when none was handed down); tests and `properties.bench` swap it with
+`using()`.
 Stores are shared for a whole session (a real client's factory starts Valkey servers) and closed by `close()`;
 the machines clean up the keys they wrote and `discard()` the stores after a failure.
 """
@@ -15,7 +17,7 @@ import attrs
 
 from engines.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
-from runtime.registry import Client, Protocol, resolve_client, resolve_protocol
+from runtime.registry import MODEL_CATALOGUE, Catalogue, Client, Protocol, resolve_client, resolve_protocol
 from runtime.tier import NotShared, open_shared
 
 __all__ = ["MAX_RANKS", "RunConfig", "CURRENT", "current", "using"]
@@ -46,6 +48,8 @@ class RunConfig:
     #: `--nemesis`: the spec (None: every kind on servers shardcheck started) and `--recovery-seconds`.
     nemesis_spec: str | None = None
     recovery_seconds: float | None = None
+    #: What `client` and the nemesis resolve in (`runtime.registry.Catalogue`, handed down to the plugin).
+    catalogue: Catalogue = MODEL_CATALOGUE
     _protocol: Protocol | None = attrs.field(default=None, init=False)
     _client: Client | None = attrs.field(default=None, init=False)
     #: Whether the store layer runs two clients of the same servers when the client can share them.
@@ -70,7 +74,7 @@ class RunConfig:
 
     def resolved_client(self) -> Client:
         if self._client is None:
-            self._client = resolve_client(self.client)
+            self._client = resolve_client(self.client, self.catalogue.clients)
         return self._client
 
     def client_label(self) -> str:
@@ -84,7 +88,7 @@ class RunConfig:
         """The run's real faults (`engines.nemesis.NemesisPlan`), or None."""
         from engines.nemesis import plan_for
         return plan_for(self.resolved_client(), self.client_options, self.nemesis_spec,
-                        recovery_seconds=self.recovery_seconds)
+                        recovery_seconds=self.recovery_seconds, nemesis=self.catalogue.nemesis)
 
     def factory_options(self) -> dict:
         """The options of a factory call: the user's, and the op timeout where the client takes it."""
@@ -150,7 +154,7 @@ def using(**changes: Any) -> Iterator[RunConfig]:
     CURRENT = RunConfig(**{**{f: getattr(saved, f) for f in ("protocol", "client", "found_dir", "op_timeout",
                                                               "write_traces", "minimise_seconds", "found", "client_options",
                                                               "max_ranks", "shared", "retention", "engine", "nemesis_spec",
-                                                              "recovery_seconds", "finish_by")},
+                                                              "recovery_seconds", "finish_by", "catalogue")},
                            **changes})
     try:
         yield CURRENT

@@ -1,7 +1,7 @@
 """The `shardcheck` pytest plugin (entry point `pytest11`): `pytest properties/ --protocol MOD:ATTR --client NAME`.
 
 Options: `--protocol` (a short name or MOD:ATTR; default the reference `PaperProtocol`), `--client` (a name of
-`runtime.registry.CLIENTS` or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
+the catalogue's client table or MOD:ATTR; default `model`), `--found-dir` (where failing runs are written as
 traces; default `<rootdir>/counterexamples/found`), `--op-timeout` (seconds a store call may take),
 `--minimise-seconds` (how long a failing run is minimised on fresh stores before its trace is written),
 `--retention` (the least age a value nobody deleted is read back at), `--stall-seconds` (seconds one protocol
@@ -12,6 +12,13 @@ client whose tier cannot be reached ends the session at once with exit 2 and one
 past its reruns is skipped as `undecided` (`model.timing`), never failed.
 The Hypothesis profile comes from `HYPOTHESIS_PROFILE` (dev, ci, nightly; default dev) unless
 `--hypothesis-profile` is given. The stores a client factory made are closed at the end of the session.
+
+The names `--client`, `--engine` and `--nemesis` resolve in are not this layer's to know (the real clients and
+engines are the adapters'): the plugin asks for them through its hook `pytest_shardcheck_catalogue()`, which
+`shardcheck.pytest_catalogue` answers with `adapters.catalogue.CATALOGUE` (registered by its `pytest11` entry
+point, and by `-p` in the repository's pytest options and in `shardcheck campaign`). With no answer, only the
+model's own names resolve (`runtime.registry.MODEL_CATALOGUE`), and a client named otherwise is a usage error
+saying so.
 """
 from __future__ import annotations
 
@@ -27,21 +34,42 @@ from runtime.options import ENGINE_FLAGS, HARNESS_FLAGS, NEMESIS_FLAGS, add_opti
 from runtime.watchdog import STALL_SECONDS, watching
 from properties import config as run_config
 from properties import profiles
-from runtime.registry import CLIENTS, PROTOCOLS, ResolveError, parse_options, resolve_client, resolve_protocol
+from runtime.registry import (MODEL_CATALOGUE, PROTOCOLS, Catalogue, ResolveError, parse_options, resolve_client,
+                              resolve_protocol)
 
 #: pytest's exit code for a tier that cannot be reached (the command line's "unusable input").
 EXIT_UNUSABLE = 2
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header", "pytest_sessionstart",
-           "pytest_runtest_call", "pytest_sessionfinish", "EXIT_UNUSABLE"]
+__all__ = ["CatalogueHook", "catalogue_of", "pytest_addhooks", "pytest_addoption", "pytest_configure",
+           "pytest_report_header", "pytest_sessionstart", "pytest_runtest_call", "pytest_sessionfinish",
+           "EXIT_UNUSABLE"]
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+class CatalogueHook:
+    """The hook through which the plugin is handed the names it resolves (see the module doc)."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_shardcheck_catalogue(self) -> Catalogue | None:
+        """The `runtime.registry.Catalogue` that `--client`, `--engine` and `--nemesis` resolve in (the first
+        answer counts; `shardcheck.pytest_catalogue` gives `adapters.catalogue.CATALOGUE`)."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(CatalogueHook)
+
+
+def catalogue_of(pluginmanager: pytest.PytestPluginManager) -> Catalogue | None:
+    """The catalogue the session was handed, or None (nobody answered the hook)."""
+    return pluginmanager.hook.pytest_shardcheck_catalogue()
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("shardcheck", "shardcheck property layers")
+    clients = (catalogue_of(pluginmanager) or MODEL_CATALOGUE).clients
     group.addoption("--protocol", default=None, metavar="MOD:ATTR",
                     help=f"sharding protocol to check: {', '.join(PROTOCOLS)} or MOD:ATTR (default: paper)")
     group.addoption("--client", default=None, metavar="NAME|MOD:ATTR",
-                    help=f"store client to check: {', '.join(CLIENTS)} or MOD:ATTR naming a factory (default: model)")
+                    help=f"store client to check: {', '.join(clients)} or MOD:ATTR naming a factory (default: model)")
     group.addoption("--found-dir", default=None, metavar="DIR",
                     help="where failing runs are written as traces (default: <rootdir>/counterexamples/found)")
     group.addoption("--op-timeout", default=DEFAULT_OP_TIMEOUT, type=float, metavar="SECONDS",
@@ -89,9 +117,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--stall-seconds and --op-timeout must be > 0, got {stall} and {op}")
     if not config.getoption("retention") >= 0:
         raise pytest.UsageError(f"--retention must be >= 0 seconds, got {config.getoption('retention')}")
+    catalogue = catalogue_of(config.pluginmanager)
+    if catalogue is None:
+        for what, spec, known in (("client", client, MODEL_CATALOGUE.clients),
+                                  ("engine", config.getoption("engine"), MODEL_CATALOGUE.engines)):
+            if isinstance(spec, str) and ":" not in spec and spec not in known:
+                raise pytest.UsageError(f"{what} {spec!r}: the named {what}s come from shardcheck's catalogue, which "
+                                        "no plugin gave (load it with -p shardcheck.pytest_catalogue), or give MOD:ATTR")
+        catalogue = MODEL_CATALOGUE
     try:
         resolve_protocol(protocol)
-        resolved = resolve_client(client)
+        resolved = resolve_client(client, catalogue.clients)
         in_memory = resolved.in_memory
         options = parse_options(config.getoption("client_option"))
         resolved.check_options(options)
@@ -112,8 +148,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                   phases=tuple(p for p in settings.get_profile(current).phases if p is not Phase.shrink))
         settings.load_profile(f"{current}-real-client")
     found = config.getoption("found_dir") or config.rootpath / "counterexamples" / "found"
-    engine = _engine_target(config, max_ranks)
-    run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found,
+    engine = _engine_target(config, max_ranks, catalogue)
+    run_config.CURRENT = run_config.RunConfig(protocol=protocol, client=client, found_dir=found, catalogue=catalogue,
                                               op_timeout=config.getoption("op_timeout"),
                                               minimise_seconds=config.getoption("minimise_seconds"),
                                               retention=config.getoption("retention"),
@@ -126,8 +162,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--nemesis: {exc}") from None
 
 
-def _engine_target(config: pytest.Config, max_ranks: int | None) -> object:
-    """The serving engine of `--engine` (with `--lookup`, `--engine-option`, `--engine-patch`), or None."""
+def _engine_target(config: pytest.Config, max_ranks: int | None, catalogue: Catalogue) -> object:
+    """The serving engine of `--engine` (with `--lookup`, `--engine-option`, `--engine-patch`) named in `catalogue`,
+    or None."""
     spec = config.getoption("engine")
     if spec is None:
         if config.getoption("engine_option") or config.getoption("engine_patch"):
@@ -137,7 +174,7 @@ def _engine_target(config: pytest.Config, max_ranks: int | None) -> object:
     try:
         return engine_target(spec, lookup=config.getoption("lookup"), max_ranks=max_ranks,
                              options=parse_options(config.getoption("engine_option"), flag="--engine-option"),
-                             patches=config.getoption("engine_patch"))
+                             patches=config.getoption("engine_patch"), engines=catalogue.engines)
     except (ResolveError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
 

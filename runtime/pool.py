@@ -17,18 +17,19 @@ from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case, Outcome, run_case
 from model.timing import rerun_starved
 from runtime.bounded import BoundedStore
-from runtime.registry import Client, resolve_client
+from runtime.registry import Client
 
 __all__ = ["ClientPool", "case_runner", "DEFAULT_OP_TIMEOUT"]
 
 
 class ClientPool:
-    """Bounded stores of `client`, reused across cases with the same rank count."""
+    """Bounded stores of `client` (a resolved `runtime.registry.Client`), reused across cases with the same rank
+    count."""
 
-    def __init__(self, client: Client | Any, *, op_timeout: float = DEFAULT_OP_TIMEOUT,
+    def __init__(self, client: Client, *, op_timeout: float = DEFAULT_OP_TIMEOUT,
                  options: dict | None = None, run_tag: str = "run", nemesis: Callable[[list], Any] | None = None,
                  recovery_seconds: float | None = None) -> None:
-        self.client = client if isinstance(client, Client) else resolve_client(client)
+        self.client = client
         self.op_timeout, self.options = op_timeout, dict(options or {})
         if self.client.self_bounded:
             self.options.setdefault("op_timeout", op_timeout)

@@ -1,21 +1,31 @@
-"""The one registry of protocols and store clients: a name (or `MOD:ATTR`) -> the object, plus what it can do.
+"""The lookups of protocols and store clients: a name (or `MOD:ATTR`) -> the object, plus what it can do.
+
+The tables of names are not all here: each lives in the lowest layer that may import everything it names, and is
+handed down to the lookups (`tests/test_architecture.py` checks that no string names a module above its own).
+Here are the model's: `PROTOCOLS`, `MEMORY_CLIENTS` (the in-memory client alone), `CHECK_SCHEDULE` (names only).
+The real clients and serving engines are `adapters.catalogue`'s (`CLIENTS`, `SERVING_ENGINES`, the nemesis);
+`check`'s strategies and the demos' modules are the command line's (`shardcheck.catalogue`), which assembles them
+and passes them down (the pytest plugin has them from `shardcheck.pytest_catalogue`).
 
 - `resolve_protocol(spec) -> Protocol`: a short name of `PROTOCOLS` or `MOD:ATTR` naming a class (instantiated
   with no arguments), an instance, or a zero-argument factory of one; validated against the contract.
-- `resolve_client(spec) -> Client`: a name of `CLIENTS` or `MOD:ATTR` naming a factory
+- `resolve_client(spec, clients) -> Client`: a name of the `ClientTable` `clients` or `MOD:ATTR` naming a factory
   `factory(n_ranks, **options) -> list[RankStore]` (or a `RankStore` class, one instance per rank).
   `Client.stores(n_ranks, **options)` calls the factory and validates what it returns (count and methods).
+- `resolve_strategy(name, strategies)`: a fresh instance of `check`'s strategy `name` of the table `strategies`.
+- `demo_refs(prop, demos)`, `patch_refs(prop, demos)`: the `MOD:ATTR` of a catalog property's demos.
 - `options_for_ranks(options, n_ranks, first=0)`: a factory call's `urls`, those of its own ranks (the one place).
 
 A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
 `in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
 call bounds itself with the `op_timeout` option), `thread_safe` (may be driven from several threads at once),
 `options` (the factory options it accepts; None: any), `tier` (`MOD:ATTR` of what starts servers that several of
-its clients share, `runtime.tier`). A `MOD:ATTR` factory may declare them as attributes of the factory; otherwise
-it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores say
-`thread_safe = False`, a Valkey client (embedded Valkey servers for the shared-tier checks).
+its clients share, `runtime.tier`; None: none known). A `MOD:ATTR` factory may declare them as attributes of the
+factory; otherwise it is taken as a real client: not in memory, not self-bounded, thread-safe unless its stores
+say `thread_safe = False`, with the servers of its table's `tier` (`adapters.catalogue.CLIENTS`: embedded Valkey
+servers for the shared-tier checks).
 
-- The serving engines (`--engine`) are in `runtime.serving`.
+- The serving engines (`--engine`) are resolved in `runtime.serving`.
 
 Anything unusable raises `ResolveError` (a `ValueError`) whose message names the spec and what is wrong.
 Modules are imported when a name is resolved, so a missing optional adapter only matters when it is used.
@@ -27,24 +37,22 @@ import inspect
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 
 from model.contract import PROTOCOL_METHODS, STORE_METHODS, missing_members
 from model.store import MEMORY_CLIENT
 
-__all__ = ["Protocol", "Client", "ClientEntry", "ResolveError", "PROTOCOLS", "CLIENTS", "DEFAULT_PROTOCOL",
-           "DEFAULT_CLIENT", "NEMESIS_REF", "resolve_nemesis", "STRATEGIES", "CHECK_SCHEDULE", "resolve_protocol",
-           "resolve_client", "resolve_strategy", "parse_options", "corpus_clients", "real_clients", "by_verdict",
-           "protocol_bug_expect", "DEMO_MODULES", "demo_refs", "patch_refs", "load_attr", "ref_of", "VALKEY_TIER",
-           "MEMORY_TIER",
-           "options_for_ranks"]
+__all__ = ["Protocol", "Client", "ClientEntry", "ClientTable", "Catalogue", "ResolveError", "PROTOCOLS",
+           "MEMORY_CLIENTS", "MODEL_CATALOGUE", "DEFAULT_PROTOCOL", "DEFAULT_CLIENT", "CHECK_SCHEDULE",
+           "resolve_protocol", "resolve_client", "resolve_strategy", "parse_options", "corpus_clients",
+           "real_clients", "by_verdict", "protocol_bug_expect", "demo_refs", "patch_refs", "load_attr", "ref_of",
+           "MEMORY_TIER", "options_for_ranks"]
 
 DEFAULT_PROTOCOL = "paper"
 DEFAULT_CLIENT = MEMORY_CLIENT
-#: What starts the servers several clients share: embedded Valkey (a real client), in-memory servers (`model`).
-VALKEY_TIER = "adapters.shared_tier:valkey_tier"
+#: What starts the in-memory servers several clients of `model` share (a real client's: `adapters.catalogue`).
 MEMORY_TIER = "model.store:memory_tier"
 
 #: Short protocol names accepted by `--protocol` (the reference protocols of `model.protocols`).
@@ -67,61 +75,51 @@ class ClientEntry:
     options: tuple[str, ...] | None = None
     #: The curated corpus records an expectation on this client, and `verify` replays the corpus on it.
     corpus: bool = False
-    tier: str = VALKEY_TIER
+    #: What starts the servers several of its clients share (None: its table's `tier`, a real client's).
+    tier: str | None = None
     #: What `check` of the reference protocol is expected to give on it ("violated": stock, "held": fixed; None:
     #: `verify` does not check it): `verify` asserts it, the findings are judged on the fixed one (`by_verdict`).
     expect: str | None = None
 
 
-_LMCACHE_OPTIONS = ("topology", "use_mla", "op_timeout", "urls", "password", "num_workers")
+class ClientTable(dict):
+    """The named clients (`--client NAME` -> its `ClientEntry`) that `resolve_client` looks names up in, and `tier`:
+    the `MOD:ATTR` of what starts the servers of a client that names none (an entry without one, a `MOD:ATTR`
+    factory without a `tier` attribute; None: no servers are known to share)."""
 
-#: Client names accepted by `--client`.
-CLIENTS: dict[str, ClientEntry] = {
+    def __init__(self, entries: Mapping[str, ClientEntry] | None = None, *, tier: str | None) -> None:
+        super().__init__(entries or {})
+        self.tier = tier
+
+
+#: The in-memory client (`model.store`, the default client) alone: the one entry every client table has, and all
+#: that resolves by name where no table was handed down (`MODEL_CATALOGUE`).
+MEMORY_CLIENTS = ClientTable({
     MEMORY_CLIENT: ClientEntry(ref="model.store:memory_factory", about="in-memory stores with fault injection",
                                in_memory=True, options=("urls",), corpus=True, tier=MEMORY_TIER),
-    "lmcache": ClientEntry(ref="adapters.lmcache_stores:resp_factory", self_bounded=True, options=_LMCACHE_OPTIONS,
-                           about="LMCache's RemoteBackend over resp://, one real Valkey server per rank", corpus=True,
-                           expect="violated"),
-    "lmcache-native": ClientEntry(ref="adapters.lmcache_native:native_factory", self_bounded=True,
-                                  options=_LMCACHE_OPTIONS, about="LMCache's native RESP client"),
-    "lmcache-valkey": ClientEntry(ref="adapters.lmcache_stores:valkey_factory", self_bounded=True,
-                                  options=_LMCACHE_OPTIONS, about="LMCache's Valkey connector over valkey://"),
-    "lmcache-patched": ClientEntry(ref="adapters.patched:patched_factory", self_bounded=True,
-                                   options=_LMCACHE_OPTIONS, about="lmcache with shardcheck's fixes applied",
-                                   corpus=True, expect="held"),
-    "mooncake": ClientEntry(ref="adapters.mooncake_store:mooncake_factory", self_bounded=True,
-                            options=("op_timeout", "rpc_timeout_ms", "segment_mb", "lease_ttl_ms"),
-                            about="the Mooncake store's client over tcp, one mooncake_master per rank in a private "
-                                  "network namespace"),
-}
+}, tier=None)
 
 
-#: The nemesis (real faults on the servers shardcheck started): `control_maker(user_servers=...)`, resolved by name as
-#: the clients are (`resolve_nemesis`).
-NEMESIS_REF = "adapters.nemesis:control_maker"
+@attrs.frozen(kw_only=True)
+class Catalogue:
+    """What the names a user gives resolve in, assembled above `runtime/` and handed down to whoever resolves them
+    (`adapters.catalogue.CATALOGUE`; the pytest plugin asks `shardcheck.pytest_catalogue` for it): the named
+    clients, the named serving engines (name -> `runtime.serving.ServingEngineEntry`) and the nemesis
+    (`nemesis(user_servers=...) -> control_for(stores, kind)`, `engines.nemesis.plan_for`; None: no real faults)."""
+
+    clients: ClientTable
+    engines: Mapping[str, Any] = attrs.field(factory=dict)
+    nemesis: Callable[..., Any] | None = None
 
 
-def resolve_nemesis(*, user_servers: bool = False) -> Callable[..., Any]:
-    """`control_for(stores, kind)` of the nemesis (`adapters.nemesis.control_maker`)."""
-    return load_attr(NEMESIS_REF, "nemesis")(user_servers=user_servers)
+#: The model's own catalogue: the in-memory client alone, no serving engine, no nemesis (what resolves where no
+#: catalogue was handed down: `python -m properties.bench`, a pytest run without `shardcheck.pytest_catalogue`).
+MODEL_CATALOGUE = Catalogue(clients=MEMORY_CLIENTS)
 
 
-#: The strategies of `check` (`engines.api.Strategy`), by name.
-STRATEGIES: dict[str, str] = {
-    "scenarios": "engines.scenarios:Scenarios",
-    "nemesis": "engines.nemesis:Nemesis",
-    "retention": "engines.retention:Retention",
-    "concurrency": "engines.concurrency_engine:Concurrency",
-    "enumerate": "engines.search:Enumeration",
-    "explore": "engines.explore.engine:Explorer",
-    "hypothesis": "properties.engine:HypothesisMachines",
-    "random": "engines.search:RandomCases",
-    "engine-cases": "engines.engine_search:EngineCases",
-    "engine-machine": "properties.engine_machine:EngineMachineSearch",
-    "stack-cases": "engines.stack_search:StackCases",
-}
-#: `check`'s schedule per kind of target (`engines.api.target_kind`): the engines in order, each with its share of the
-#: budget (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
+#: `check`'s schedule per kind of target (`engines.api.target_kind`): the strategies in order (names of the table
+#: `engines.check.run_check` is handed, `shardcheck.catalogue.STRATEGIES`), each with its share of the budget
+#: (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
     "real": (("scenarios", None), ("retention", None), ("nemesis", 0.25), ("concurrency", 0.25), ("hypothesis", 0.15),
@@ -129,15 +127,6 @@ CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "deployment": (("engine-cases", 0.75), ("engine-machine", "rest")),
     "stack": (("stack-cases", "rest"),),
 }
-
-
-#: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).
-DEMO_MODULES: dict[str, str] = {"protocol": "model.variants", "store": "properties.bad_stores",
-                                "concurrency": "properties.bad_stores", "nemesis": "adapters.valkey_clients",
-                                "engine": "adapters.engine_demos", "stack": "adapters.vllm_stack.connector_demos",
-                                # (not a layer: the `--engine-patch` demos of a stack's own agreement,
-                                # `model.checks.Property.patches`)
-                                "stack-patch": "adapters.sglang_hicache.patches"}
 
 
 class ResolveError(ValueError):
@@ -174,7 +163,8 @@ class Client:
     self_bounded: bool = False
     thread_safe: bool = True
     options: tuple[str, ...] | None = None
-    tier: str = VALKEY_TIER
+    #: What starts the servers several of its clients share (`runtime.tier`; None: none known).
+    tier: str | None = None
 
     def accepted(self, options: dict) -> dict:
         """The subset of `options` this client's factory accepts."""
@@ -247,15 +237,15 @@ def _importable_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
-def load_attr(spec: str, what: str) -> Any:
-    """The object `MOD:ATTR` names (`ATTR` may be dotted)."""
+def load_attr(spec: str, what: str, known: Iterable[str] | None = None) -> Any:
+    """The object `MOD:ATTR` names (`ATTR` may be dotted); a spec that is no `MOD:ATTR` is refused naming the names
+    `known` instead (default: `PROTOCOLS` for a protocol)."""
     mod_name, sep, attr = spec.partition(":")
     if (not sep or not mod_name or not attr) and what == "engine patch":
         raise ResolveError(f"{what} {spec!r}: expected MOD:ATTR naming a function")
     if not sep or not mod_name or not attr:
-        known = ", ".join(PROTOCOLS if what == "protocol" else SERVING_ENGINES if what == "serving engine"
-                          else CLIENTS)
-        raise ResolveError(f"{what} {spec!r}: expected one of {known}, or MOD:ATTR")
+        names = ", ".join(PROTOCOLS if known is None and what == "protocol" else known or ())
+        raise ResolveError(f"{what} {spec!r}: expected " + (f"one of {names}, or MOD:ATTR" if names else "MOD:ATTR"))
     _importable_cwd()
     try:
         obj: Any = importlib.import_module(mod_name)
@@ -302,20 +292,21 @@ def resolve_protocol(spec: Any = None) -> Protocol:
     return Protocol(obj=obj, name=obj.name, ref=ref)
 
 
-def resolve_client(spec: Any = None) -> Client:
-    """The client `spec` names (default: `model`); a factory object is taken as it is."""
+def resolve_client(spec: Any, clients: ClientTable) -> Client:
+    """The client `spec` names in the table `clients` (None: `model`) or as `MOD:ATTR`; a factory object is taken as
+    it is (the servers it shares: its `tier`, else the table's)."""
     if isinstance(spec, Client):
         return spec
     if spec is not None and not isinstance(spec, str):
-        return _client(ref_of(spec), spec, None)
+        return _client(ref_of(spec), spec, None, clients)
     spec = spec or DEFAULT_CLIENT
-    entry = CLIENTS.get(spec)
+    entry = clients.get(spec)
     if entry is not None:
-        return _client(spec, load_attr(entry.ref, "client"), entry)
-    return _client(spec, load_attr(spec, "client"), None)
+        return _client(spec, load_attr(entry.ref, "client"), entry, clients)
+    return _client(spec, load_attr(spec, "client", known=clients), None, clients)
 
 
-def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
+def _client(name: str, obj: Any, entry: ClientEntry | None, clients: ClientTable) -> Client:
     if inspect.isclass(obj):
         if not missing_members(obj, STORE_METHODS):
             obj = PerRank(obj)
@@ -332,39 +323,44 @@ def _client(name: str, obj: Any, entry: ClientEntry | None) -> Client:
     else:
         caps = {k: getattr(obj, k) for k in ("in_memory", "self_bounded", "thread_safe", "options", "tier")
                 if hasattr(obj, k)}
+    if caps.get("tier") is None:
+        caps["tier"] = clients.tier
     return Client(name=name, factory=obj, **caps)
 
 
-def demo_refs(prop: Any) -> tuple[str, ...]:
-    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`)."""
-    return tuple(f"{DEMO_MODULES[prop.layer]}:{name}" for name in prop.demos)
+def demo_refs(prop: Any, demos: Mapping[str, str]) -> tuple[str, ...]:
+    """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`), its layer's module found in
+    `demos` (layer -> module: `shardcheck.catalogue.DEMO_MODULES`)."""
+    return tuple(f"{demos[prop.layer]}:{name}" for name in prop.demos)
 
 
-def patch_refs(prop: Any) -> tuple[str, ...]:
+def patch_refs(prop: Any, demos: Mapping[str, str]) -> tuple[str, ...]:
     """The `MOD:ATTR` of every `--engine-patch` demo of a stack's own agreement a catalog property has
-    (`model.checks.Property.patches`)."""
-    return tuple(f"{DEMO_MODULES['stack-patch']}:{name}" for name in getattr(prop, "patches", ()))
+    (`model.checks.Property.patches`), in the module `demos["stack-patch"]` names."""
+    return tuple(f"{demos['stack-patch']}:{name}" for name in getattr(prop, "patches", ()))
 
 
-def corpus_clients(*, real: bool | None = None) -> tuple[str, ...]:
-    """The clients the curated corpus records expectations on (`real=True`: only those not in memory)."""
-    return tuple(name for name, e in CLIENTS.items() if e.corpus and (real is None or real != e.in_memory))
+def corpus_clients(clients: Mapping[str, ClientEntry], *, real: bool | None = None) -> tuple[str, ...]:
+    """The clients of `clients` the curated corpus records expectations on (`real=True`: only those not in memory)."""
+    return tuple(name for name, e in clients.items() if e.corpus and (real is None or real != e.in_memory))
 
 
-def real_clients() -> tuple[str, ...]:
-    """Every named client that is not in memory (the real ones findings are measured on)."""
-    return tuple(name for name, e in CLIENTS.items() if not e.in_memory)
+def real_clients(clients: Mapping[str, ClientEntry]) -> tuple[str, ...]:
+    """Every client of `clients` that is not in memory (the real ones findings are measured on)."""
+    return tuple(name for name, e in clients.items() if not e.in_memory)
 
 
-def by_verdict(entries: dict[str, Any], verdict: str) -> tuple[str, ...]:
-    """The names in `entries` (`CLIENTS` or `SERVING_ENGINES`) whose `expect` is `verdict` ("violated", "held")."""
+def by_verdict(entries: Mapping[str, Any], verdict: str) -> tuple[str, ...]:
+    """The names in `entries` (a client table or the serving engines) whose `expect` is `verdict` ("violated",
+    "held")."""
     return tuple(name for name, e in entries.items() if e.expect == verdict)
 
 
-def protocol_bug_expect() -> dict[str, str]:
-    """A protocol bug's expectation on every corpus client: it reproduces on the in-memory model whatever the client;
-    on a real client the expectation is measured (`shardcheck regen` replays there) and replaces this one."""
-    return {name: "reproduces" for name in corpus_clients()}
+def protocol_bug_expect(clients: Mapping[str, ClientEntry]) -> dict[str, str]:
+    """A protocol bug's expectation on every corpus client of `clients`: it reproduces on the in-memory model whatever
+    the client; on a real client the expectation is measured (`shardcheck regen` replays there) and replaces this
+    one."""
+    return {name: "reproduces" for name in corpus_clients(clients)}
 
 
 def parse_options(items: list[str], flag: str = "--client-option") -> dict:
@@ -390,10 +386,11 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
     return out
 
 
-def resolve_strategy(name: str) -> Any:
-    """A fresh instance of `check`'s strategy `name` (`STRATEGIES`)."""
+def resolve_strategy(name: str, strategies: Mapping[str, str]) -> Any:
+    """A fresh instance of `check`'s strategy `name`, whose `MOD:ATTR` the table `strategies` gives
+    (`shardcheck.catalogue.STRATEGIES`)."""
     try:
-        ref = STRATEGIES[name]
+        ref = strategies[name]
     except KeyError:
-        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(STRATEGIES)}") from None
+        raise ResolveError(f"strategy {name!r}: expected one of {', '.join(strategies)}") from None
     return load_attr(ref, "engine")()

@@ -1,4 +1,5 @@
-"""The serving engines `--engine` knows, and resolving one: a name of `SERVING_ENGINES` or `MOD:ATTR` naming a factory.
+"""Resolving a serving engine (`--engine`): a name of the table handed down (name -> `ServingEngineEntry`, the
+named ones are `adapters.catalogue.SERVING_ENGINES`) or `MOD:ATTR` naming a factory.
 
 A serving engine is driven through one of two seams (`ServingEngineEntry.seam`): `deployment` (a real engine's own
 lookup-and-load path called call by call: `factory(n_ranks, *, lookup, models, **options) -> EngineDeployment`) or
@@ -8,15 +9,14 @@ process before the first deployment or stack is built. Anything unusable raises 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 
 from model.contract import DEPLOYMENT_METHODS, missing_members
 from runtime.registry import ResolveError, load_attr, options_for_ranks, ref_of
 
-__all__ = ["ServingEngine", "ServingEngineEntry", "SERVING_ENGINES", "resolve_serving_engine", "apply_engine_patches",
-           "ENGINE_OPTIONS"]
+__all__ = ["ServingEngine", "ServingEngineEntry", "resolve_serving_engine", "apply_engine_patches"]
 
 
 # -- serving engines (--engine) ------------------------------------------------------------------------------------------------------
@@ -52,41 +52,6 @@ class ServingEngineEntry:
     patch_demos: bool = False
 
 
-#: The factory options of the LMCache engines (`--engine-option KEY=VALUE`; shardcheck itself gives `runner`, the
-#: `--runner` of the deployment, and `patches`, the `--engine-patch` functions a rank process applies first).
-ENGINE_OPTIONS = ("urls", "lookup_timeout_ms", "close_timeout", "runner", "patches")
-
-
-#: Serving engine names accepted by `--engine` (a real engine's own lookup-and-load path under test).
-SERVING_ENGINES: dict[str, ServingEngineEntry] = {
-    "lmcache": ServingEngineEntry(ref="adapters.lmcache_engine.factory:stock_factory", options=ENGINE_OPTIONS,
-                           about="stock LMCache 0.5.6: N LMCacheEngine ranks on CPU (LocalCPU + resp:// to each "
-                                 "rank's own Valkey), the real lookup servers and the scheduler's real lookup client"),
-    "lmcache-patched": ServingEngineEntry(ref="adapters.engine_patched:patched_factory", options=ENGINE_OPTIONS,
-                                   about="lmcache with shardcheck's fixes to its lookup-and-load path", expect="held"),
-    "vllm": ServingEngineEntry(ref="adapters.vllm_stack:vllm_stack", seam="stack",
-                               connectors=("lmcache", "lmcache-patched", "mooncake"),
-                               connector_expect={"lmcache-patched": "held", "mooncake": "violated"},
-                               options=("tp", "lookup_timeout_ms", "max_blocks", "async_loading", "urls", "chunk_size",
-                                        "local_cpu_gb", "cpu_connector", "max_model_len", "start_timeout",
-                                        "call_timeout", "close_timeout", "log_level", "segment_mb"),
-                               about="vLLM 0.31 on CPU (a tiny local Llama) with a KV connector: LMCache 0.5.6, one "
-                                     "Valkey server per tensor-parallel rank, or vLLM's MooncakeStoreConnector over "
-                                     "a Mooncake master"),
-    "memory-stack": ServingEngineEntry(ref="model.stack_memory:memory_stack", seam="stack", connectors=("memory",),
-                                       options=("chunk_size", "block_size", "blocks", "lookup_timeout", "tp"),
-                                       about="the serving stack in memory: the behaviour real stacks are judged "
-                                             "against", expect="held"),
-    "sglang-hicache": ServingEngineEntry(ref="adapters.sglang_hicache.sgl_stack:factory", seam="stack",
-                                         connectors=("file",), ranks=2, patch_demos=True,
-                                         options=("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout",
-                                                  "start_timeout", "host_tokens", "prefetch_policy",
-                                                  "patches"),
-                                         about="SGLang 0.5.23's own HiCache storage prefetch (HybridCacheController: "
-                                               "the hit query, its MIN agreement over gloo, the page load, the ack "
-                                               "MIN, the write-back) in N rank processes, each with its own storage",
-                                         expect="held"),
-}
 _APPLIED_PATCHES: list[str] = []
 
 
@@ -155,9 +120,12 @@ class ServingEngine:
         return made
 
 
-def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
-    """The engine `spec` names (`lmcache`, `lmcache-patched` or `MOD:ATTR` of a factory); `patches` are checked
-    to be loadable now (they are applied before the first deployment is built)."""
+def resolve_serving_engine(spec: Any, patches: Any = (),
+                           engines: Mapping[str, ServingEngineEntry] | None = None) -> ServingEngine:
+    """The engine `spec` names: a name of `engines` (the named serving engines, `adapters.catalogue.SERVING_ENGINES`;
+    None: none) or `MOD:ATTR` of a factory; a resolved one is taken as it is. `patches` are checked to be loadable
+    now (they are applied before the first deployment is built)."""
+    engines = engines or {}
     if isinstance(spec, ServingEngine):
         return spec
     for p in patches or ():
@@ -167,18 +135,22 @@ def resolve_serving_engine(spec: Any, patches: Any = ()) -> ServingEngine:
         caps = {k: getattr(spec, k) for k in ("lookups", "options") if hasattr(spec, k)}
         return ServingEngine(name=ref_of(spec), factory=spec, patches=tuple(patches or ()), **caps)
     if not spec:
-        raise ResolveError(f"engine: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
-    entry = SERVING_ENGINES.get(spec)
+        raise ResolveError(f"engine: {_expected(engines)}")
+    entry = engines.get(spec)
     if entry is not None:
         return ServingEngine(name=spec, factory=load_attr(entry.ref, "serving engine"), lookups=entry.lookups,
                              options=entry.options, patches=tuple(patches or ()), seam=entry.seam,
                              connectors=entry.connectors, ranks=entry.ranks)
     mod, sep, attr = spec.partition(":")
     if not sep or not mod or not attr:
-        raise ResolveError(f"engine {spec!r}: expected one of {', '.join(SERVING_ENGINES)}, or MOD:ATTR")
+        raise ResolveError(f"engine {spec!r}: {_expected(engines)}")
     obj = load_attr(spec, "serving engine")
     if not callable(obj):
         raise ResolveError(f"engine {spec!r}: {type(obj).__name__} is not a deployment factory")
     caps = {k: tuple(getattr(obj, k)) if k in ("lookups", "connectors") else getattr(obj, k)
             for k in ("lookups", "options", "seam", "connectors", "ranks") if hasattr(obj, k)}
     return ServingEngine(name=spec, factory=obj, patches=tuple(patches or ()), **caps)
+
+
+def _expected(engines: Mapping[str, ServingEngineEntry]) -> str:
+    return f"expected one of {', '.join(engines)}, or MOD:ATTR" if engines else "expected MOD:ATTR"

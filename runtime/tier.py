@@ -2,7 +2,8 @@
 
 A factory that accepts `urls` may be called more than once with the same servers (CONTRACT.md). `open_shared`
 gets the servers (the client's `tier`: in-memory servers for `model` and the in-memory demos, embedded Valkey
-servers for a real client, or the user's own when the client's options name `urls`), calls the factory
+servers for a real client, `adapters.catalogue.VALKEY_TIER`, or the user's own when the client's options name
+`urls`), calls the factory
 `clients` times with their urls, and hands back a `SharedStores`: `clients[c][rank]` is client c's store of
 rank r's server, and `evict(rank, key)` is the server's own eviction of a key (no client sees it first). A
 client whose factory takes no `urls` gets `NotShared` with the reason, which the layers report: the shared-tier
@@ -74,6 +75,9 @@ def open_shared(client: Client, n_ranks: int, *, clients: int = SHARED_CLIENTS,
     `NotShared` when the factory takes no `urls`; `ResolveError` when the servers cannot be had."""
     if not client.takes_urls():
         raise NotShared(NotShared.reason(client))
+    if client.tier is None:
+        raise NotShared(f"client {client.name!r}: no servers are known that several of its clients could share "
+                        "(give its factory a `tier`, or name it in a client table that has one)")
     try:
         tier = load_attr(client.tier, "tier")(n_ranks, **{k: v for k, v in options.items()
                                                           if k in ("urls", "password")})

@@ -51,11 +51,11 @@ def _lookups(target: Any, mode: str, seconds: float) -> float:
 def measure_engine(seconds: float = 3.0, engine: str | None = None) -> dict[str, Any]:
     """The engine figures (see the module docstring), on `engine` (default: the fixed one, whose close returns)."""
     from runtime.registry import by_verdict
-    from runtime.serving import SERVING_ENGINES
+    from shardcheck.catalogue import SERVING_ENGINES
     from engines.engine_search import engine_target
     from model.engine_case import EngineCase
 
-    target = engine_target(engine or by_verdict(SERVING_ENGINES, "held")[0])
+    target = engine_target(engine or by_verdict(SERVING_ENGINES, "held")[0], engines=SERVING_ENGINES)
     case = EngineCase(n_ranks=2, lookup="sync")
     target.make(case).close()  # the imports and the first build
     builds = []

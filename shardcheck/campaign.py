@@ -43,7 +43,7 @@ def cmd_campaign(args: Any) -> int:
         _reachable(url)
         env = {**os.environ, "SHARDCHECK_EXAMPLE_DB": url, "HYPOTHESIS_PROFILE": args.profile}
         cmd = [sys.executable, "-m", "pytest", str(ROOT / "properties"), "-n", str(args.workers), "-p",
-               "no:cacheprovider", *args.pytest_args]
+               "no:cacheprovider", "-p", "shardcheck.pytest_catalogue", *args.pytest_args]
         print(f"shardcheck campaign: {' '.join(cmd[2:])} with the example database on {url}", file=sys.stderr,
               flush=True)
         return subprocess.call(cmd, env=env)

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from engines.api import DEFAULT_RETENTION
+from shardcheck.catalogue import STRATEGIES
 from shardcheck.errors import EXIT_HELD, EXIT_UNDECIDED, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,
@@ -83,6 +84,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     with case_runner_of(target, op_timeout, plan) as run, bar:
         try:
             result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
+                           strategies=STRATEGIES,
                            seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
                            until_exhausted=until_exhausted, on_progress=bar.update,
                            note=_err if progress else (lambda text: None), retention=retention, nemesis=plan,
@@ -109,7 +111,8 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
-            result = check(target, budget=budget, seed=seed, out_dir=out_dir, on_progress=bar.update,
+            result = check(target, budget=budget, strategies=STRATEGIES, seed=seed, out_dir=out_dir,
+                           on_progress=bar.update,
                            note=_err if progress else (lambda text: None), started=started)
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None

@@ -11,12 +11,13 @@ from model.harness import run_case
 from model.trace import Trace
 from runtime.registry import corpus_clients, protocol_bug_expect
 from model.variants import DEMO_VARIANTS
+from shardcheck.catalogue import CLIENTS
 
 __all__ = ["CORPUS", "REAL_CLIENTS", "SEARCH_CASES", "demo_traces", "without_real", "measure_real_expectations"]
 
 CORPUS = Path(__file__).resolve().parents[1] / "counterexamples"
 #: The real clients the corpus records measured expectations on.
-REAL_CLIENTS = corpus_clients(real=True)
+REAL_CLIENTS = corpus_clients(CLIENTS, real=True)
 SEARCH_CASES = 200_000
 
 
@@ -37,7 +38,7 @@ def demo_traces() -> dict[str, Trace]:
                                f"{small.outcome.violated()}, not {prop}")
         ref = f"{variant.__module__}:{variant.__name__}"
         trace = Trace.from_outcome(small.outcome, protocol_ref=ref, origin=f"demo-variant:{small.strategy}",
-                                   expect=protocol_bug_expect())
+                                   expect=protocol_bug_expect(CLIENTS))
         trace.summary = _paragraph(variant, small)
         out[f"demo-{protocol.name}.json"] = trace
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.registry import by_verdict
-from runtime.serving import SERVING_ENGINES
+from shardcheck.catalogue import SERVING_ENGINES
 
 __all__ = ["ENGINE_CORPUS", "build", "FIRM_RUNS", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
 
@@ -42,7 +42,8 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
     for mode in modes:
-        stock, patched = engine_target(STOCK, lookup=mode), engine_target(FIXED, lookup=mode)
+        stock, patched = (engine_target(STOCK, lookup=mode, engines=SERVING_ENGINES),
+                          engine_target(FIXED, lookup=mode, engines=SERVING_ENGINES))
         stats = EngineStats()
         end = time.monotonic() + budget
         progress(f"engine findings, {mode} lookups: {budget:g} s of search on {STOCK} ...")

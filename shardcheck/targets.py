@@ -35,8 +35,10 @@ def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | 
     """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis.plan_for`), or None; bad input
     is exit 2."""
     from engines.nemesis import plan_for
+    from shardcheck.catalogue import CATALOGUE
     try:
-        return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds)
+        return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds,
+                        nemesis=CATALOGUE.nemesis)
     except ValueError as exc:
         raise UsageError(f"--nemesis {spec or ''}: {exc}".replace("--nemesis : --", "--")) from None
 
@@ -65,16 +67,17 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     from engines.engine_search import engine_target
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
+    from shardcheck.catalogue import SERVING_ENGINES
     if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
     try:
-        if connector is not None or resolve_serving_engine(spec, patches).seam == "stack":
+        if connector is not None or resolve_serving_engine(spec, patches, SERVING_ENGINES).seam == "stack":
             from engines.stack_search import stack_target
             if runner == "processes":
                 raise ResolveError("a serving stack runs its ranks its own way: no --runner processes")
             stack = stack_target(spec, connector=connector, options=opts, patches=tuple(patches or ()),
-                                 max_ranks=max_ranks)
+                                 max_ranks=max_ranks, engines=SERVING_ENGINES)
             if preflight and opts.get("urls"):
                 _reach_urls(opts["urls"])
             return Target(engine=stack, max_ranks=stack.n_ranks)
@@ -82,7 +85,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
         raise UsageError(str(exc)) from None
     try:
         engine = engine_target(spec, lookup=lookup, options=opts, patches=tuple(patches or ()), max_ranks=max_ranks,
-                               runner="processes" if runner == "processes" else "in-process")
+                               runner="processes" if runner == "processes" else "in-process", engines=SERVING_ENGINES)
     except ResolveError as exc:
         raise UsageError(str(exc)) from None
     if preflight and engine.options.get("urls"):
@@ -116,8 +119,9 @@ def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | d
     from engines.api import Target
     from runtime.preflight import TierUnreachable, reach
     from runtime.registry import ResolveError, resolve_client, resolve_protocol
+    from shardcheck.catalogue import CLIENTS
     try:
-        protocol, client = resolve_protocol(protocol_spec), resolve_client(client_spec)
+        protocol, client = resolve_protocol(protocol_spec), resolve_client(client_spec, CLIENTS)
         opts = parse_options(options) if isinstance(options, list) else dict(options or {})
         client.check_options(opts)
     except ResolveError as exc:

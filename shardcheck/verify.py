@@ -9,15 +9,15 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from runtime.registry import CLIENTS, by_verdict, corpus_clients, patch_refs
-from runtime.serving import SERVING_ENGINES
+from runtime.registry import by_verdict, corpus_clients, patch_refs
+from shardcheck.catalogue import CLIENTS, DEMO_MODULES, SERVING_ENGINES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 
 __all__ = ["REAL_CLIENTS", "run_verify", "cmd_verify"]
 
 #: The real clients verify checks and replays the corpus on.
-REAL_CLIENTS = corpus_clients(real=True)
+REAL_CLIENTS = corpus_clients(CLIENTS, real=True)
 #: Stack connectors checked only by `verify --full`, with the budget each needs at least (seconds): `--engine vllm
 #: --connector mooncake` takes 4-6 minutes to its finding (tests/test_mooncake.py catches its demos in about one).
 _FULL_ONLY = {("vllm", "mooncake"): 300.0}
@@ -113,12 +113,11 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
             _step(rows, name, entry.expected(connector), check(stack, secs=secs_here, connector=connector))
         if entry.patch_demos:  # its own agreement broken by an --engine-patch demo, found by the property it breaks
             for p in CATALOG:
-                for ref in patch_refs(p):
+                for ref in patch_refs(p, DEMO_MODULES):
                     _step(rows, f"check --engine {stack} --engine-patch {ref} -> {p.name}", f"violated: {p.name}",
                           check(stack, (ref,), secs=small.get(stack, secs), want=p.name))
         if stack != "vllm" or not full:
             continue
-        from runtime.registry import DEMO_MODULES
         for p in CATALOG:
             if p.layer == "stack":
                 for demo in p.demos:
@@ -215,7 +214,7 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
     from shardcheck.verify_nemesis import nemesis_steps  # real faults on the servers (--nemesis)
     nemesis_steps(lambda name, expected, fn: _step(rows, name, expected, fn), out_dir=out_dir, budget=budget)
 
-    for client in corpus_clients():
+    for client in corpus_clients(CLIENTS):
         def replay(client: str = client) -> tuple[str, str]:
             res = run_replay([str(CORPUS)], client)
             off = [r["path"] for r in res if not r["matches"]]

@@ -70,10 +70,11 @@ def racy_verdicts(path: str) -> list[tuple[str, str]]:
     from engines.replay import ReplayOn, judge
     from model.trace import Trace
     from runtime.registry import resolve_client
+    from adapters.catalogue import CLIENTS
     t = Trace.load(path)
     out = []
     for name in (t.client, "lmcache-patched"):
-        client = resolve_client(name)
+        client = resolve_client(name, CLIENTS)
         verdict = judge(t, ReplayOn(client=client, options=client.accepted(OPTIONS)))
         out.append((verdict.outcome, verdict.why))
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.catalogue import CLIENTS
 from adapters.lmcache_stores import (
     CHUNK_BYTES,
     MAX_VALUE,
@@ -134,7 +135,7 @@ def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works(
 
 def failing(client: str, names: tuple[str, ...] = SCENARIOS, op_timeout: float = T, **options) -> dict[str, Trace]:
     """Scenario name -> the store-ops trace of each of `names` that `client` fails (`engines.scenarios`)."""
-    traces = run_scenarios(resolve_client(client), op_timeout=op_timeout, names=names, options=options)
+    traces = run_scenarios(resolve_client(client, CLIENTS), op_timeout=op_timeout, names=names, options=options)
     return {t.origin.partition(":")[2]: t for t in traces}
 
 
@@ -170,7 +171,9 @@ def test_stock_valkey_connector_cannot_authenticate():
     """Against servers that require a password, stock lmcache's valkey:// connector cannot connect (its factory
     fails, named in one line); the patched factory round-trips."""
     code = ("from engines.scenarios import run_scenarios; from runtime.registry import resolve_client, ResolveError\n"
-            "import os\ntry:\n    run_scenarios(resolve_client('lmcache-valkey'), op_timeout=0.5, names=('round-trip',),"
+            "from adapters.catalogue import CLIENTS\n"
+            "import os\ntry:\n    run_scenarios(resolve_client('lmcache-valkey', CLIENTS), op_timeout=0.5,"
+            " names=('round-trip',),"
             " options={'password': 'pw-1', 'use_mla': False})\n    print('CONNECTED')\n"
             "except ResolveError as exc:\n    print('REFUSED', exc)\nos._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(ROOT))
@@ -191,7 +194,8 @@ def test_patched_client_passes_every_scenario(topology: str, use_mla: bool):
 def test_patched_valkey_client_passes_every_scenario(use_mla: bool):
     """The patched valkey:// client passes every fixed scenario, also with a password."""
     from runtime.registry import Client
-    client = Client(name="lmcache-valkey-patched", factory=patched_valkey_factory, self_bounded=True)
+    client = Client(name="lmcache-valkey-patched", factory=patched_valkey_factory, self_bounded=True,
+                    tier=CLIENTS.tier)
     traces = run_scenarios(client, op_timeout=PASS_T, options={"use_mla": use_mla, "password": "pw-2"})
     assert not traces, "\n".join(t.summary for t in traces)
 

@@ -1,10 +1,12 @@
 """ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
-has its record, and the "Where to add things" table holds when it is done (an engine is its module and one registry
-entry, a client its factory and one registry entry) and when it is counted (a fault kind's field named in its record
-alone, a client's name in the registry and its adapter); no module over 500 lines, no function over 100."""
+has its record, and the "Where to add things" table holds when it is done (an engine is its module and one catalogue
+entry, a client its factory and one catalogue entry) and when it is counted (a fault kind's field named in its record
+alone, a client's name in the catalogue and its adapter); no string names a module its layer may not import; no
+module over 500 lines, no function over 100."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import time
 import types
@@ -18,13 +20,14 @@ from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
-from runtime.registry import STRATEGIES, CHECK_SCHEDULE, CLIENTS, resolve_client, resolve_strategy, resolve_protocol
+from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_strategy, resolve_protocol
+from shardcheck.catalogue import CLIENTS, SERVING_ENGINES, STRATEGIES
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
     left = iter(range(polls))
     now = time.monotonic()
-    target = target or Target(protocol=resolve_protocol("paper"), client=resolve_client(client))
+    target = target or Target(protocol=resolve_protocol("paper"), client=resolve_client(client, CLIENTS))
     return SearchContext(target=target, run=run_case, should_stop=lambda: next(left, None) is None,
                          phase_end=now + 3, deadline=now + 3, coverage=Coverage())
 
@@ -40,7 +43,7 @@ def test_every_engine_is_scheduled_and_reports_its_coverage(name):
     line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
     (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
-    engine = resolve_strategy(name)
+    engine = resolve_strategy(name, STRATEGIES)
     assert engine.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
     if kinds == ["deployment"]:
@@ -62,7 +65,7 @@ def test_every_engine_is_scheduled_and_reports_its_coverage(name):
 @pytest.mark.parametrize("name", list(CLIENTS))
 def test_every_client_name_resolves_with_its_capabilities(name):
     """Every named client resolves to a callable factory; only `model` is in memory."""
-    client = resolve_client(name)
+    client = resolve_client(name, CLIENTS)
     assert callable(client.factory) and client.name == name
     assert client.in_memory == (name == "model")
 
@@ -80,7 +83,7 @@ class _ToyEngine:
         return ctx.protocol_finding(case, out, self.name)
 
 
-def test_an_engine_is_its_module_and_one_registry_entry(monkeypatch, tmp_path):
+def test_an_engine_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
     """A new engine: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
@@ -93,12 +96,13 @@ def test_an_engine_is_its_module_and_one_registry_entry(monkeypatch, tmp_path):
     assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"
 
 
-def test_a_client_is_its_factory_and_one_registry_entry(monkeypatch, tmp_path):
+def test_a_client_is_its_factory_and_one_catalogue_entry(monkeypatch, tmp_path):
     """A new named client: a factory and one `ClientEntry`; `--client NAME` then works in check and replay."""
     from shardcheck.check_cmd import run_check
     from shardcheck.replay import run_replay
     module = types.ModuleType("toy_client_module")
-    module.factory = lambda n_ranks, **options: resolve_client("properties.bad_stores:truncating_factory").factory(n_ranks)
+    module.factory = lambda n_ranks, **options: resolve_client("properties.bad_stores:truncating_factory",
+                                                               CLIENTS).factory(n_ranks)
     monkeypatch.setitem(sys.modules, "toy_client_module", module)
     monkeypatch.setitem(CLIENTS, "toy", registry.ClientEntry(ref="toy_client_module:factory", about="a toy client",
                                                              options=()))
@@ -187,7 +191,7 @@ def test_a_plan_built_by_phase_round_trips():
     assert FaultPlan.from_json(plan.to_json()) == plan and plan.size() == 5
 
 
-#: Where a first-class client's name may be written besides the registry and its adapter, and why: the findings
+#: Where a first-class client's name may be written besides the catalogue and its adapter, and why: the findings
 #: tables of what was measured on that very client, or the word meaning something else (the list only shrinks).
 CLIENT_NAME_USES = {
     "model": {"engines/engine_cases.py": "an isolation case: a prompt of another model",
@@ -213,22 +217,25 @@ def _in_adapter(path: str, ref: str) -> bool:
     return path == f"{module}.py" or (len(module.parts) > 2 and Path(path).parent == module.parent)
 
 
+#: The catalogues: where the tables of names are (`runtime/registry.py` has the model's, `adapters/catalogue.py` the
+#: clients and serving engines, `shardcheck/catalogue.py` the strategies and the demos' modules).
+CATALOGUES = ("runtime/registry.py", "adapters/catalogue.py", "shardcheck/catalogue.py")
+
+
 def clients_named_in() -> dict[str, list[str]]:
-    """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the registry and
+    """For every first-class client (a `CLIENTS` key), the modules that name it as a string, less the catalogues and
     its adapter (the module of its factory, or of its serving engine of the same name)."""
-    from runtime.serving import SERVING_ENGINES
     out = {}
     for name, entry in CLIENTS.items():
         refs = [entry.ref] + ([SERVING_ENGINES[name].ref] if name in SERVING_ENGINES else [])
-        out[name] = sorted(path for path, names in STRINGS.items() if name in names and
-                           path not in ("runtime/registry.py", "runtime/serving.py")
+        out[name] = sorted(path for path, names in STRINGS.items() if name in names and path not in CATALOGUES
                            and not any(_in_adapter(path, ref) for ref in refs))
     return out
 
 
-def test_a_client_is_named_in_the_registry_and_its_adapter():
+def test_a_client_is_named_in_the_catalogue_and_its_adapter():
     """ARCHITECTURE.md "a client": a first-class client's name (a `CLIENTS` key, as a string in the code) is in the
-    registry, its adapter and the modules of `CLIENT_NAME_USES` only (each with why: the list only shrinks)."""
+    catalogue, its adapter and the modules of `CLIENT_NAME_USES` only (each with why: the list only shrinks)."""
     for name, files in clients_named_in().items():
         allowed = CLIENT_NAME_USES.get(name, {})
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
@@ -236,7 +243,7 @@ def test_a_client_is_named_in_the_registry_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the registry and
+#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the catalogues and
 #: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
 #: shrinks).
 ENGINE_NAME_USES = {
@@ -257,20 +264,64 @@ ENGINE_NAME_USES = {
 
 def engines_named_in() -> dict[str, list[str]]:
     """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
-    registry and its own module."""
-    return {name: sorted(path for path, names in STRINGS.items() if name in names and
+    catalogues and its own module."""
+    return {name: sorted(path for path, names in STRINGS.items() if name in names and path not in CATALOGUES and
                          path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
             for name, ref in STRATEGIES.items()}
 
 
-def test_an_engine_is_named_in_the_registry_and_its_module():
-    """ARCHITECTURE.md "an engine": its name is in the registry and its module, and where `ENGINE_NAME_USES` says
-    why only (what `test_an_engine_is_its_module_and_one_registry_entry` shows working)."""
+def test_an_engine_is_named_in_the_catalogue_and_its_module():
+    """ARCHITECTURE.md "an engine": its name is in the catalogue and its module, and where `ENGINE_NAME_USES` says
+    why only (what `test_an_engine_is_its_module_and_one_catalogue_entry` shows working)."""
     for name, files in engines_named_in().items():
         allowed = ENGINE_NAME_USES.get(name, {})
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
         assert set(allowed) <= set(files), (name, "no longer named there: take it off ENGINE_NAME_USES",
                                             sorted(set(allowed) - set(files)))
+
+
+# -- names by string follow the layers ----------------------------------------------------------------------------
+#: The layers from the bottom up (`pyproject.toml`'s import-linter contract): a package imports only those below it.
+LAYERS = (("model",), ("runtime",), ("engines",), ("proofs", "properties", "adapters"), ("shardcheck",))
+
+
+def _layer(package: str) -> int:
+    return next(i for i, packages in enumerate(LAYERS) if package in packages)
+
+
+def refs_past_the_layers(path: str, tree: ast.AST) -> list[str]:
+    """The strings of a module (its docstrings and other bare string statements aside) that name a module it may not
+    import: one of a layer above it, or of a sibling of its own layer (`adapters.nemesis:control_maker`,
+    `properties.bad_stores`, `f"adapters.{name}"`). import-linter sees imports only; such a string is a dependency
+    it cannot see, resolved at run time (`runtime.registry.load_attr`, `importlib.import_module`)."""
+    own = path.split("/")[0]
+    banned = [p for i, packages in enumerate(LAYERS) for p in packages
+              if p != own and (i > _layer(own) or own in packages)]
+    if not banned:
+        return []
+    named = re.compile(rf"^({'|'.join(banned)})\.([A-Za-z_][\w.]*)?(:[\w.]*)?$")
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return sorted(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                  and isinstance(node.value, str) and id(node) not in prose and named.match(node.value))
+
+
+def test_no_module_names_by_string_a_module_it_may_not_import():
+    """A table of names (clients, serving engines, strategies, demos, the nemesis) lives in the lowest layer that may
+    import everything it names, and is handed down from there: no string of `model/`, `runtime/`, `engines/` (nor of
+    `proofs/`, `properties/`, `adapters/` about each other) names a module above it, as `MOD:ATTR` or as a module."""
+    found = {path: refs for path, tree in SOURCES.items() if (refs := refs_past_the_layers(path, tree))}
+    assert found == {}, found
+
+
+def test_the_layer_check_sees_a_ref_upward():
+    """The check itself: a `MOD:ATTR` or a module of a layer above is seen; one below, a docstring and prose are not."""
+    tree = ast.parse('"""adapters.nemesis:control_maker in a docstring."""\n'
+                     'A = "adapters.nemesis:control_maker"\nB = "properties.bad_stores"\nC = f"adapters.{A}:x"\n'
+                     'D = "model.store:memory_factory"\nE = "adapters.nemesis strikes real faults"\n')
+    assert refs_past_the_layers("runtime/x.py", tree) == ["adapters.", "adapters.nemesis:control_maker",
+                                                         "properties.bad_stores"]
+    assert refs_past_the_layers("adapters/x.py", tree) == ["properties.bad_stores"]
+    assert refs_past_the_layers("shardcheck/x.py", tree) == []
 
 
 # -- size limits --------------------------------------------------------------------------------------------------

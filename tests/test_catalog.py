@@ -6,8 +6,8 @@ from pathlib import Path
 
 from model import checks, protocols, variants
 from model.checks import CATALOG, CHECKS, PROPERTIES
-from runtime.registry import DEMO_MODULES, demo_refs, load_attr, patch_refs
-from runtime.serving import SERVING_ENGINES
+from runtime.registry import demo_refs, load_attr, patch_refs
+from shardcheck.catalogue import DEMO_MODULES, SERVING_ENGINES
 
 
 def test_every_property_has_a_resolvable_demo():
@@ -17,7 +17,7 @@ def test_every_property_has_a_resolvable_demo():
     assert len({p.name for p in CATALOG}) == len(CATALOG)
     for p in CATALOG:
         assert p.layer in DEMO_MODULES and p.about and p.demos, p
-        for ref in demo_refs(p):
+        for ref in demo_refs(p, DEMO_MODULES):
             if p.layer == "stack":
                 module, name = ref.split(":")
                 spec = importlib.util.find_spec(module)
@@ -30,7 +30,7 @@ def test_every_property_has_a_resolvable_demo():
 def test_every_stack_patch_demo_resolves_and_has_a_stack():
     """A property's `--engine-patch` demos of a stack's own agreement are functions (importing their module imports
     nothing of the stack: they patch it in its rank processes), and some stack takes them."""
-    refs = [ref for p in CATALOG for ref in patch_refs(p)]
+    refs = [ref for p in CATALOG for ref in patch_refs(p, DEMO_MODULES)]
     assert refs and all(callable(load_attr(ref, "demo")) for ref in refs)
     assert [p.name for p in CATALOG if p.patches] == ["engine-soundness"]
     assert [name for name, e in SERVING_ENGINES.items() if e.patch_demos] == ["sglang-hicache"]

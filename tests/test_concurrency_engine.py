@@ -10,6 +10,7 @@ import random
 import attrs
 import pytest
 
+from adapters.catalogue import CLIENTS
 from engines.concurrency import make_layout, measure
 from model.contract import declared_paths
 from engines.concurrency_engine import ConcurrencyCoverage, minimise, search
@@ -44,7 +45,7 @@ def test_reproduce_rule_holds_on_a_seeded_bernoulli_source():
 
 def replay(trace, factory):
     """A concurrent trace judged on the client `factory` names (`engines.replay.judge`)."""
-    verdict = judge(trace, ReplayOn(client=resolve_client(factory)))
+    verdict = judge(trace, ReplayOn(client=resolve_client(factory, CLIENTS)))
     return verdict.outcome, verdict.why
 
 
@@ -79,7 +80,7 @@ def test_replay_judges_by_rate():
     runs as the rate it recorded asks."""
     trace = found_stale_trace()
     assert replay(trace, stale_cache_factory)[0] == "reproduces"
-    on, seen = ReplayOn(client=resolve_client(jitter_factory)), []
+    on, seen = ReplayOn(client=resolve_client(jitter_factory, CLIENTS)), []
     verdict = judge(trace, on, progress=lambda done, need: seen.append((done, need)))
     need, _ = clean_runs(trace, on)
     assert verdict.outcome == "fixed" and f"in {need} clean" in verdict.why
@@ -93,7 +94,7 @@ def test_clean_runs_follow_the_recorded_rate(rate, need):
     trace = found_stale_trace()
     config = {k: v for k, v in trace.config.items() if k != "rate"}
     trace = attrs.evolve(trace, config={**config, **({"rate": rate} if rate else {})})
-    assert clean_runs(trace, ReplayOn(client=resolve_client(jitter_factory)))[0] == need
+    assert clean_runs(trace, ReplayOn(client=resolve_client(jitter_factory, CLIENTS)))[0] == need
 
 
 @pytest.mark.parametrize("bad", [{"rate": {"k": 0, "n": 5}}, {"rate": {"k": 6, "n": 5}}, {}])

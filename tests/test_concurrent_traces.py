@@ -47,7 +47,8 @@ def test_a_racy_client_failure_writes_a_concurrent_trace_that_replays(tmp_path):
     assert 0 < rate["k"] <= rate["n"] and "counterexample trace:" in done.stdout
     from engines.replay import ReplayOn, judge
     from runtime.registry import resolve_client
-    on = ReplayOn(client=resolve_client("properties.bad_stores:crossed_replies_factory"))
+    from adapters.catalogue import CLIENTS
+    on = ReplayOn(client=resolve_client("properties.bad_stores:crossed_replies_factory", CLIENTS))
     assert judge(traces[0], on).outcome == "reproduces"
 
 

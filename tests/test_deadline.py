@@ -9,6 +9,7 @@ import types
 import attrs
 import pytest
 
+from adapters.catalogue import CLIENTS
 from engines import check
 from engines.api import Target
 from engines.check import FINISH_GRACE, FINISH_SHARE, MIN_SEARCH_SHARE, TEARDOWN_SECONDS, Deadlines
@@ -16,7 +17,7 @@ from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace
 from properties.engine import BATCH, batch_size
-from runtime.registry import STRATEGIES, CHECK_SCHEDULE, resolve_client, resolve_protocol
+from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_protocol
 
 
 class Clock:
@@ -74,18 +75,22 @@ def fake_schedule(monkeypatch, clock):
     module = types.ModuleType("fake_engines")
     module.Setup, module.A, module.B = _engine("setup", 3.0, units=1), _engine("a", 1.0), _engine("b", 3.0)
     monkeypatch.setitem(sys.modules, "fake_engines", module)
-    for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B")):
-        monkeypatch.setitem(STRATEGIES, name, f"fake_engines:{attr}")
     monkeypatch.setitem(CHECK_SCHEDULE, "real", (("setup", None), ("a", 0.5), ("b", "rest")))
     return module
 
 
 def _target() -> Target:
-    return Target(protocol=resolve_protocol("paper"), client=resolve_client("properties.bad_stores:jitter_factory"))
+    return Target(protocol=resolve_protocol("paper"),
+                  client=resolve_client("properties.bad_stores:jitter_factory", CLIENTS))
+
+
+#: The table of strategies the check is handed: the fake engines.
+FAKE_STRATEGIES = {name: f"fake_engines:{attr}" for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B"))}
 
 
 def _run(clock: Clock, budget: float, started: float) -> check.CheckResult:
     return check.run_check(_target(), run=lambda protocol, case: None, fresh_runner=lambda: None, budget=budget,
+                           strategies=FAKE_STRATEGIES,
                            started=started, out_dir="/nonexistent-never-written")
 
 

@@ -4,6 +4,7 @@ replay with that fix taken out (`adapters.engine_unfixes`), every other fix kept
 fresh process of its own, so the unfix patches nothing here)."""
 import pytest
 
+from adapters.catalogue import SERVING_ENGINES
 from adapters.engine_patched import E2_DEFERRED, E4_ENDED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
 from engines.engine_run import run_engine_case
 from engines.engine_search import call_of, engine_target, facts_of, shows
@@ -38,8 +39,8 @@ def test_the_fix_runs_its_own_path_and_is_needed(name):
     assert trace.expect == {"lmcache": "reproduces", "lmcache-patched": "fixed"}
     assert trace.config["options"].get("lookup_timeout_ms"), "the race needs a scheduler more impatient than E6"
     case, call = case_from_json(trace.config["case"]), _recorded_call(trace)
-    patched = run_engine_case(engine_target("lmcache-patched", lookup=case.lookup,
-                                            options=trace.config["options"]).make, case)
+    patched = run_engine_case(engine_target("lmcache-patched", lookup=case.lookup, options=trace.config["options"],
+                                            engines=SERVING_ENGINES).make, case)
     assert not shows(patched.violations, trace.property, call), patched.violations
     facts = facts_of(patched)
     assert all(facts.get(c, 0) > 0 for c in counted), facts

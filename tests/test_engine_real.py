@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from adapters.catalogue import SERVING_ENGINES
 from engines.engine_cases import isolation_cases, recurring
 from engines.engine_run import Bounds, run_engine_case
 from engines.engine_search import engine_target
@@ -18,8 +19,13 @@ pytestmark = pytest.mark.real
 QUICK = Bounds(close=0.3)
 
 
+def _target(engine, **given):
+    """The `EngineTarget` of a named serving engine (`adapters.catalogue.SERVING_ENGINES`)."""
+    return engine_target(engine, engines=SERVING_ENGINES, **given)
+
+
 def _run(engine, case, bounds=QUICK, patches=()):
-    return run_engine_case(engine_target(engine, patches=patches).make, case, bounds=bounds)
+    return run_engine_case(_target(engine, patches=patches).make, case, bounds=bounds)
 
 
 def _case(lookup, *steps, n_ranks=1, chunks=3):
@@ -44,7 +50,7 @@ def test_stock_sync_lookup_again_leaks_pins_and_close_never_returns():
     """A second sync lookup of one request id overwrites its pin ledger (one pin per chunk is never released), and
     the stock engine's close never returns; the patched engine does neither."""
     case = _case("sync", STORE, LOOK, LOOK, RETR, END)
-    stock = run_engine_case(engine_target("lmcache").make, case, bounds=Bounds(close=0.5))
+    stock = run_engine_case(_target("lmcache").make, case, bounds=Bounds(close=0.5))
     assert set(stock.violated()) == {"pins", "engine-returns"}
     assert any(v.detail.get("call") == "close" for v in stock.violations)
     assert _run("lmcache-patched", case).violations == []
@@ -237,7 +243,7 @@ def test_a_case_leaves_nothing_behind():
     from adapters.valkey_servers import live_pids
     before = multiprocessing.get_start_method(allow_none=True)
     loops = {t for t in threading.enumerate() if t.name == "storage-manager-event-loop"}  # (earlier tests')
-    out = run_engine_case(engine_target("lmcache").make, _case("async", STORE, LOOK, RETR, END), bounds=QUICK)
+    out = run_engine_case(_target("lmcache").make, _case("async", STORE, LOOK, RETR, END), bounds=QUICK)
     assert "engine-returns" in out.violated()  # the close that never returns ...
     assert [f for f in os.listdir(rpc_dir()) if f.startswith("engine_")] == []
     assert live_pids() == []
@@ -252,9 +258,9 @@ def test_runner_processes_one_process_per_rank():
     """`--runner processes`: every rank in its own OS process (the scheduler here); the stock engine shows the same
     freed memory, the patched one holds, and no rank process is left."""
     import multiprocessing as mp
-    stock = run_engine_case(engine_target("lmcache", runner="processes").make, recurring(2, "async"), bounds=QUICK)
+    stock = run_engine_case(_target("lmcache", runner="processes").make, recurring(2, "async"), bounds=QUICK)
     assert "engine-integrity" in stock.violated()
-    patched = run_engine_case(engine_target("lmcache-patched", runner="processes").make, recurring(2, "async"),
+    patched = run_engine_case(_target("lmcache-patched", runner="processes").make, recurring(2, "async"),
                               bounds=Bounds(close=2.0))
     assert patched.violations == [], patched.violations
     assert [p for p in mp.active_children() if p.name.startswith("shardcheck-rank")] == []

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from adapters import nemesis
+from adapters.catalogue import CLIENTS
 from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
 from adapters.valkey_servers import ping, valkey_servers
 from engines.nemesis import run_nemesis_scenarios
@@ -166,7 +167,7 @@ def _control(stores, kind):
 
 def test_the_reference_client_holds_under_every_fault_kind():
     """The pooled, bounded, reconnecting valkey-py client passes the nemesis scenario of every kind."""
-    found = run_nemesis_scenarios(resolve_client(reference_factory), op_timeout=0.5, kinds=SERVER_KINDS,
+    found = run_nemesis_scenarios(resolve_client(reference_factory, CLIENTS), op_timeout=0.5, kinds=SERVER_KINDS,
                                   control_for=_control)
     assert not found, [t.summary for t in found]
 
@@ -175,7 +176,7 @@ def test_the_reference_client_holds_under_every_fault_kind():
 def test_each_demo_violates_its_property(demo: str):
     """Each known-bad client (correct on a healthy server) is caught by its property under a pause."""
     factory, prop = NEMESIS_DEMOS[demo]
-    found = run_nemesis_scenarios(resolve_client(factory), op_timeout=0.5, kinds=(SERVER_KIND_NAMES["pause"],),
+    found = run_nemesis_scenarios(resolve_client(factory, CLIENTS), op_timeout=0.5, kinds=(SERVER_KIND_NAMES["pause"],),
                                   control_for=_control)
     assert [t.property for t in found] == [prop], [t.summary for t in found]
     assert found[0].ops[5]["op"] == "fault" and found[0].ops[5]["fault"] == "server_pause"
@@ -260,10 +261,10 @@ def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_tra
 
 def test_the_patched_lmcache_client_holds_under_every_fault_kind():
     """lmcache-patched (fixes 9 and 10) passes the nemesis scenario of every kind; stock lmcache fails one."""
-    patched = run_nemesis_scenarios(resolve_client("lmcache-patched"), op_timeout=1.0, kinds=SERVER_KINDS,
+    patched = run_nemesis_scenarios(resolve_client("lmcache-patched", CLIENTS), op_timeout=1.0, kinds=SERVER_KINDS,
                                     control_for=_control)
     assert not patched, [t.summary for t in patched]
-    stock = run_nemesis_scenarios(resolve_client("lmcache"), op_timeout=1.0, kinds=(SERVER_KIND_NAMES["kill-connections"],),
+    stock = run_nemesis_scenarios(resolve_client("lmcache", CLIENTS), op_timeout=1.0, kinds=(SERVER_KIND_NAMES["kill-connections"],),
                                   control_for=_control)
     assert [t.property for t in stock] == ["fault-integrity"]
 
@@ -275,7 +276,7 @@ def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
     from engines.storeops import bounded_factory, run
     from model.trace import Trace
     trace = Trace.load(path)
-    _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client)), nemesis.control_maker())
+    _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client, CLIENTS)), nemesis.control_maker())
     assert trace.property in {v.property for v in violations}, [v.summary for v in violations]
 
 
@@ -355,7 +356,7 @@ def test_a_strike_waits_until_a_native_lmcache_client_holds_all_its_connections(
             for s in socks:
                 s.close()
         for client in ("lmcache", "lmcache-native"):
-            stores = resolve_client(client).stores(1, urls=ss.urls)
+            stores = resolve_client(client, CLIENTS).stores(1, urls=ss.urls)
             try:
                 nemesis.Nemesis.for_stores(stores, user_servers=True)  # (what a strike's control is made by)
                 own, ids = client_ids("127.0.0.1", port, None)

@@ -253,7 +253,9 @@ def test_flawed_counterexample_is_minimal(reports, th):
 @pytest.mark.parametrize("th", FLAWED, ids=lambda t: t.name)
 def test_saved_counterexample_has_not_drifted(reports, th):
     """The committed z3-<variant>.json equals what Z3 and the simulator produce now (`shardcheck regen z3`)."""
+    from adapters.catalogue import CLIENTS
     from proofs.traces import build_trace
+    from runtime.registry import protocol_bug_expect
     r = reports[th.name]
     path = COUNTEREXAMPLE_DIR / f"z3-{r.counterexample['variant']}.json"
-    assert path.read_text() == build_trace(r).dumps()
+    assert path.read_text() == build_trace(r, protocol_bug_expect(CLIENTS)).dumps()

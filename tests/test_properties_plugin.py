@@ -21,7 +21,8 @@ from model.variants import GiveUpOnLocalMiss, MaxCombine
 from properties import config, profiles
 from properties.bad_stores import TruncatingStore, async_key_mismatch_factory
 from properties.machines import ProtocolMachine, StoreMachine, violated_properties
-from runtime.registry import CLIENTS, ResolveError, resolve_client, resolve_protocol
+from runtime.registry import MEMORY_CLIENTS, ResolveError, resolve_client, resolve_protocol
+from shardcheck.catalogue import CLIENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,16 +68,17 @@ def test_client_names():
     `model` is the in-memory factory, the only in-memory one."""
     contract = {"model", "lmcache", "lmcache-native", "lmcache-valkey", "lmcache-patched"}
     assert set(CLIENTS) == contract | {"mooncake"}
-    assert resolve_client(None).factory is memory_factory and resolve_client("model").factory is memory_factory
+    assert resolve_client(None, CLIENTS).factory is memory_factory
+    assert resolve_client("model", CLIENTS).factory is memory_factory
     assert [name for name, e in CLIENTS.items() if e.in_memory] == ["model"]
-    truncating = resolve_client("properties.bad_stores:TruncatingStore")
+    truncating = resolve_client("properties.bad_stores:TruncatingStore", CLIENTS)
     stores = truncating.stores(3)
     assert len(stores) == 3 and all(type(s) is TruncatingStore for s in stores)
     assert not truncating.in_memory  # a user's client is bounded and driven as a real one
     with pytest.raises(ResolveError, match="nosuch"):
-        resolve_client("nosuch:factory")
+        resolve_client("nosuch:factory", CLIENTS)
     with pytest.raises(ResolveError, match="model.effects:TIMED_OUT"):
-        resolve_client("model.effects:TIMED_OUT")
+        resolve_client("model.effects:TIMED_OUT", CLIENTS)
 
 
 def test_profiles():
@@ -115,6 +117,21 @@ def test_plugin_usage_error_names_the_value(tmp_path):
     assert "nosuch.mod:P" in run.stderr
 
 
+def test_plugin_names_come_from_the_catalogue_handed_to_it(tmp_path):
+    """The plugin (a layer below the adapters) has the named clients through its hook, which
+    `shardcheck.pytest_catalogue` answers (`-p` in the repository's pytest options): an unknown client's error lists
+    the catalogue's names. Without that plugin only the model's names resolve, and a real client's name is a usage
+    error that says where the names come from."""
+    layer = str(ROOT / "properties" / "test_store_layer.py")
+    named = _pytest(tmp_path, layer, "--collect-only", "--client", "nosuch")
+    assert named.returncode == 4 and f"expected one of {', '.join(CLIENTS)}, or MOD:ATTR" in named.stderr, named.stderr
+    alone = _pytest(tmp_path, layer, "--collect-only", "-p", "no:shardcheck.pytest_catalogue", "--client", "lmcache")
+    assert alone.returncode == 4 and "-p shardcheck.pytest_catalogue" in alone.stderr, alone.stderr
+    model = _pytest(tmp_path, layer, "--collect-only", "-p", "no:shardcheck.pytest_catalogue", "--client", "model")
+    assert model.returncode == 0, model.stdout[-2000:] + model.stderr
+    assert list(MEMORY_CLIENTS) == ["model"]
+
+
 def test_plugin_finds_bugs_from_another_directory(tmp_path):
     """`pytest <repo>/properties --protocol M:A --client M:A` from elsewhere fails both layers and writes traces
     (the directory collected whole; the protocol and store layers run, the concurrent layer has its own tests)."""
@@ -129,7 +146,7 @@ def test_plugin_finds_bugs_from_another_directory(tmp_path):
     assert "soundness" in run_case(MaxCombine(), kinds["protocol"].case()).violated()
     store = kinds["store-ops"]  # not shrunk by Hypothesis (a MOD:ATTR client), so minimised before it is written
     assert "1-minimal" in store.notes and len(store.ops) <= 3, store.ops
-    made = bounded_factory(store, resolve_client(store.client))
+    made = bounded_factory(store, resolve_client(store.client, CLIENTS))
     assert replay(store, made)[0] == "reproduces"
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from adapters.catalogue import CLIENTS
 from engines.storeops import bounded_factory, run
 from model.trace import Trace
 from properties import config
@@ -41,7 +42,7 @@ def test_store_layer_catches_bad_client(name, tmp_path):
     (path,) = tmp_path.glob("*.json")
     trace = Trace.load(path)
     assert (trace.kind, trace.property) == ("store-ops", prop)
-    _, violations = run(trace, bounded_factory(trace, resolve_client(factory)))
+    _, violations = run(trace, bounded_factory(trace, resolve_client(factory, CLIENTS)))
     assert prop in {v.property for v in violations}
 
 
@@ -62,7 +63,7 @@ def test_a_client_local_read_cache_is_correct_alone_and_wrong_on_a_shared_tier(t
 
 def test_memory_client_passes(tmp_path):
     """The in-memory reference client passes the store layer."""
-    assert _caught(resolve_client("model"), tmp_path) == set()
+    assert _caught(resolve_client("model", CLIENTS), tmp_path) == set()
     assert not list(tmp_path.iterdir())
 
 
@@ -109,7 +110,7 @@ def test_every_read_path_is_held_to_what_the_first_read_settled_of_a_key_a_fault
     says the server lost it, and every later path must then miss too (it was held to the value from before the
     fault: `get_async('-') returned None, expected 4088 bytes` on lmcache-patched after `server_restart_empty`);
     a hit says it survived, and every later path must answer it."""
-    with config.using(client=resolve_client("model"), op_timeout=OP_TIMEOUT, write_traces=False):
+    with config.using(client=resolve_client("model", CLIENTS), op_timeout=OP_TIMEOUT, write_traces=False):
         machine = StoreMachine()
         machine.put(rank=1, key="-", value=b"v" * 64)
         if not survived:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.catalogue import SERVING_ENGINES
 from engines.engine_run import run_engine_case
 from engines.engine_search import engine_target, facts_of, shows
 from model.engine_case import case_from_json
@@ -83,7 +84,7 @@ def test_a_class_a_patch_puts_in_place_of_lmcaches_async_client_reaches_lmcache_
     answers one chunk more: `engine-soundness`, and it counts that in the deployment's `facts`)."""
     from lmcache.v1.lookup_client import lmcache_async_lookup_client as module
     case = case_from_json(ASYNC_CASE)
-    target = engine_target("lmcache-patched", lookup="async")
+    target = engine_target("lmcache-patched", lookup="async", engines=SERVING_ENGINES)
     before = run_engine_case(target.make, case)
     assert not shows(before.violations, "engine-soundness") and FORK_ANSWERS not in facts_of(before)
     monkeypatch.setattr(module, "LMCacheAsyncLookupClient", module.LMCacheAsyncLookupClient)  # (put back after)
@@ -101,7 +102,7 @@ def test_a_patch_of_the_answer_loop_lmcache_patched_replaces_is_refused_in_one_l
                         LMCacheAsyncLookupClient.process_responses_from_workers)  # (put back after)
     max_answer_loop()
     with pytest.raises(ResolveError) as raised:
-        engine_target("lmcache-patched", lookup="async").make(case_from_json(ASYNC_CASE))
+        engine_target("lmcache-patched", lookup="async", engines=SERVING_ENGINES).make(case_from_json(ASYNC_CASE))
     said = str(raised.value)
     assert "process_responses_from_workers" in said and "E5" in said and "--engine lmcache" in said
     assert "\n" not in said

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from adapters.catalogue import CLIENTS
 from engines.retention import RetentionRun, plan
 from engines.scenarios import run_scenarios
 from engines.storeops import bounded_factory, run
@@ -25,7 +26,7 @@ class Overpromising(ExpiringStore):
 
 
 def _run(factory, retention: float = 1.2):
-    aged = RetentionRun(resolve_client(factory), retention=retention, op_timeout=1.0)
+    aged = RetentionRun(resolve_client(factory, CLIENTS), retention=retention, op_timeout=1.0)
     try:
         return aged.finish(time.monotonic() + 10), aged.note
     finally:
@@ -44,13 +45,13 @@ def test_the_age_tested_is_retention_or_just_before_the_declared_one():
 def test_a_1s_ttl_passes_every_scenario_and_is_violated_by_retention():
     """The TTL client passes the fixed scenarios (fresh keys, milliseconds) and fails `retention`, with a
     3-op trace (put, age, read) that replays: reproduces on it, fixed on the model."""
-    assert run_scenarios(resolve_client(expiring_factory), op_timeout=1.0) == []
+    assert run_scenarios(resolve_client(expiring_factory, CLIENTS), op_timeout=1.0) == []
     trace, note = _run(expiring_factory)
     assert trace is not None and trace.property == "retention" and "VIOLATED" in note
     assert [op["op"] for op in trace.ops] == ["put", "age", "get"] and "never deleted" in trace.summary
-    _, violations = run(trace, bounded_factory(trace, resolve_client(expiring_factory)))
+    _, violations = run(trace, bounded_factory(trace, resolve_client(expiring_factory, CLIENTS)))
     assert violations[0].property == "retention"
-    assert run(trace, bounded_factory(trace, resolve_client("model")))[1] == []
+    assert run(trace, bounded_factory(trace, resolve_client("model", CLIENTS)))[1] == []
 
 
 def test_the_model_keeps_its_values():

@@ -2,13 +2,14 @@
 sequence over the client's declared read paths, and a failure is a trace that replays."""
 from __future__ import annotations
 
+from adapters.catalogue import CLIENTS
 from engines.scenarios import SCENARIOS, ScenarioCoverage, run_scenarios, scenario_ops
 from engines.storeops import bounded_factory, run
 from runtime.registry import resolve_client
 
 
 def test_the_model_passes_every_scenario():
-    assert run_scenarios(resolve_client("model"), op_timeout=1.0) == []
+    assert run_scenarios(resolve_client("model", CLIENTS), op_timeout=1.0) == []
 
 
 def test_scenarios_read_through_every_declared_path():
@@ -24,7 +25,7 @@ def test_scenarios_read_through_every_declared_path():
 def test_an_mget_that_drops_its_misses_fails_batch_misses_as_wrong_key():
     """The MGET demo passes every single-key scenario and fails `batch-misses` with `wrong-key`; its trace
     replays on fresh stores."""
-    client = resolve_client("properties.bad_stores:mget_drops_misses_factory")
+    client = resolve_client("properties.bad_stores:mget_drops_misses_factory", CLIENTS)
     found = run_scenarios(client, op_timeout=1.0)
     assert [(t.origin, t.property) for t in found] == [("scenario:batch-misses", "wrong-key")]
     _, violations = run(found[0], bounded_factory(found[0], client))
@@ -36,7 +37,7 @@ def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(t
     client deletes or overwrites, or the server evicts, as `shared-tier`; each trace replays on fresh shared stores
     (reproduces on it, fixed on the model), and on a client that cannot share its servers it cannot run."""
     from shardcheck.replay import run_replay
-    client = resolve_client("properties.bad_stores:local_read_cache_factory")
+    client = resolve_client("properties.bad_stores:local_read_cache_factory", CLIENTS)
     found = run_scenarios(client, op_timeout=1.0)
     assert {t.origin: t.property for t in found} == {
         "scenario:another-client-deletes": "shared-tier", "scenario:another-client-overwrites": "shared-tier",
@@ -52,6 +53,6 @@ def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(t
 def test_a_client_that_cannot_share_its_servers_is_told_so():
     """A factory without `urls` runs the single-client scenarios; the coverage says the shared-tier ones did not run."""
     ran = ScenarioCoverage()
-    found = run_scenarios(resolve_client("properties.bad_stores:shared_server_factory"), op_timeout=1.0, coverage=ran)
+    found = run_scenarios(resolve_client("properties.bad_stores:shared_server_factory", CLIENTS), op_timeout=1.0, coverage=ran)
     assert [t.origin for t in found] == ["scenario:rank-isolation"]
     assert "urls" in ran.shared_not_run and "the shared-tier ones did not run" in ran.text()

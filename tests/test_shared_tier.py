@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.catalogue import CLIENTS
 from engines.concurrency import Layout, ServerClients, judge, measure, run_layout
 from model.store import MemoryStore, MemoryTier, memory_factory
 from runtime.registry import resolve_client
@@ -23,7 +24,7 @@ def test_model_clients_of_one_memory_tier_share_its_servers():
 
 
 def test_open_shared_gives_clients_of_the_same_servers_or_says_why_not():
-    shared = open_shared(resolve_client("model"), 2, clients=3)
+    shared = open_shared(resolve_client("model", CLIENTS), 2, clients=3)
     try:
         assert shared.n_clients == 3 and shared.can_evict()
         shared.clients[2][0].put("k", b"v")
@@ -33,7 +34,7 @@ def test_open_shared_gives_clients_of_the_same_servers_or_says_why_not():
     finally:
         shared.close()
     with pytest.raises(NotShared, match="takes no `urls`"):
-        open_shared(resolve_client("properties.bad_stores:shared_server_factory"), 2)
+        open_shared(resolve_client("properties.bad_stores:shared_server_factory", CLIENTS), 2)
 
 
 def test_a_factory_takes_urls_when_it_declares_or_names_them():
@@ -44,9 +45,9 @@ def test_a_factory_takes_urls_when_it_declares_or_names_them():
         return [MemoryStore() for _ in range(n_ranks)]
     hidden_declared = lambda n_ranks, **options: [MemoryStore() for _ in range(n_ranks)]  # noqa: E731
     hidden_declared.options = ("urls", "op_timeout")
-    assert resolve_client(named).takes_urls() and resolve_client(hidden_declared).takes_urls()
-    assert not resolve_client(hidden).takes_urls()
-    assert resolve_client("lmcache").takes_urls() and resolve_client("model").takes_urls()
+    assert resolve_client(named, CLIENTS).takes_urls() and resolve_client(hidden_declared, CLIENTS).takes_urls()
+    assert not resolve_client(hidden, CLIENTS).takes_urls()
+    assert resolve_client("lmcache", CLIENTS).takes_urls() and resolve_client("model", CLIENTS).takes_urls()
 
 
 def test_a_local_read_cache_is_not_linearizable_across_two_clients():
@@ -55,7 +56,7 @@ def test_a_local_read_cache_is_not_linearizable_across_two_clients():
     from properties.bad_stores import local_read_cache_factory
     layout = Layout([[{"path": "put", "keys": ["k"], "pad": 1}, {"path": "get", "keys": ["k"], "client": 1},
                       {"path": "delete", "keys": ["k"]}, {"path": "get", "keys": ["k"], "client": 1}]])
-    shared = open_shared(resolve_client(local_read_cache_factory), 1)
+    shared = open_shared(resolve_client(local_read_cache_factory, CLIENTS), 1)
     try:
         violations, _ = judge(run_layout(ServerClients.shared(shared), layout, bound=1.0))
     finally:
@@ -69,7 +70,7 @@ def test_a_local_read_cache_is_not_linearizable_across_two_clients():
 def test_valkey_servers_shared_by_two_clients_and_evicting_by_themselves():
     """Two lmcache-patched clients of the same embedded servers see each other's writes; the server's own eviction
     (DEL of the client's `server_key`) is seen by both; everything stops on close."""
-    shared = open_shared(resolve_client("lmcache-patched"), 2, op_timeout=2.0)
+    shared = open_shared(resolve_client("lmcache-patched", CLIENTS), 2, op_timeout=2.0)
     servers = shared.tier.owned
     try:
         assert shared.can_evict(), shared.evict_note

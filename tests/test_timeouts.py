@@ -2,6 +2,7 @@
 import inspect
 
 from adapters import lmcache_native, lmcache_stores, patched
+from adapters.catalogue import CLIENTS
 from engines.scenarios import run_scenarios
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case
@@ -14,7 +15,7 @@ from runtime.registry import resolve_client
 
 def test_pool_op_timeout_bounds_the_wait_for_an_async_completion():
     """A completion that never comes is a hang after the pool's op timeout, not after a fixed 10 s."""
-    with ClientPool(resolve_client("properties.bad_stores:lost_async_factory"), op_timeout=0.2) as p:
+    with ClientPool(resolve_client("properties.bad_stores:lost_async_factory", CLIENTS), op_timeout=0.2) as p:
         out = p.run(PaperProtocolAsync(), Case(n_ranks=1, n_chunks=1))
     hangs = [v for v in out.violations if v.property == "hang"]
     assert hangs and hangs[0].detail["seconds"] == 0.2, out.violations
@@ -22,7 +23,7 @@ def test_pool_op_timeout_bounds_the_wait_for_an_async_completion():
 
 def test_scenarios_bound_every_call_of_a_client_that_does_not_bound_itself():
     """The scenarios report a GET that blocks as a hang at their op timeout (never waiting for the client)."""
-    traces = run_scenarios(resolve_client(blocking_miss_factory), op_timeout=0.2, names=("miss-prompt",))
+    traces = run_scenarios(resolve_client(blocking_miss_factory, CLIENTS), op_timeout=0.2, names=("miss-prompt",))
     assert [t.property for t in traces] == ["store-hang"] and "within its bound of 0.2 s (+0.2 s grace" in traces[0].summary
 
 
@@ -40,7 +41,7 @@ def test_one_default_op_timeout():
 def test_a_bounded_call_inside_a_bounded_call_runs_inline():
     """A `BoundedStore` call bounded again (a store-ops run's clean-up does so) returns its value: queued behind the
     call waiting for it, it used to time out, and every store-ops replay waited its op timeout per key put."""
-    inner = bounded.BoundedStore(resolve_client("model").stores(1)[0], 30.0)
+    inner = bounded.BoundedStore(resolve_client("model", CLIENTS).stores(1)[0], 30.0)
     inner.put("k", b"v")
     assert bounded.call_bounded(5.0, "get", "k", inner.get, "k") == b"v" and inner.broken is None
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from adapters.catalogue import CLIENTS
 from engines.retention import RetentionRun
 from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
 from runtime.registry import resolve_client
@@ -20,7 +21,7 @@ CORRECT = "tests.user_clients:valkey_factory"
 def test_a_client_local_read_cache_is_correct_alone_and_wrong_on_a_shared_tier(tmp_path):
     """One client per server: every scenario passes. Two clients of the same servers: another client's delete or
     overwrite, and the server's own eviction (found by SCAN: the client has no server_key), are missed."""
-    client = resolve_client(f"{TWINS}:local_cache_factory")
+    client = resolve_client(f"{TWINS}:local_cache_factory", CLIENTS)
     assert run_scenarios(client, op_timeout=2.0, names=SCENARIOS) == []
     ran = ScenarioCoverage()
     found = run_scenarios(client, op_timeout=2.0, names=SHARED_SCENARIOS, coverage=ran)
@@ -34,10 +35,10 @@ def test_a_client_local_read_cache_is_correct_alone_and_wrong_on_a_shared_tier(t
 
 
 def test_a_1s_ttl_passes_every_scenario_and_fails_retention():
-    client = resolve_client(f"{TWINS}:ttl_factory")
+    client = resolve_client(f"{TWINS}:ttl_factory", CLIENTS)
     assert run_scenarios(client, op_timeout=2.0) == []
-    assert run_scenarios(resolve_client(CORRECT), op_timeout=2.0) == []
-    for factory, violated in ((client, True), (resolve_client(CORRECT), False)):
+    assert run_scenarios(resolve_client(CORRECT, CLIENTS), op_timeout=2.0) == []
+    for factory, violated in ((client, True), (resolve_client(CORRECT, CLIENTS), False)):
         aged = RetentionRun(factory, retention=1.5, op_timeout=2.0)
         try:
             trace = aged.finish(time.monotonic() + 10)
@@ -47,7 +48,7 @@ def test_a_1s_ttl_passes_every_scenario_and_fails_retention():
 
 
 def test_an_mget_that_drops_misses_is_a_wrong_key_and_replays(tmp_path):
-    client = resolve_client(f"{TWINS}:mget_shift_factory")
+    client = resolve_client(f"{TWINS}:mget_shift_factory", CLIENTS)
     (trace,) = run_scenarios(client, op_timeout=2.0)
     assert (trace.origin, trace.property) == ("scenario:batch-misses", "wrong-key")
     path = str(trace.save_unique(tmp_path, "twin"))

@@ -147,8 +147,9 @@ def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
     from engines.api import SearchContext, Target
     from engines.explore.engine import Explorer
     from runtime.registry import resolve_client, resolve_protocol
+    from adapters.catalogue import CLIENTS
 
-    ctx = SearchContext(target=Target(protocol=resolve_protocol(SleepyLookup()), client=resolve_client("model")),
+    ctx = SearchContext(target=Target(protocol=resolve_protocol(SleepyLookup()), client=resolve_client("model", CLIENTS)),
                         run=run_case)
     with watching(0.3):
         found = Explorer().search(ctx)
