@@ -61,7 +61,7 @@ class ReplayOn:
     runner_name: str = "sim"
     options: dict = attrs.field(factory=dict)
     op_timeout: float = DEFAULT_OP_TIMEOUT
-    #: A serving engine under test (`engines.engine_search.EngineTarget`): what an `engine` trace runs on.
+    #: A serving engine under test (`engines.serving.engine_search.EngineTarget`): what an `engine` trace runs on.
     engine: Any = None
     #: The real faults a trace strikes go through it (`engines.nemesis.NemesisPlan`); None: a trace with one cannot run.
     nemesis: Any = None
@@ -186,7 +186,7 @@ def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], t
     """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on; in a fresh
     process (`engines.replay_arm`) when that engine has patches or this process has applied some already (a patch
     changes classes for the whole process: hermetic replays)."""
-    from engines.engine_search import engine_session
+    from engines.serving.engine_search import engine_session
     from runtime.serving import apply_engine_patches
     if on.engine is None:
         raise ReplayError("an engine trace needs a serving engine (--engine)")
@@ -197,9 +197,9 @@ def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], t
 
 
 def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a stack trace's case on the serving stack replayed on (`engines.stack_search.StackTarget`), emptied
-    before each."""
-    from engines.stack_search import stack_session
+    """Runs of a stack trace's case on the serving stack replayed on (`engines.serving.stack_search.StackTarget`),
+    emptied before each."""
+    from engines.serving.stack_search import stack_session
     if on.engine is None or getattr(on.engine, "connector", None) is None:
         raise ReplayError("a stack trace needs a serving stack (--engine vllm, memory-stack, ...)")
     return stack_session(trace, on.engine)

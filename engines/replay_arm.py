@@ -5,7 +5,7 @@ fork or fix: `runtime.serving.apply_engine_patches`). So the runs of an engine t
 in a process where some patch was applied already, are made in a fresh process (`arm_session`, through
 `engines.replay.SESSIONS`): one per trace and arm (a controlled replay's candidate and control may differ in their
 patches), spawned (no state of this process inherited), which builds the serving engine with its patches and runs
-the trace's case on a fresh deployment each time it is asked (`engines.engine_search.engine_session`). Nothing a
+the trace's case on a fresh deployment each time it is asked (`engines.serving.engine_search.engine_session`). Nothing a
 patch did outlives the trace's replay, and no other trace's patch reaches its runs.
 
 Every wait is bounded: the process's start (`START_SECONDS`: it imports torch and LMCache) and each run
@@ -47,8 +47,8 @@ atexit.register(lambda: [_kill(p) for p in list(_LIVE)])
 
 
 def arm_spec(target: Any) -> dict:
-    """What a fresh process needs to build `target` (an `engines.engine_search.EngineTarget`) again: the resolved
-    serving engine (`runtime.serving.ServingEngine`: its name, patches and capabilities as data, its factory by
+    """What a fresh process needs to build `target` (an `engines.serving.engine_search.EngineTarget`) again: the
+    resolved serving engine (`runtime.serving.ServingEngine`: its name, patches and capabilities as data, its factory by
     reference, imported there; no table of names is needed to build it again) and plain data."""
     return {"engine": target.engine, "options": dict(target.options),
             "lookup": "both" if len(target.lookups) > 1 else target.lookups[0], "runner": target.runner}
@@ -116,7 +116,7 @@ def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> N
     `("ready", None)` or `("failed", why)`, then answer each "run" with `("ok", (violations as JSON, note))` or
     `("err", why)` until "stop" or the pipe's end."""
     _die_with_parent()
-    from engines.engine_search import engine_session, engine_target
+    from engines.serving.engine_search import engine_session, engine_target
     from model.trace import Trace
     try:
         trace = Trace.from_json(trace_json)

@@ -292,9 +292,9 @@ CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = tuple(dict.fromkeys(
 PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 #: The store layer's properties.
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
-#: The engine layer's properties (found by `engines.engine_run` with `model.engine_oracle`).
+#: The engine layer's properties (found by `engines.serving.engine_run` with `model.engine_oracle`).
 ENGINE_LAYER = tuple(p.name for p in CATALOG if p.layer == "engine")
-#: The properties of a whole serving stack (found by `engines.stack_run` with `model.stack_oracle`).
+#: The properties of a whole serving stack (found by `engines.serving.stack_run` with `model.stack_oracle`).
 STACK_LAYER = tuple(p.name for p in CATALOG if p.layer == "stack")
 #: The properties under real faults on the servers (every layer's runs judge them once a fault struck).
 NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")

@@ -128,17 +128,18 @@ class EngineDeployment(typing.Protocol):
     """A real serving engine's lookup-and-load path: `deployments` deployments (one model each) of `n_ranks` ranks
     on one shared tier, one scheduler-side lookup client each. `d` indexes the deployment, `rank` the rank.
 
-    The calls the engine offers its serving framework, called in vLLM's order by `engines.engine_run` (every call
-    bounded there): `lookup_cache(d, req) -> int | None` (-1: no result yet; None: in flight; else hit tokens),
+    The calls the engine offers its serving framework, called in vLLM's order by `engines.serving.engine_run` (every
+    call bounded there): `lookup_cache(d, req) -> int | None` (-1: no result yet; None: in flight; else hit tokens),
     `lookup(d, req) -> int | None` (sync: hit tokens; async: None, the answer comes through `lookup_cache`),
-    `clear_lookup_status(d, req)` (the request was scheduled), `store(d, rank, req, kv)` (the rank's KV of every
-    full chunk after prefill; returns once stored), `retrieve(d, rank, req, n_tokens) -> EngineRetrieve`,
-    `lookup_unpin(d, rank, req)`, `close()`. What the checks observe: `chunk_keys(d, rank, req)` (the engine's own
-    key of each full chunk), `holdings(d, rank, keys) -> (local, remote)` (which of `keys` the rank holds in each
-    tier, a list of bools each; `remote` None when its server cannot be reached), `pins(d, rank)` (lookup pins
-    held), and optionally `facts() -> dict[str, int]` (counts the engine keeps of what it did that no observation
-    shows, e.g. how often a fix's own path ran; recorded in the run's last event). Faults: `evict(d, rank, req, chunk, tier)` (tier `local`, `remote` or `both`), `fault(rank, action)`
-    (the rank's server: `pause`, `resume`, `kill`, `restart`), `reachable(rank)`.
+    `clear_lookup_status(d, req)` (the request was scheduled), `store(d, rank, req, kv)` (the rank's KV of every full
+    chunk after prefill; returns once stored), `retrieve(d, rank, req, n_tokens) -> EngineRetrieve`,
+    `lookup_unpin(d, rank, req)`, `close()`. What the checks observe: `chunk_keys(d, rank, req)` (the engine's own key
+    of each full chunk), `holdings(d, rank, keys) -> (local, remote)` (which of `keys` the rank holds in each tier, a
+    list of bools each; `remote` None when its server cannot be reached), `pins(d, rank)` (lookup pins held), and
+    optionally `facts() -> dict[str, int]` (counts the engine keeps of what it did that no observation shows, e.g. how
+    often a fix's own path ran; recorded in the run's last event). Faults: `evict(d, rank, req, chunk, tier)` (tier
+    `local`, `remote` or `both`), `fault(rank, action)` (the rank's server: `pause`, `resume`, `kill`, `restart`),
+    `reachable(rank)`.
     Members: `n_ranks`, `deployments`, `chunk_size` (tokens), `chunk_bytes` (KV bytes of one chunk on one rank),
     `lookup_mode` (`sync` or `async`), `lookup_timeout` (seconds), `faults` (None when servers cannot be faulted).
     """

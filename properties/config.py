@@ -43,7 +43,7 @@ class RunConfig:
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
     client_options: dict = attrs.field(factory=dict)
     max_ranks: int | None = None
-    #: The serving engine under test (`--engine`: an `engines.engine_search.EngineTarget`), or None.
+    #: The serving engine under test (`--engine`: an `engines.serving.engine_search.EngineTarget`), or None.
     engine: Any = None
     #: `--nemesis`: the spec (None: every kind on servers shardcheck started) and `--recovery-seconds`.
     nemesis_spec: str | None = None

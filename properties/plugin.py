@@ -170,7 +170,7 @@ def _engine_target(config: pytest.Config, max_ranks: int | None, catalogue: Cata
         if config.getoption("engine_option") or config.getoption("engine_patch"):
             raise pytest.UsageError("--engine-option and --engine-patch need --engine")
         return None
-    from engines.engine_search import engine_target
+    from engines.serving.engine_search import engine_target
     try:
         return engine_target(spec, lookup=config.getoption("lookup"), max_ranks=max_ranks,
                              options=parse_options(config.getoption("engine_option"), flag="--engine-option"),

@@ -25,9 +25,9 @@ STRATEGIES: dict[str, str] = {
     "explore": "engines.explore.engine:Explorer",
     "hypothesis": "properties.engine:HypothesisMachines",
     "random": "engines.search:RandomCases",
-    "engine-cases": "engines.engine_search:EngineCases",
+    "engine-cases": "engines.serving.engine_search:EngineCases",
     "engine-machine": "properties.engine_machine:EngineMachineSearch",
-    "stack-cases": "engines.stack_search:StackCases",
+    "stack-cases": "engines.serving.stack_search:StackCases",
 }
 
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).

@@ -64,7 +64,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     validated: an unknown engine, connector, option or patch, or servers (`urls`) that cannot be reached, are
     `UsageError` (exit 2) before any property runs."""
     from engines.api import Target
-    from engines.engine_search import engine_target
+    from engines.serving.engine_search import engine_target
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
     from shardcheck.catalogue import SERVING_ENGINES
@@ -73,7 +73,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
     try:
         if connector is not None or resolve_serving_engine(spec, patches, SERVING_ENGINES).seam == "stack":
-            from engines.stack_search import stack_target
+            from engines.serving.stack_search import stack_target
             if runner == "processes":
                 raise ResolveError("a serving stack runs its ranks its own way: no --runner processes")
             stack = stack_target(spec, connector=connector, options=opts, patches=tuple(patches or ()),

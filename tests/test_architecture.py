@@ -194,7 +194,7 @@ def test_a_plan_built_by_phase_round_trips():
 #: Where a first-class client's name may be written besides the catalogue and its adapter, and why: the findings
 #: tables of what was measured on that very client, or the word meaning something else (the list only shrinks).
 CLIENT_NAME_USES = {
-    "model": {"engines/engine_cases.py": "an isolation case: a prompt of another model",
+    "model": {"engines/serving/engine_cases.py": "an isolation case: a prompt of another model",
               "shardcheck/tier_cmd.py": "the cost model, a key of the tier report",
               "shardcheck/tier_plot.py": "the cost model, a key of the tier report"},
     "lmcache": {"adapters/nemesis_findings.py": "the nemesis findings, recorded on stock lmcache",

@@ -1,5 +1,6 @@
 """`--engine sglang-hicache` (`adapters.sglang_hicache`): SGLang 0.5.23's own HiCache prefetch agreement in two rank
-processes over gloo, each with its own `HiCacheFile` storage, driven by `engines.stack_run` as `check` drives it.
+processes over gloo, each with its own `HiCacheFile` storage, driven by `engines.serving.stack_run` as `check` drives
+it.
 
 Three stacks per module, each started once (about 8 s each on two cores): SGLang as released, and SGLang with one of the
 demo `--engine-patch`es (`adapters.sglang_hicache.patches`): `agree_max` (the agreement takes the MAX: found by
@@ -20,8 +21,8 @@ import subprocess
 import pytest
 
 from adapters.sglang_hicache.sgl_stack import HiCacheStack, factory
-from engines.stack_cases import recurring_stream
-from engines.stack_run import StackBounds, run_stack_case
+from engines.serving.stack_cases import recurring_stream
+from engines.serving.stack_run import StackBounds, run_stack_case
 from model.stack_case import StackCase, StackStep
 
 # (found, not imported: SGLang is imported in the rank processes only, after their stubs)

@@ -2,13 +2,12 @@
 written as `engine` (or `stack`) traces.
 
 `engine_search(source, ...)` runs a `CaseSource`'s enumeration, then its seeded random cases: engine cases on a fresh
-deployment each (`deployment_source`: `engines.engine_cases`, `engines.engine_run`) or stack cases on one stack
-(`engines.stack_search.stack_source`). A case that violates a property not found yet is a finding: run again to
-tell a deterministic one from a race, minimised (`engines.serving_minimise.minimise_case`: fewest ranks, then steps
-by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as the one
-`model.finding.Finding` (its case, first failing outcome, rate and trace, written for the source's `TraceSubject`);
-the search goes on for the properties not found yet (one finding per property), so one run reports
-every distinct bug.
+deployment each (`deployment_source`: `engines.serving.engine_cases`, `engines.serving.engine_run`) or stack cases on
+one stack (`engines.serving.stack_search.stack_source`). A case that violates a property not found yet is a finding: run
+again to tell a deterministic one from a race, minimised (`engines.serving.serving_minimise.minimise_case`: fewest
+ranks, then steps by delta debugging, then chunks, then prompts and deployments), its rate measured, and returned as the
+one `model.finding.Finding` (its case, first failing outcome, rate and trace, written for the source's `TraceSubject`);
+the search goes on for the properties not found yet (one finding per property), so one run reports every distinct bug.
 
 Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
 its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`engines.replay.judge`, the `engine`
@@ -32,9 +31,9 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from engines.api import SearchContext
-from engines.engine_cases import FIRST_CASES, enumeration, random_case
-from engines.engine_run import Bounds, EngineOutcome, run_engine_case
-from engines.serving_minimise import minimise_case
+from engines.serving.engine_cases import FIRST_CASES, enumeration, random_case
+from engines.serving.engine_run import Bounds, EngineOutcome, run_engine_case
+from engines.serving.serving_minimise import minimise_case
 from model.engine_case import EngineCase, case_from_json
 from model.finding import Finding, Rate
 from model.outcome import Violation

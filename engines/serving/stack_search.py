@@ -1,5 +1,5 @@
-"""The stack search: stack cases on one serving stack until the budget ends; findings minimised, judged by their
-rate, and written as `stack` traces (the engine search's pipeline, `engines.engine_search`, over a `CaseSource` of
+"""The stack search: stack cases on one serving stack until the budget ends; findings minimised, judged by their rate,
+and written as `stack` traces (the engine search's pipeline, `engines.serving.engine_search`, over a `CaseSource` of
 stack cases).
 
 `StackTarget` is a serving stack under test (`--engine vllm --connector ...`): the resolved engine, its connector and
@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from engines.api import SearchContext
-from engines.engine_run import EngineOutcome
-from engines.engine_search import CaseSource, EngineCasesCoverage, TraceSubject, engine_search
-from engines.stack_cases import stack_enumeration, stack_random_case
-from engines.stack_run import References, StackBounds, run_stack_case
+from engines.serving.engine_run import EngineOutcome
+from engines.serving.engine_search import CaseSource, EngineCasesCoverage, TraceSubject, engine_search
+from engines.serving.stack_cases import stack_enumeration, stack_random_case
+from engines.serving.stack_run import References, StackBounds, run_stack_case
 from model.contract import STACK_METHODS, StoreCallTimeout, missing_members
 from model.finding import Finding
 from model.stack_case import StackCase, stack_case_from_json

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import attrs
 
-from engines.engine_run import EngineOutcome
+from engines.serving.engine_run import EngineOutcome
 from model.contract import StackRequest, StackResult, StoreCallTimeout
 from model.engine_case import kv_identity
 from model.engine_oracle import RankView, prefix
