@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
     pr.add_argument("--seeds", type=int, default=10, help="solver seeds per theorem (default: 10)")
 
-    from shardcheck.replay import add_arguments as replay_arguments
+    from shardcheck.replay_cmd import add_arguments as replay_arguments
     replay_arguments(sub.add_parser("replay", help="replay saved traces on the client and protocol they record"))
 
     b = sub.add_parser("bench", help="measure explorer, Hypothesis and Z3 throughput")
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: The module that handles each command (`cmd_<command>(args) -> exit code`).
-HANDLERS = {"check": "check_cmd", "prove": "commands", "replay": "replay", "bench": "commands", "show": "commands",
+HANDLERS = {"check": "check_cmd", "prove": "commands", "replay": "replay_cmd", "bench": "commands", "show": "commands",
             "verify": "verify", "regen": "regen", "campaign": "campaign", "tier": "tier_cmd",
             "explore": "explore_cmd"}
 

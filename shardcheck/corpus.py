@@ -72,7 +72,7 @@ def without_real(trace: Trace) -> dict:
 
 def measure_real_expectations(paths: list[Path]) -> None:
     """Replay `paths` on every real client (real Valkey servers) and record each outcome as its expectation."""
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     for client in REAL_CLIENTS:
         rows = run_replay([str(p) for p in paths], client)
         for row in rows:

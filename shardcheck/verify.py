@@ -52,7 +52,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     from model.checks import CATALOG
     from shardcheck.check_cmd import run_check
     from shardcheck.engine_findings import ENGINE_CORPUS
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     engines = [only] if only else list(SERVING_ENGINES)
     stacks = [e for e in engines if SERVING_ENGINES[e].seam == "stack"]
     engines = [e for e in engines if SERVING_ENGINES[e].seam == "deployment"]
@@ -136,7 +136,7 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
     from shardcheck.check_cmd import run_check
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     from shardcheck.corpus import CORPUS
 
     rows: list[dict] = []

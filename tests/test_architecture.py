@@ -99,7 +99,7 @@ def test_an_engine_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
 def test_a_client_is_its_factory_and_one_catalogue_entry(monkeypatch, tmp_path):
     """A new named client: a factory and one `ClientEntry`; `--client NAME` then works in check and replay."""
     from shardcheck.check_cmd import run_check
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     module = types.ModuleType("toy_client_module")
     module.factory = lambda n_ranks, **options: resolve_client("properties.bad_stores:truncating_factory",
                                                                CLIENTS).factory(n_ranks)

@@ -161,7 +161,7 @@ def test_check_reports_a_racy_client_with_its_rate_and_replay_judges_it(tmp_path
     """`check --client` on the stale cache reports linearizability with k of n runs; replay reproduces it there, and
     on a correct client it is `fixed` against the stale cache run beside it (the control)."""
     from shardcheck.check_cmd import run_check
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     spec = "properties.bad_stores:stale_cache_factory"
     result = run_check(None, spec, budget=10.0, out_dir=str(tmp_path))
     assert result["verdict"] == "violated"
@@ -196,7 +196,7 @@ def test_concurrent_trace_with_an_unknown_path_is_rejected(tmp_path):
 
 def test_a_long_replay_reports_its_clean_runs_at_most_every_few_seconds(capsys, monkeypatch):
     """`shardcheck replay` prints a racy trace's clean runs so far on stderr (at most every PROGRESS_EVERY s)."""
-    import shardcheck.replay as cli_replay
+    import shardcheck.replay_cmd as cli_replay
     cli_replay._progress_of("u.json")(3, 10)  # (within PROGRESS_EVERY of its start: nothing yet)
     monkeypatch.setattr(cli_replay, "PROGRESS_EVERY", 0.0)
     cli_replay._progress_of("t.json")(3, 10)

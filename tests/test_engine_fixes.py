@@ -32,7 +32,7 @@ def _recorded_call(trace: Trace) -> str | None:
 def test_the_fix_runs_its_own_path_and_is_needed(name):
     """On `lmcache-patched` the trace's property holds and the fix's path ran (its facts > 0); a replay with the fix
     taken out reproduces (so the trace fails if the fix goes, even with the connector's fix kept)."""
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     unfix, counted = FIXES[name]
     path = ENGINE_CORPUS / name
     trace = Trace.load(path)

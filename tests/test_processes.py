@@ -211,7 +211,7 @@ def test_curated_corpus_replays_to_its_expectations_on_processes():
     """Every curated protocol counterexample of one prompt replays with --runner processes to the outcome it records
     for `model`; one with other prompts in the tier is an error row (the runner refuses it, explicitly)."""
     from pathlib import Path
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     corpus = Path(__file__).resolve().parents[1] / "counterexamples"
     rows = run_replay([str(corpus)], "model", runner="processes")
     assert len(rows) >= 14

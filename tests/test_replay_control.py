@@ -19,7 +19,7 @@ from model.outcome import Violation
 from model.trace import Trace, TraceError, subject_key
 from model.trace_validate import rate_problem
 from shardcheck.errors import EXIT_UNDECIDED
-from shardcheck.replay import replay_exit
+from shardcheck.replay_cmd import replay_exit
 
 
 # -- Fisher's exact test ----------------------------------------------------------------------------------------------

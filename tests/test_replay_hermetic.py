@@ -22,7 +22,7 @@ from engines.serving.engine_search import engine_target, facts_of, shows
 from model.engine_case import case_from_json
 from runtime.registry import ResolveError
 from runtime.serving import apply_engine_patches
-from shardcheck.replay import run_replay
+from shardcheck.replay_cmd import run_replay
 from tests.engine_forks import FORK_ANSWERS, fork_async_client, max_answer_loop
 
 pytestmark = pytest.mark.real

@@ -36,7 +36,7 @@ def test_a_client_local_read_cache_fails_the_shared_tier_scenarios_and_replays(t
     """Correct alone (every single-client scenario passes), the local read cache fails the scenarios where another
     client deletes or overwrites, or the server evicts, as `shared-tier`; each trace replays on fresh shared stores
     (reproduces on it, fixed on the model), and on a client that cannot share its servers it cannot run."""
-    from shardcheck.replay import run_replay
+    from shardcheck.replay_cmd import run_replay
     client = resolve_client("properties.bad_stores:local_read_cache_factory", CLIENTS)
     found = run_scenarios(client, op_timeout=1.0)
     assert {t.origin: t.property for t in found} == {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from adapters.valkey_servers import start_servers
-from shardcheck.replay import run_replay
+from shardcheck.replay_cmd import run_replay
 from shardcheck.targets import parse_options
 from shardcheck.errors import UsageError
 

@@ -11,7 +11,7 @@ from adapters.catalogue import CLIENTS
 from engines.retention import RetentionRun
 from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
 from runtime.registry import resolve_client
-from shardcheck.replay import run_replay
+from shardcheck.replay_cmd import run_replay
 
 pytestmark = pytest.mark.real
 TWINS = "tests.user_twins"
