@@ -463,7 +463,7 @@ def test_long_foreign_keys_map_back_to_their_keys():
 def test_a_concurrent_history_is_drawn_as_lanes_with_its_pending_and_unplaceable_ops():
     """A racy trace shows one lane per caller, its never-completed op, its linearizable prefix and its X op."""
     from pathlib import Path
-    from shardcheck.show.history import history_svg, history_timeline
+    from shardcheck.show.history_view import history_svg, history_timeline
     corpus = Path(__file__).resolve().parents[1] / "counterexamples"
     lost = Trace.load(corpus / "lmcache-sync-prefix-count-lost-completion.json")
     text = history_timeline(lost)
@@ -483,7 +483,7 @@ def test_a_concurrent_svg_labels_every_op_with_its_call_and_result():
     """Each op of a concurrent history has a visible label (not only a tooltip) with its call and what its caller
     got, also for traces whose recorded picture predates the outcomes (taken from the recorded history)."""
     from pathlib import Path
-    from shardcheck.show.history import history_svg, history_timeline
+    from shardcheck.show.history_view import history_svg, history_timeline
     corpus = Path(__file__).resolve().parents[1] / "counterexamples"
     for name in ("lmcache-put-dropped-while-in-flight.json", "lmcache-sync-prefix-count-lost-completion.json"):
         trace = Trace.load(corpus / name)

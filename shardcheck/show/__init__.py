@@ -1,12 +1,11 @@
 """`shardcheck show TRACE [--svg OUT]`: a stored run as a terminal timeline and as an SVG sequence diagram.
 
-Both renderings are pure functions of a `model.trace.Trace` and share one intermediate form,
-`picture.Picture`: the trace read into rows (one per event: a store op, a collective arrival or completion,
-an eviction, a lookup step), the end state of every rank's lifeline, and the violations located on those rows.
-`terminal.timeline` lays the rows out as text columns (one per rank), `diagram.svg` as a sequence diagram.
-A `concurrent` trace is drawn as its history instead (`history`: a lane per caller, op intervals, the op that never
-completed, the linearizable prefix and the op that cannot be placed). Stdlib only; every value shown comes from the
-trace, so a hand-edited trace renders too.
+Both renderings are pure functions of a `model.trace.Trace` and share one intermediate form, `picture.Picture`: the
+trace read into rows (one per event: a store op, a collective arrival or completion, an eviction, a lookup step), the
+end state of every rank's lifeline, and the violations located on those rows. `timeline_view.timeline` lays the rows out
+as text columns (one per rank), `diagram.svg` as a sequence diagram. A `concurrent` trace is drawn as its history
+instead (`history_view`: a lane per caller, op intervals, the op that never completed, the linearizable prefix and the
+op that cannot be placed). Stdlib only; every value shown comes from the trace, so a hand-edited trace renders too.
 """
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from pathlib import Path
 
 from model.trace import Trace, TraceError
 from shardcheck.show.diagram import svg
-from shardcheck.show.history import history_svg, history_timeline
-from shardcheck.show.terminal import timeline
+from shardcheck.show.history_view import history_svg, history_timeline
+from shardcheck.show.timeline_view import timeline
 
 __all__ = ["timeline", "svg", "show_command"]
 
@@ -48,7 +47,7 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
             return 2
     concurrent = trace.kind == "concurrent"
     if trace.kind in ("engine", "stack"):
-        from shardcheck.show.engine import engine_svg, engine_timeline
+        from shardcheck.show.engine_view import engine_svg, engine_timeline
         text, draw = engine_timeline, engine_svg
         if engine is not None and engine != trace.config.get("engine"):
             print(f"(recorded on engine {trace.config.get('engine')}; expected on {engine}: "
