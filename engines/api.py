@@ -9,7 +9,7 @@ A strategy is an object with a `name` and `search(ctx) -> Finding | None`; `runt
 which kinds of target it runs on and its share of the budget. It counts what it covered in its own coverage record,
 `ctx.coverage.of(self.name, MyCoverage)`, whose `text()` and `to_json()` are the verdict's coverage. The schedule
 (`engines.check`) runs the strategies in order, each within its share; adding one is its module, one entry in
-`shardcheck.catalogue.STRATEGIES` and a place in `CHECK_SCHEDULE`.
+`shardcheck.tables.STRATEGIES` and a place in `CHECK_SCHEDULE`.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ finding made earlier has all the time up to `Deadlines.finish`), and the engines
 (but for at least `MIN_SEARCH_SHARE` of the budget once the target is set up: a set-up slower than the rest of the
 budget makes the check end late by the difference).
 The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`, its names looked up in the table of strategies
-`run_check` is handed (`strategies`: `shardcheck.catalogue.STRATEGIES`): engines with no share run first to their end
+`run_check` is handed (`strategies`: `shardcheck.tables.STRATEGIES`): engines with no share run first to their end
 (their time counts in the budget); the others split what is left by their shares, the last taking the rest. No
 engine starts a unit of its work (a case, a run, a batch) that its longest unit so far says would end past its
 phase (`_stopper`); a finding is measured by `CONFIRM_RUNS` runs on fresh stores (one when the run is

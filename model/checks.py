@@ -171,7 +171,7 @@ class Property:
     that finds it (protocol layer); None where the engine that runs finds it (the simulator's desync, deadlock,
     hang and termination, reported through `run_faults`; the store layers' runners). `demos`: the name of each
     known-bad protocol or client built to violate it (every property has one, so every check can fail), in the demo
-    module of its layer (`shardcheck.catalogue.DEMO_MODULES`; the model names no module above it).
+    module of its layer (`shardcheck.tables.DEMO_MODULES`; the model names no module above it).
     """
 
     name: str
@@ -181,7 +181,7 @@ class Property:
     check: Callable[[Outcome], list[Violation]] | None = None
     #: `--engine-patch` demos that break a serving stack's own agreement so that the stack violates this property
     #: (an engine property broken in a real stack's own caller: SGLang's MIN all-reduce taking the MAX), in
-    #: `shardcheck.catalogue.DEMO_MODULES["stack-patch"]`, run on the stacks that take them
+    #: `shardcheck.tables.DEMO_MODULES["stack-patch"]`, run on the stacks that take them
     #: (`ServingEngineEntry.patch_demos`).
     patches: tuple[str, ...] = ()
 
@@ -204,13 +204,13 @@ def _concurrent(name: str, about: str, *demos: str) -> Property:
 
 def _stack(name: str, about: str, *demos: str) -> Property:
     """A property of a whole serving stack (`--engine vllm`, `model.stack_oracle`); its demos are KV connectors
-    (`--connector MOD:ATTR`, their module is `shardcheck.catalogue.DEMO_MODULES["stack"]`)."""
+    (`--connector MOD:ATTR`, their module is `shardcheck.tables.DEMO_MODULES["stack"]`)."""
     return Property(name=name, layer="stack", about=about, demos=demos)
 
 
 def _nemesis(name: str, about: str, *demos: str) -> Property:
     """A property under real faults on the servers (`model.faults.SERVER_KINDS`); its demos are real clients (their
-    module is `shardcheck.catalogue.DEMO_MODULES["nemesis"]`), since only a real server can be paused, killed or
+    module is `shardcheck.tables.DEMO_MODULES["nemesis"]`), since only a real server can be paused, killed or
     filled."""
     return Property(name=name, layer="nemesis", about=about, demos=demos)
 

@@ -4,7 +4,7 @@ The tables of names are not all here: each lives in the lowest layer that may im
 handed down to the lookups (`tests/test_architecture.py` checks that no string names a module above its own).
 Here are the model's: `PROTOCOLS`, `MEMORY_CLIENTS` (the in-memory client alone), `CHECK_SCHEDULE` (names only).
 The real clients and serving engines are `adapters.catalogue`'s (`CLIENTS`, `SERVING_ENGINES`, the nemesis);
-`check`'s strategies and the demos' modules are the command line's (`shardcheck.catalogue`), which assembles them
+`check`'s strategies and the demos' modules are the command line's (`shardcheck.tables`), which assembles them
 and passes them down (the pytest plugin has them from `shardcheck.pytest_catalogue`).
 
 - `resolve_protocol(spec) -> Protocol`: a short name of `PROTOCOLS` or `MOD:ATTR` naming a class (instantiated
@@ -118,7 +118,7 @@ MODEL_CATALOGUE = Catalogue(clients=MEMORY_CLIENTS)
 
 
 #: `check`'s schedule per kind of target (`engines.api.target_kind`): the strategies in order (names of the table
-#: `engines.check.run_check` is handed, `shardcheck.catalogue.STRATEGIES`), each with its share of the budget
+#: `engines.check.run_check` is handed, `shardcheck.tables.STRATEGIES`), each with its share of the budget
 #: (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),
@@ -330,7 +330,7 @@ def _client(name: str, obj: Any, entry: ClientEntry | None, clients: ClientTable
 
 def demo_refs(prop: Any, demos: Mapping[str, str]) -> tuple[str, ...]:
     """The `MOD:ATTR` of every demo of a catalog property (`model.checks.Property`), its layer's module found in
-    `demos` (layer -> module: `shardcheck.catalogue.DEMO_MODULES`)."""
+    `demos` (layer -> module: `shardcheck.tables.DEMO_MODULES`)."""
     return tuple(f"{demos[prop.layer]}:{name}" for name in prop.demos)
 
 
@@ -388,7 +388,7 @@ def parse_options(items: list[str], flag: str = "--client-option") -> dict:
 
 def resolve_strategy(name: str, strategies: Mapping[str, str]) -> Any:
     """A fresh instance of `check`'s strategy `name`, whose `MOD:ATTR` the table `strategies` gives
-    (`shardcheck.catalogue.STRATEGIES`)."""
+    (`shardcheck.tables.STRATEGIES`)."""
     try:
         ref = strategies[name]
     except KeyError:

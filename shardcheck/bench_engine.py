@@ -51,7 +51,7 @@ def _lookups(target: Any, mode: str, seconds: float) -> float:
 def measure_engine(seconds: float = 3.0, engine: str | None = None) -> dict[str, Any]:
     """The engine figures (see the module docstring), on `engine` (default: the fixed one, whose close returns)."""
     from runtime.registry import by_verdict
-    from shardcheck.catalogue import SERVING_ENGINES
+    from shardcheck.tables import SERVING_ENGINES
     from engines.serving.engine_search import engine_target
     from model.engine_case import EngineCase
 

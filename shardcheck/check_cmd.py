@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from engines.api import DEFAULT_RETENTION
-from shardcheck.catalogue import STRATEGIES
+from shardcheck.tables import STRATEGIES
 from shardcheck.errors import EXIT_HELD, EXIT_UNDECIDED, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 from shardcheck.targets import (add_engine_arguments, add_nemesis_arguments, add_target_arguments, build_engine_target,

@@ -159,7 +159,7 @@ def _in_memory(spec: str | None) -> bool:
     """Whether the client `spec` names is in memory (its capability, `MOD:ATTR` factories included); a spec that
     does not resolve is taken as a real client here (the command reports it)."""
     from runtime.registry import ResolveError, resolve_client
-    from shardcheck.catalogue import CLIENTS
+    from shardcheck.tables import CLIENTS
     try:
         return resolve_client(spec, CLIENTS).in_memory
     except ResolveError:

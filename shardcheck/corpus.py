@@ -11,7 +11,7 @@ from model.harness import run_case
 from model.trace import Trace
 from runtime.registry import corpus_clients, protocol_bug_expect
 from model.variants import DEMO_VARIANTS
-from shardcheck.catalogue import CLIENTS
+from shardcheck.tables import CLIENTS
 
 __all__ = ["CORPUS", "REAL_CLIENTS", "SEARCH_CASES", "demo_traces", "without_real", "measure_real_expectations"]
 

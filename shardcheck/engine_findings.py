@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.registry import by_verdict
-from shardcheck.catalogue import SERVING_ENGINES
+from shardcheck.tables import SERVING_ENGINES
 
 __all__ = ["ENGINE_CORPUS", "build", "FIRM_RUNS", "MEASURE_RUNS", "MINIMISE_SECONDS", "STOCK", "FIXED"]
 

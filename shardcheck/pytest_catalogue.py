@@ -16,5 +16,5 @@ __all__ = ["pytest_shardcheck_catalogue"]
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_shardcheck_catalogue() -> Any:
-    from shardcheck.catalogue import CATALOGUE
+    from shardcheck.tables import CATALOGUE
     return CATALOGUE

@@ -74,7 +74,7 @@ def _corpus(check: bool, real: bool) -> list[str]:
 def _z3(check: bool, real: bool) -> list[str]:
     from proofs.traces import COUNTEREXAMPLE_DIR, z3_traces
     from runtime.registry import protocol_bug_expect
-    from shardcheck.catalogue import CLIENTS
+    from shardcheck.tables import CLIENTS
     drift = []
     for name, trace in z3_traces(expect=protocol_bug_expect(CLIENTS)).items():
         path = COUNTEREXAMPLE_DIR / name

@@ -35,7 +35,7 @@ def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | 
     """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis.plan_for`), or None; bad input
     is exit 2."""
     from engines.nemesis import plan_for
-    from shardcheck.catalogue import CATALOGUE
+    from shardcheck.tables import CATALOGUE
     try:
         return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds,
                         nemesis=CATALOGUE.nemesis)
@@ -67,7 +67,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     from engines.serving.engine_search import engine_target
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
-    from shardcheck.catalogue import SERVING_ENGINES
+    from shardcheck.tables import SERVING_ENGINES
     if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--max-ranks must be at least 1, got {max_ranks}")
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
@@ -119,7 +119,7 @@ def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | d
     from engines.api import Target
     from runtime.preflight import TierUnreachable, reach
     from runtime.registry import ResolveError, resolve_client, resolve_protocol
-    from shardcheck.catalogue import CLIENTS
+    from shardcheck.tables import CLIENTS
     try:
         protocol, client = resolve_protocol(protocol_spec), resolve_client(client_spec, CLIENTS)
         opts = parse_options(options) if isinstance(options, list) else dict(options or {})

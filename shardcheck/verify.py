@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 from runtime.registry import by_verdict, corpus_clients, patch_refs
-from shardcheck.catalogue import CLIENTS, DEMO_MODULES, SERVING_ENGINES
+from shardcheck.tables import CLIENTS, DEMO_MODULES, SERVING_ENGINES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
 

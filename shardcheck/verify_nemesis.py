@@ -40,7 +40,7 @@ def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None
     from adapters.nemesis_findings import CLIENTS, OUT_DIR
     from adapters.valkey_clients import NEMESIS_DEMOS
     from runtime.registry import by_verdict
-    from shardcheck.catalogue import CLIENTS as registry_clients
+    from shardcheck.tables import CLIENTS as registry_clients
     from shardcheck.check_cmd import run_check
 
     def check(client: str, kinds: str, secs: float) -> Callable[[], tuple[str, str]]:

@@ -21,7 +21,7 @@ from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
 from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_strategy, resolve_protocol
-from shardcheck.catalogue import CLIENTS, SERVING_ENGINES, STRATEGIES
+from shardcheck.tables import CLIENTS, SERVING_ENGINES, STRATEGIES
 
 
 def _ctx(client: str, polls: int = 30, target: Target | None = None) -> SearchContext:
@@ -218,8 +218,8 @@ def _in_adapter(path: str, ref: str) -> bool:
 
 
 #: The catalogues: where the tables of names are (`runtime/registry.py` has the model's, `adapters/catalogue.py` the
-#: clients and serving engines, `shardcheck/catalogue.py` the strategies and the demos' modules).
-CATALOGUES = ("runtime/registry.py", "adapters/catalogue.py", "shardcheck/catalogue.py")
+#: clients and serving engines, `shardcheck/tables.py` the strategies and the demos' modules).
+CATALOGUES = ("runtime/registry.py", "adapters/catalogue.py", "shardcheck/tables.py")
 
 
 def clients_named_in() -> dict[str, list[str]]:

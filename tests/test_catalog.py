@@ -7,7 +7,7 @@ from pathlib import Path
 from model import checks, protocols, variants
 from model.checks import CATALOG, CHECKS, PROPERTIES
 from runtime.registry import demo_refs, load_attr, patch_refs
-from shardcheck.catalogue import DEMO_MODULES, SERVING_ENGINES
+from shardcheck.tables import DEMO_MODULES, SERVING_ENGINES
 
 
 def test_every_property_has_a_resolvable_demo():

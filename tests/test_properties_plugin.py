@@ -22,7 +22,7 @@ from properties import config, profiles
 from properties.bad_stores import TruncatingStore, async_key_mismatch_factory
 from properties.machines import ProtocolMachine, StoreMachine, violated_properties
 from runtime.registry import MEMORY_CLIENTS, ResolveError, resolve_client, resolve_protocol
-from shardcheck.catalogue import CLIENTS
+from shardcheck.tables import CLIENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
