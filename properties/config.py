@@ -1,7 +1,7 @@
 """What the property machines run against: the protocol, the client, where counterexamples go.
 
 The pytest plugin fills `CURRENT` from the command line, with the catalogue the names resolve in (the model's own,
-`runtime.registry.MODEL_CATALOGUE`, when none was handed down); tests and `properties.bench` swap it with
+`runtime.registry.MODEL_CATALOGUE`, when none was handed down); tests and `properties.layer_rates` swap it with
 `using()`.
 Stores are shared for a whole session (a real client's factory starts Valkey servers) and closed by `close()`;
 the machines clean up the keys they wrote and `discard()` the stores after a failure.

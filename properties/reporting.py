@@ -18,7 +18,7 @@ from model.trace import Trace
 __all__ = ["RULE_STEPS", "PATH_CALLS", "PropertyViolated", "VIOLATED", "raise_violations", "violated_properties",
            "final_run", "note", "event", "write_found"]
 
-#: Rule executions per layer (`properties.bench` reads it).
+#: Rule executions per layer (`properties.layer_rates` reads it).
 RULE_STEPS: collections.Counter = collections.Counter()
 #: Store-client calls per path (`get`, `get_async`, `get_batch`, ...) the store layer made (check's coverage).
 PATH_CALLS: collections.Counter = collections.Counter()

@@ -113,7 +113,7 @@ class Catalogue:
 
 
 #: The model's own catalogue: the in-memory client alone, no serving engine, no nemesis (what resolves where no
-#: catalogue was handed down: `python -m properties.bench`, a pytest run without `shardcheck.pytest_catalogue`).
+#: catalogue was handed down: `python -m properties.layer_rates`, a pytest run without `shardcheck.pytest_catalogue`).
 MODEL_CATALOGUE = Catalogue(clients=MEMORY_CLIENTS)
 
 

@@ -21,7 +21,7 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     from engines.explore import bench as explorer_bench
     explorer = explorer_bench(seconds)
     say("hypothesis: rule steps per second on the protocol and store layers ...")
-    from properties.bench import measure
+    from properties.layer_rates import measure
     hypothesis = measure(seconds)
     say("z3: every theorem on 10 seeds ...")
     import proofs

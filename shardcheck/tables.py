@@ -23,7 +23,7 @@ STRATEGIES: dict[str, str] = {
     "concurrency": "engines.concurrency_engine:Concurrency",
     "enumerate": "engines.search:Enumeration",
     "explore": "engines.explore.engine:Explorer",
-    "hypothesis": "properties.engine:HypothesisMachines",
+    "hypothesis": "properties.machine_search:HypothesisMachines",
     "random": "engines.search:RandomCases",
     "engine-cases": "engines.serving.engine_search:EngineCases",
     "engine-machine": "properties.engine_machine:EngineMachineSearch",

@@ -16,7 +16,7 @@ from engines.check import FINISH_GRACE, FINISH_SHARE, MIN_SEARCH_SHARE, TEARDOWN
 from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace
-from properties.engine import BATCH, batch_size
+from properties.machine_search import BATCH, batch_size
 from runtime.registry import CHECK_SCHEDULE, resolve_client, resolve_protocol
 
 

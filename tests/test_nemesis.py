@@ -197,7 +197,7 @@ def test_a_server_shardcheck_did_not_start_is_never_faulted():
 
 def _store_machine_properties(factory, kinds: str) -> set[str]:
     from hypothesis import HealthCheck, Phase, settings
-    from properties.engine import caught
+    from properties.machine_search import caught
     from properties.machines import StoreMachine
     from properties.store_machine import DECIDED, STRUCK
     STRUCK.clear()  # (each kind strikes once per session)

@@ -1,8 +1,8 @@
-"""`properties.bench`: the ceiling machine is the protocol machine's rules doing nothing (it bounds the protocol
+"""`properties.layer_rates`: the ceiling machine is the protocol machine's rules doing nothing (it bounds the protocol
 layer from above only while it draws exactly what the protocol machine draws); the figures are reported."""
 from __future__ import annotations
 
-from properties.bench import CeilingMachine, measure
+from properties.layer_rates import CeilingMachine, measure
 from properties.machines import ProtocolMachine
 
 

@@ -11,7 +11,7 @@ from adapters.catalogue import CLIENTS
 from engines.storeops import bounded_factory, run
 from model.trace import Trace
 from properties import config
-from properties.engine import caught
+from properties.machine_search import caught
 from properties.bad_stores import BAD_STORES
 from properties.machines import StoreMachine
 from runtime.registry import resolve_client

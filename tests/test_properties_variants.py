@@ -8,7 +8,7 @@ from model.harness import run_case
 from model.protocols import REFERENCE_PROTOCOLS
 from model.trace import Trace
 from model.variants import DEMO_VARIANTS, ByteOffByOne
-from properties.engine import caught
+from properties.machine_search import caught
 from properties.machines import ProtocolMachine
 
 #: Derandomized, no database: the same search every run. Finding is quick; shrinking (seconds per variant) is
