@@ -3,10 +3,10 @@
 - `deployment`: `LMCacheDeployment`, N real `LMCacheEngine` ranks per model on real Valkey, the real lookup servers
   and the scheduler's real sync or async lookup client (`model.contract.EngineDeployment`); `factory` names it;
 - `rank_side`: one rank's engines and what a worker does with them (in this process or a rank process's);
-- `processes`, `rank_process`: `--runner processes`, one OS process per rank;
+- `process_deployment`, `rank_process_main`: `--runner processes`, one OS process per rank;
 - `closing`: closes that cannot hang the run (parked receives woken, a stuck RESP close unstuck);
 - `connector`: the CPU connector that copies real KV bytes;
-- `faults`: pause, resume, kill and restart a rank's Valkey server;
+- `valkey_faults`: pause, resume, kill and restart a rank's Valkey server;
 - `zmq_paths`: LMCache's socket files in a private directory, removed after every case.
 
 Importing this package imports neither torch nor LMCache; building a deployment does.

@@ -11,7 +11,7 @@ calls LMCache offers vLLM (`lookup_cache`, `lookup`, `clear_lookup_status`, `sto
 what the checks observe (`chunk_keys`, `holdings`, `pins`, `facts`) and the faults (`evict`, `fault`).
 
 The ranks are `adapters.lmcache_engine.rank_side.RankSide`s in this process; `ProcessDeployment`
-(`adapters.lmcache_engine.processes`) runs each in an OS process of its own and keeps the rest here.
+(`adapters.lmcache_engine.process_deployment`) runs each in an OS process of its own and keeps the rest here.
 
 Requests reach LMCache as vLLM's integration passes them: the tenant as the `lmcache.tag.tenant` request config,
 an image through LMCache's own `apply_mm_hashes_to_token_ids` (the placeholder span rewritten from the image's
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from adapters.lmcache_engine.closing import WAKE_ID, close_all, wake
 from adapters.lmcache_engine.connector import bytes_per_token
-from adapters.lmcache_engine.faults import ServerFaults
+from adapters.lmcache_engine.valkey_faults import ServerFaults
 from adapters.lmcache_engine.rank_side import CHUNK_SIZE, RankSide, engine_config, engine_metadata, quiet_lmcache, \
     request_configs_of, tokens_of
 from adapters.lmcache_engine.zmq_paths import own_context, remove_case_sockets, use_private_rpc_dir

@@ -1,7 +1,7 @@
 """One rank of an LMCache deployment: its real `LMCacheEngine` per deployment (model), with its lookup server and CPU
 connector, and what a worker does with them (store, retrieve, `lookup_unpin`) or the checks ask of them (chunk keys,
 LocalCPU holdings, pins). `RankSide` runs in the deployment's process (`LMCacheDeployment`), or in a rank process of
-its own (`adapters.lmcache_engine.processes`), the same code either way.
+its own (`adapters.lmcache_engine.process_deployment`), the same code either way.
 
 Also here: LMCache's configuration and metadata of a rank (`engine_config`, `engine_metadata`) and how vLLM's
 integration turns a request into LMCache's arguments (`tokens_of`, `request_configs_of`), shared with the scheduler.

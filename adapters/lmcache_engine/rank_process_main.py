@@ -1,4 +1,4 @@
-"""The body of one rank process of `--runner processes` (`adapters.lmcache_engine.processes`).
+"""The body of one rank process of `--runner processes` (`adapters.lmcache_engine.process_deployment`).
 
 The process builds its rank's `RankSide` (every deployment's `LMCacheEngine` and lookup server for that rank), after
 the `--engine-patch` functions, then serves calls from the parent over a pipe: `(id, method, args, kwargs)` ->

@@ -1,7 +1,7 @@
 """`--runner processes` for an LMCache deployment: one OS process per rank, the scheduler in this one.
 
 `ProcessDeployment` is `LMCacheDeployment` with its ranks in processes of their own (started by a forkserver that
-imported torch and LMCache once: `adapters.lmcache_engine.rank_process`), as vLLM runs its workers: each process
+imported torch and LMCache once: `adapters.lmcache_engine.rank_process_main`), as vLLM runs its workers: each process
 holds that rank's engine of every deployment and its lookup server; the scheduler's lookup clients, the Valkey
 servers and their faults stay here. Each rank's calls go over a pipe (`RankProxy`, one call at a time); the caller
 bounds them. On close every rank runs LMCache's own closes in its process, and a process that dies meanwhile (a ZMQ
@@ -32,7 +32,7 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         _CTX = multiprocessing.get_context("forkserver")
-        _CTX.set_forkserver_preload(["adapters.lmcache_engine.rank_process"])
+        _CTX.set_forkserver_preload(["adapters.lmcache_engine.rank_process_main"])
     return _CTX
 
 
@@ -50,12 +50,12 @@ class RankProxy:
     """`RankSide`'s calls on a rank process (see the module docstring)."""
 
     def __init__(self, rank: int, spec: dict) -> None:
-        from adapters.lmcache_engine import rank_process
+        from adapters.lmcache_engine import rank_process_main
 
         self.rank = rank
         ctx = _context()
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=rank_process.main, args=(child, spec), name=f"shardcheck-rank-{rank}",
+        self.proc = ctx.Process(target=rank_process_main.main, args=(child, spec), name=f"shardcheck-rank-{rank}",
                                 daemon=True)
         self.proc.start()
         _LIVE.add(self.proc)
