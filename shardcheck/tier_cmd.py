@@ -106,7 +106,7 @@ def run_tier(args: Any, progress: Any = None) -> dict:
     lam = args.arrival_rate or PAPER.lam
     hit_tokens = args.hit_tokens or PAPER.bytes_per_hit / PAPER.s
     chunk_bytes = int(round(args.chunk_tokens * s))
-    from adapters.tier import TierError, Unreachable, measure_tier, parse_url
+    from adapters.tier_measure import TierError, Unreachable, measure_tier, parse_url
     try:
         for u in args.url or ():
             parse_url(u)

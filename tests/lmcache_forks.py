@@ -10,8 +10,8 @@ shows, and nothing is left behind: `stop()` (at session end, at exit, after any 
 and the job's whole process group, and the server ends itself when its parent goes away.
 
 Not `multiprocessing`'s forkserver: that is one per process with one preload list, which adapters.processes,
-adapters.tier and adapters.lmcache_engine.process_deployment already set for their own processes in the same pytest
-worker.
+adapters.tier_measure and adapters.lmcache_engine.process_deployment already set for their own processes in the same
+pytest worker.
 """
 from __future__ import annotations
 

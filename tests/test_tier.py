@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.tier import parse_url, ping
+from adapters.tier_measure import parse_url, ping
 from adapters.valkey_servers import free_port, start_servers
 from model.cost import hit_threshold_tokens
 from shardcheck.tier_cmd import PRESETS, bytes_per_token, verdict
@@ -41,7 +41,7 @@ def test_tier_against_user_servers_given_as_urls(tmp_path):
                                                         for e in ("png", "svg")}
         assert all(Path(p).stat().st_size > 0 for p in out["plots"])
         for port in servers.ports:  # the measurement's keys are gone from the user's servers
-            from adapters.tier import _resp
+            from adapters.tier_measure import _resp
             assert _resp("127.0.0.1", port, None, "DBSIZE").strip() == b":0"
     finally:
         servers.stop()

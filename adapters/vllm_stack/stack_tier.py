@@ -11,7 +11,7 @@ row (`not_hits`). The model's terms:
 - `R` (prefill tokens/s): 1 / the slope of the misses' least-squares line (`model.cost.fit_line`);
 - `s` (KV bytes per token and rank): the stack's own (`VllmStack.chunk_bytes / chunk_size`);
 - `B` (the tier's bandwidth per rank): GETs of the stack's chunk size through LMCache's own client on the stack's own
-  Valkey server (`adapters.tier.measure_tier`, one rank process), measured apart from the stack;
+  Valkey server (`adapters.tier_measure.measure_tier`, one rank process), measured apart from the stack;
 - `T0` (a hit's fixed cost): the intercept of the hits' line.
 
 The prediction for each n is `T0 + n*s/B` for a hit and `n/R` (plus the misses' intercept, the stack's per-request
@@ -51,7 +51,7 @@ def _ttft(stack: Any, request: StackRequest) -> tuple[float, int | None]:
 def measure_stack_tier(stack: Any, *, lengths: Sequence[int] = LENGTHS, repeats: int = 5, seconds: float = 1.0,
                        progress: Callable[[str], None] | None = None) -> dict:
     """Every figure of the module docstring, and the model's prediction beside each measurement."""
-    from adapters.tier import measure_tier
+    from adapters.tier_measure import measure_tier
     step = progress or (lambda text: None)
     rng = random.Random(0)
     chunk = stack.chunk_size

@@ -158,7 +158,7 @@ class _Workers:
         global _CTX
         if _CTX is None:
             _CTX = multiprocessing.get_context("forkserver")
-            _CTX.set_forkserver_preload(["adapters.tier", "adapters.lmcache_stores",
+            _CTX.set_forkserver_preload(["adapters.tier_measure", "adapters.lmcache_stores",
                                          "lmcache.v1.storage_backend.native_clients.resp_client"])
         self.procs, self.conns = [], []
         for r in range(n):
