@@ -135,7 +135,7 @@ class SearchContext:
     finish_by: float = float("inf")
     explore_workers: int = 1
     note: Callable[[str], None] = lambda text: None
-    #: The real faults of the run (`engines.nemesis.NemesisPlan`, `--nemesis`), or None: none.
+    #: The real faults of the run (`engines.nemesis_engine.NemesisPlan`, `--nemesis`), or None: none.
     nemesis: Any = None
     #: `--retention`: the least age a value nobody deleted is read back at (0: not tested).
     retention: float = DEFAULT_RETENTION

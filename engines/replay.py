@@ -63,7 +63,8 @@ class ReplayOn:
     op_timeout: float = DEFAULT_OP_TIMEOUT
     #: A serving engine under test (`engines.serving.engine_search.EngineTarget`): what an `engine` trace runs on.
     engine: Any = None
-    #: The real faults a trace strikes go through it (`engines.nemesis.NemesisPlan`); None: a trace with one cannot run.
+    #: The real faults a trace strikes go through it (`engines.nemesis_engine.NemesisPlan`); None: a trace with one
+    #: cannot run.
     nemesis: Any = None
 
     def control(self, stores: list) -> Any:

@@ -85,8 +85,8 @@ class RunConfig:
         return self.resolved_client().in_memory
 
     def nemesis(self) -> Any:
-        """The run's real faults (`engines.nemesis.NemesisPlan`), or None."""
-        from engines.nemesis import plan_for
+        """The run's real faults (`engines.nemesis_engine.NemesisPlan`), or None."""
+        from engines.nemesis_engine import plan_for
         return plan_for(self.resolved_client(), self.client_options, self.nemesis_spec,
                         recovery_seconds=self.recovery_seconds, nemesis=self.catalogue.nemesis)
 

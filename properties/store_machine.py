@@ -349,7 +349,7 @@ class StoreMachine(RuleBasedStateMachine):
         """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
         value, a miss or an error; an async read still in flight when it strikes may miss too), and once the server
         is back the client passes the recovery probe."""
-        from engines.nemesis import fault_seconds
+        from engines.nemesis_engine import fault_seconds
         RULE_STEPS["store"] += 1
         kind = self.plan.kinds[which % len(self.plan.kinds)]
         decision = (repr(self.ops), which, rank, key)

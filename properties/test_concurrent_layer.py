@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from engines.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
-from engines.nemesis import nemesis_layout
+from engines.nemesis_engine import nemesis_layout
 from engines.concurrency_engine import to_trace
 from model.contract import declared_paths
 from model.faults import SERVER_KINDS

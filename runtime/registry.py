@@ -103,9 +103,10 @@ MEMORY_CLIENTS = ClientTable({
 @attrs.frozen(kw_only=True)
 class Catalogue:
     """What the names a user gives resolve in, assembled above `runtime/` and handed down to whoever resolves them
-    (`adapters.catalogue.CATALOGUE`; the pytest plugin asks `shardcheck.pytest_catalogue` for it): the named
-    clients, the named serving engines (name -> `runtime.serving.ServingEngineEntry`) and the nemesis
-    (`nemesis(user_servers=...) -> control_for(stores, kind)`, `engines.nemesis.plan_for`; None: no real faults)."""
+    (`adapters.catalogue.CATALOGUE`; the pytest plugin asks `shardcheck.pytest_catalogue` for it): the named clients,
+    the named serving engines (name -> `runtime.serving.ServingEngineEntry`) and the nemesis
+    (`nemesis(user_servers=...) -> control_for(stores, kind)`, `engines.nemesis_engine.plan_for`; None: no real
+    faults)."""
 
     clients: ClientTable
     engines: Mapping[str, Any] = attrs.field(factory=dict)

@@ -18,7 +18,7 @@ __all__ = ["STRATEGIES", "DEMO_MODULES", "CLIENTS", "SERVING_ENGINES", "CATALOGU
 #: The strategies of `check` (`engines.api.Strategy`), by name: what `runtime.registry.CHECK_SCHEDULE` names.
 STRATEGIES: dict[str, str] = {
     "scenarios": "engines.scenarios:Scenarios",
-    "nemesis": "engines.nemesis:Nemesis",
+    "nemesis": "engines.nemesis_engine:Nemesis",
     "retention": "engines.retention:Retention",
     "concurrency": "engines.concurrency_engine:Concurrency",
     "enumerate": "engines.search:Enumeration",

@@ -32,9 +32,9 @@ def add_nemesis_arguments(p: Any) -> None:
 
 
 def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
-    """The `engines.nemesis.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis.plan_for`), or None; bad input
-    is exit 2."""
-    from engines.nemesis import plan_for
+    """The `engines.nemesis_engine.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis_engine.plan_for`), or
+    None; bad input is exit 2."""
+    from engines.nemesis_engine import plan_for
     from shardcheck.tables import CATALOGUE
     try:
         return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds,

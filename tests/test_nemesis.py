@@ -17,7 +17,7 @@ from adapters import nemesis
 from adapters.catalogue import CLIENTS
 from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
 from adapters.valkey_servers import ping, valkey_servers
-from engines.nemesis import run_nemesis_scenarios
+from engines.nemesis_engine import run_nemesis_scenarios
 from model.faults import SERVER_KIND_NAMES, SERVER_KINDS
 from runtime.registry import resolve_client
 
