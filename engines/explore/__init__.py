@@ -14,7 +14,7 @@ Pure Python, no I/O (the manifest tooling lives in `engines.manifest`). The modu
 - `slow`: the search loop's general path (every branch kind, collective completions, checks near the step bound);
 - `bfs`: the search loop (`Search`, over one `StateSpace`), partial-order reduction (with its soundness argument)
   and what is checked where;
-- `api`: `explore`, `bench` and the test hooks;
+- `explorer`: `explore`, `bench` and the test hooks;
 - `shards`: exact partitioning into shards and the merge that gives the one-process result;
 - `workers`, `on_ray`: the shards on local processes or as Ray tasks; `scale`: the scale benchmark.
 `bench()` measures the search (`shardcheck bench`; the manifest: `shardcheck regen manifest`). The search loop's hot
@@ -24,7 +24,8 @@ from engines import native
 
 native.select(__name__, __path__)
 
-from engines.explore.api import bench, explore, outcome_summary, terminal_outcomes, terminal_signatures  # noqa: E402
+from engines.explore.explorer import (bench, explore, outcome_summary, terminal_outcomes,  # noqa: E402
+                                      terminal_signatures)
 from engines.explore.result import ExploreError, ExploreResult  # noqa: E402
 from engines.explore.state import DELAY_SECONDS  # noqa: E402
 

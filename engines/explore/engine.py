@@ -8,7 +8,7 @@ import time
 import attrs
 
 from engines.api import SearchContext
-from engines.explore.api import explore
+from engines.explore.explorer import explore
 from engines.explore.result import ExploreError
 from model.calls import Stalled
 from model.finding import Finding
