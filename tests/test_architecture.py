@@ -1,8 +1,8 @@
 """ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
 has its record, and the "Where to add things" table holds when it is done (an engine is its module and one catalogue
 entry, a client its factory and one catalogue entry) and when it is counted (a fault kind's field named in its record
-alone, a client's name in the catalogue and its adapter); no string names a module its layer may not import; no
-module over 500 lines, no function over 100."""
+alone, a client's name in the catalogue and its adapter); no string names a module its layer may not import; no two
+modules share a basename; no module over 500 lines, no function over 100."""
 from __future__ import annotations
 
 import ast
@@ -322,6 +322,41 @@ def test_the_layer_check_sees_a_ref_upward():
                                                          "properties.bad_stores"]
     assert refs_past_the_layers("adapters/x.py", tree) == ["properties.bad_stores"]
     assert refs_past_the_layers("shardcheck/x.py", tree) == []
+
+
+# -- one name, one module ----------------------------------------------------------------------------------------
+#: The files of a package that are no module of its own: package markers, pytest's, the property layers' tests.
+NOT_MODULES = ("__init__.py", "conftest.py")
+
+
+def shared_basenames(root: Path = ROOT) -> dict[str, list[str]]:
+    """The basenames that more than one module of `PACKAGES` has (as `tier.py` was, `adapters/` and `runtime/`'s),
+    each with its modules' paths. A name says one thing: `from x import tier`, a traceback's `tier.py` or a README's
+    row is one module, whichever package it is read in."""
+    seen: dict[str, list[str]] = {}
+    for pkg in PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            if p.name not in NOT_MODULES and not p.name.startswith("test_") and "__pycache__" not in p.parts:
+                seen.setdefault(p.name, []).append(str(p.relative_to(root)))
+    return {name: paths for name, paths in sorted(seen.items()) if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_basename():
+    """Every module of the seven packages has a basename of its own (`__init__.py`, `conftest.py` and `test_*.py`
+    aside): a new one that repeats a name is named for what it holds instead (`replay_cmd.py`, `history_view.py`)."""
+    assert shared_basenames() == {}, "modules that share a basename: rename the less central one"
+
+
+def test_the_basename_check_sees_a_shared_name(tmp_path):
+    """The check itself: a name repeated across packages or inside one (a subpackage) is seen; package markers,
+    conftests, tests and caches are not."""
+    for name in ("model/tier.py", "runtime/tier.py", "engines/api.py", "engines/explore/api.py", "engines/x.py",
+                 "model/__init__.py", "engines/explore/__init__.py", "properties/conftest.py", "shardcheck/conftest.py",
+                 "properties/test_a.py", "adapters/test_a.py", "adapters/__pycache__/x.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert shared_basenames(tmp_path) == {"api.py": ["engines/api.py", "engines/explore/api.py"],
+                                          "tier.py": ["model/tier.py", "runtime/tier.py"]}
 
 
 # -- size limits --------------------------------------------------------------------------------------------------
