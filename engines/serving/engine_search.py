@@ -40,7 +40,7 @@ from model.outcome import Violation
 from model.trace import Trace, encode, subject_key
 
 __all__ = ["CaseSource", "TraceSubject", "deployment_source", "finding_key", "call_of", "shows", "leading",
-           "EngineStats", "EngineTarget", "EngineCases", "engine_target", "engine_search",
+           "EngineStats", "ServingTarget", "EngineTarget", "EngineCases", "engine_target", "engine_search",
            "facts_of", "facts_note",
            "measure_rate", "engine_finding", "engine_session", "MAX_CANDIDATE_RUNS"]
 
@@ -293,16 +293,13 @@ def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: Eng
                    notes=list(notes)).measured(rate)
 
 
-@attrs.frozen(kw_only=True)
-class EngineTarget:
-    """A serving engine under test: `engine` (`runtime.serving.ServingEngine`), the lookup modes to drive, the
-    factory options (`--engine-option`), the most ranks a case uses, and the runner (`in-process`)."""
+class ServingTarget:
+    """What the targets of the serving layers share (`EngineTarget`, `engines.serving.stack_search.StackTarget`): the
+    name, whether cases may strike faults, and the subject their traces name."""
 
     engine: Any
-    lookups: tuple[str, ...] = ("sync", "async")
-    options: dict = attrs.field(factory=dict)
-    max_ranks: int = 4
-    runner: str = "in-process"
+    options: dict
+    runner: str
 
     @property
     def name(self) -> str:
@@ -316,7 +313,19 @@ class EngineTarget:
     @property
     def subject(self) -> TraceSubject:
         return TraceSubject(engine=self.name, options=self.options, patches=tuple(self.engine.patches),
-                            runner=self.runner)
+                            runner=self.runner, connector=getattr(self, "connector", None))
+
+
+@attrs.frozen(kw_only=True)
+class EngineTarget(ServingTarget):
+    """A serving engine under test: `engine` (`runtime.serving.ServingEngine`), the lookup modes to drive, the
+    factory options (`--engine-option`), the most ranks a case uses, and the runner (`in-process`)."""
+
+    engine: Any
+    lookups: tuple[str, ...] = ("sync", "async")
+    options: dict = attrs.field(factory=dict)
+    max_ranks: int = 4
+    runner: str = "in-process"
 
     def source(self) -> CaseSource:
         """Its engine cases, each on a fresh deployment."""

@@ -17,7 +17,7 @@ import attrs
 
 from engines.api import SearchContext
 from engines.serving.engine_run import EngineOutcome
-from engines.serving.engine_search import CaseSource, EngineCasesCoverage, TraceSubject, engine_search
+from engines.serving.engine_search import CaseSource, EngineCasesCoverage, ServingTarget, engine_search
 from engines.serving.stack_cases import stack_enumeration, stack_random_case
 from engines.serving.stack_run import References, StackBounds, run_stack_case
 from model.contract import STACK_METHODS, StoreCallTimeout, missing_members
@@ -32,7 +32,7 @@ __all__ = ["StackTarget", "stack_source", "StackCases", "stack_session", "stack_
 
 
 @attrs.define(kw_only=True)
-class StackTarget:
+class StackTarget(ServingTarget):
     """A serving stack under test (see the module docstring)."""
 
     engine: Any
@@ -43,22 +43,8 @@ class StackTarget:
     references: References = attrs.field(factory=References)
 
     @property
-    def name(self) -> str:
-        return self.engine.name
-
-    @property
     def runner(self) -> str:
         return "in-process"
-
-    @property
-    def faults(self) -> bool:
-        """Whether cases may pause, kill and restart servers: only those shardcheck starts (no `urls`)."""
-        return "urls" not in self.options
-
-    @property
-    def subject(self) -> TraceSubject:
-        return TraceSubject(engine=self.name, options=self.options, patches=tuple(self.engine.patches),
-                            connector=self.connector)
 
     def stack(self) -> Any:
         """The stack (started on first use, within `--setup-timeout`: `SetupTimeout` otherwise), validated against
