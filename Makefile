@@ -7,10 +7,10 @@ UV := $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin
 REQS := requirements/bootstrap.txt requirements/base.txt requirements/native.txt requirements/lmcache.txt pyproject.toml \
 	requirements/install-lmcache.sh requirements/docs.txt requirements/vllm.txt requirements/install-vllm.sh \
 	requirements/mooncake.txt requirements/install-mooncake.sh requirements/sglang.txt requirements/install-sglang.sh
-# The compiled hot paths (engines/native.py): rebuilt when a compiled module's source changes. A failed build says so in
+# The compiled hot paths (checking/native.py): rebuilt when a compiled module's source changes. A failed build says so in
 # one line and leaves pure Python running; it never fails the set-up.
 NATIVE := $(VENV)/.shardcheck-native-built
-NATIVE_SRC := tools/build_native.py engines/native.py $(wildcard engines/linearizability/*.py) $(wildcard engines/explore/*.py)
+NATIVE_SRC := tools/build_native.py checking/native.py $(wildcard checking/linearizability/*.py) $(wildcard checking/explore/*.py)
 
 .PHONY: venv verify test clean
 

@@ -1,6 +1,6 @@
 """What the nemesis found in stock lmcache 0.5.6: store-ops traces with their real faults, measured on every client.
 
-`shardcheck regen findings` runs `build()`: each finding of `FINDINGS` is replayed (`engines.storeops.run`, its faults
+`shardcheck regen findings` runs `build()`: each finding of `FINDINGS` is replayed (`checking.storeops.run`, its faults
 struck by `adapters.nemesis` on servers the factory started) on every client of `CLIENTS`; the outcome per client is
 its expectation, the run on the client it records is its evidence, and it must be 1-minimal there (removing any one
 op, fault ops included, loses its violation). They are written to `counterexamples/nemesis/lmcache-<name>.json` (a
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from adapters.nemesis import control_maker
-from engines.faulted import fault_op
-from engines.storeops import kept_by_removal, run
+from checking.faulted import fault_op
+from checking.storeops import kept_by_removal, run
 from model.trace import Trace
 from adapters.catalogue import CLIENTS as registry_clients
 from runtime.registry import real_clients

@@ -1,7 +1,7 @@
 """Racy findings of lmcache 0.5.6: concurrent-layer traces with their measured rates.
 
 `shardcheck regen findings` measures each finding of `RACY_FINDINGS` on the client it records
-(`RUNS` runs of its layout), then judges the trace on every client with `engines.replay.judge` (statistically,
+(`RUNS` runs of its layout), then judges the trace on every client with `checking.replay.judge` (statistically,
 99% confidence) and writes `counterexamples/lmcache-<name>.json` with the rate and the expectations.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Callable, Sequence
 
 from adapters.catalogue import CLIENTS as registry_clients
 from adapters.storeops_findings import CLIENTS, ROOT, _factory
-from engines.concurrency import Layout, measure
-from engines.concurrency_engine import to_trace
-from engines.replay import ReplayOn, judge
+from checking.concurrency import Layout, measure
+from checking.concurrency_strategy import to_trace
+from checking.replay import ReplayOn, judge
 from model.trace import Trace
 from runtime.registry import resolve_client
 

@@ -4,7 +4,7 @@
 `factory(n_ranks, **options)` — the options come from the trace's `config` (`topology`,
 `use_mla`, `op_timeout`, `password`) so the replay runs the configuration that was measured —
 and checks each op against an in-memory oracle; the outcome is `reproduces` when the trace's
-property is violated again, `fixed` otherwise. Ops are `engines.storeops`-shaped
+property is violated again, `fixed` otherwise. Ops are `checking.storeops`-shaped
 (`{"rank", "op", "key", "value"}`; a value is a list of byte values, or `model.trace.encode`d);
 an op may carry `"wait": false`
 (a `get_async` fired and not awaited, as an engine's prefetch does).
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
-from engines.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
+from checking.storeops import kept_by_removal, replay, run  # noqa: F401  (the replay API of the findings)
 from model.outcome import Violation
 from model.trace import Trace
 from adapters.catalogue import CLIENTS as registry_clients
@@ -62,7 +62,7 @@ def _op(rank: int, op: str, key: str | None = None, value: bytes | None = None, 
         d["key"] = key
     if value is not None:
         # a list of byte values: JSON-able, and `bytes(value)` of it is the value, so the trace
-        # replays as is through engines.storeops.run_ops (which passes op["value"] straight to put)
+        # replays as is through checking.storeops.run_ops (which passes op["value"] straight to put)
         d["value"] = list(value)
     d.update(extra)
     return d
@@ -174,7 +174,7 @@ def trace_of(name: str) -> Trace:
                  protocol={"name": "lmcache-store-client", "ref": None},
                  client=RECORDED_ON.get(name, "lmcache"),
                  config=dict(config), ops=[dict(o) for o in ops],
-                 verdict={"violations": []}, origin="engines.scenarios (generic store-client checks)")
+                 verdict={"violations": []}, origin="checking.scenarios (generic store-client checks)")
 
 
 def build(names: Sequence[str] = tuple(FINDINGS), out_dir: Path = ROOT / "counterexamples",

@@ -292,9 +292,9 @@ CHECKS: tuple[Callable[[Outcome], list[Violation]], ...] = tuple(dict.fromkeys(
 PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "protocol")
 #: The store layer's properties.
 STORE_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "store")
-#: The engine layer's properties (found by `engines.serving.engine_run` with `model.engine_oracle`).
+#: The engine layer's properties (found by `checking.serving.engine_run` with `model.engine_oracle`).
 ENGINE_LAYER = tuple(p.name for p in CATALOG if p.layer == "engine")
-#: The properties of a whole serving stack (found by `engines.serving.stack_run` with `model.stack_oracle`).
+#: The properties of a whole serving stack (found by `checking.serving.stack_run` with `model.stack_oracle`).
 STACK_LAYER = tuple(p.name for p in CATALOG if p.layer == "stack")
 #: The properties under real faults on the servers (every layer's runs judge them once a fault struck).
 NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
@@ -302,6 +302,6 @@ NEMESIS_PROPERTIES = tuple(p.name for p in CATALOG if p.layer == "nemesis")
 
 def check_outcome(o: Outcome) -> list[Violation]:
     """Every violation of every check, in the order of `CHECKS`. (The explorer memoises it on exactly the fields of
-    the outcome the checks read, `engines.explore.terminal.Terminals.violations`: a check that reads another field
+    the outcome the checks read, `checking.explore.terminal.Terminals.violations`: a check that reads another field
     must be named there too.)"""
     return [v for check in CHECKS for v in check(o)]

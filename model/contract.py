@@ -128,7 +128,7 @@ class EngineDeployment(typing.Protocol):
     """A real serving engine's lookup-and-load path: `deployments` deployments (one model each) of `n_ranks` ranks
     on one shared tier, one scheduler-side lookup client each. `d` indexes the deployment, `rank` the rank.
 
-    The calls the engine offers its serving framework, called in vLLM's order by `engines.serving.engine_run` (every
+    The calls the engine offers its serving framework, called in vLLM's order by `checking.serving.engine_run` (every
     call bounded there): `lookup_cache(d, req) -> int | None` (-1: no result yet; None: in flight; else hit tokens),
     `lookup(d, req) -> int | None` (sync: hit tokens; async: None, the answer comes through `lookup_cache`),
     `clear_lookup_status(d, req)` (the request was scheduled), `store(d, rank, req, kv)` (the rank's KV of every full

@@ -14,7 +14,7 @@ then polling `lookup_cache`), every rank retrieves the planned prefix, and the r
 - `EngineCase`: ranks, lookup mode, the models of the deployments, the prompts and the steps; `to_json` /
   `case_from_json` (every field checked, a problem raises `CaseError` naming the field).
 
-Pure data: the deployment that runs it lives in `adapters/`, the interpreter in `engines.serving.engine_run`.
+Pure data: the deployment that runs it lives in `adapters/`, the interpreter in `checking.serving.engine_run`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The engine-level oracle: what every rank holds, the expected minimum, the bytes, the pins; and the checks.
 
-Pure: the interpreter (`engines.serving.engine_run`) observes the real engine and hands the observations in.
+Pure: the interpreter (`checking.serving.engine_run`) observes the real engine and hands the observations in.
 
 - `kv_bytes(identity, rank, chunk, n_ranks, size)`: the KV bytes a rank computes for a chunk (a function of its KV
   identity, `model.engine_case.kv_identity`): two requests with equal identities have equal KV on a rank.

@@ -1,11 +1,11 @@
 """Fault plans, and every kind of fault as a record: which keys are evicted when, which completions are lost or late,
 and the real faults on the servers (the nemesis).
 
-A `FaultKind` carries everything the engines need to know about one kind: its `FaultPlan` field (also its key in
+A `FaultKind` carries everything the strategies need to know about one kind: its `FaultPlan` field (also its key in
 a trace), when it strikes, its JSON codec and validation, its text, how it shrinks, how enumeration and random
 search generate it, and its hooks: a completion kind's `late` (how late a read completes: what the simulator and the
 rank processes are given, `FaultPlan.late`) and `of_late` (the explorer's counterexamples are built from it,
-`FaultPlan.of`), a real-server kind's `strike`. The engines build and read plans by phase (`FaultPlan.of`,
+`FaultPlan.of`), a real-server kind's `strike`. The strategies build and read plans by phase (`FaultPlan.of`,
 `FaultPlan.at`), never by a kind's field. Adding a kind: a field of `FaultPlan`, a record in `FAULT_KINDS`, its
 item's helpers in `model.fault_items` if the item is of a new shape, and the simulator's support for it if it strikes
 during the load in a new way (ARCHITECTURE.md; `tests/test_architecture.py` counts it).
@@ -13,7 +13,7 @@ during the load in a new way (ARCHITECTURE.md; `tests/test_architecture.py` coun
 Real-server kinds (`family="server"`) are records too: a `ServerFault` item says whose server
 (`rank`), where it strikes (`at`: a protocol case's phase, an op of a store-ops run, an op of a concurrent run, an
 engine step) and how long it lasts; the record's `strike(control, fault)` hook makes it happen through a
-`ServerControl` the engines are handed (`adapters.nemesis.Nemesis`; the model never starts a process), and its
+`ServerControl` the strategies are handed (`adapters.nemesis.Nemesis`; the model never starts a process), and its
 `loses` says what the key-value register then allows (`model.history.LossyKVModel`).
 """
 from __future__ import annotations

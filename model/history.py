@@ -263,7 +263,7 @@ def _describe_value(v: Any) -> str:
 
 @attrs.frozen
 class Model:
-    """A sequential specification, for the linearizability checker (`engines.linearizability.check`).
+    """A sequential specification, for the linearizability checker (`checking.linearizability.check`).
 
     `init(keys)`: the state of the part of a history over `keys` before any op; `step(keys, state, op)`: whether
     the op, with its recorded result, is legal in `state` of the part over `keys`, and the state after it; `equal(a, b)`: whether two
@@ -288,7 +288,7 @@ class Model:
 def lanes(history: History, *, verdict: dict | None = None) -> dict:
     """A plain data form of `history` for a picture: one lane per caller with its op intervals (label: the call;
     outcome: what the caller got; pending ones flagged, `end` None), and for a linearizability violation the longest linearizable prefix and the op that
-    cannot be placed (from `verdict`, as `engines.linearizability.check` reports it)."""
+    cannot be placed (from `verdict`, as `checking.linearizability.check` reports it)."""
     by_caller: dict[str, list[dict]] = {}
     t0 = min((op.invoked for op in history.ops), default=0.0)
     for op in sorted(history.ops, key=lambda o: o.invoked):

@@ -2,7 +2,7 @@
 which handle a rank may wait on, and the one wording of every violation a run of rank programs can end in (desync,
 deadlock, hang, termination).
 
-Pure functions over small values: the simulator (`model.sim`), the exhaustive explorer (`engines.explore`) and the
+Pure functions over small values: the simulator (`model.sim`), the exhaustive explorer (`checking.explore`) and the
 rank processes (`adapters.rank_process`) each keep their own state (a generator per rank, an interned trie node, an
 OS process) and ask this module what an effect means and how to say what went wrong.
 """

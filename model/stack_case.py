@@ -14,7 +14,7 @@ the rest, saves what is new), and the case says what arrives and what happens to
 
 Prompts are `model.engine_case.EnginePrompt`s (their chunks of the stack's `chunk_size` tokens, a tail, a stem whose
 leading chunks they share, a tenant): one representation of a prompt for every serving layer. Pure data: the stack
-that runs it lives in `adapters/`, the interpreter in `engines.serving.stack_run`.
+that runs it lives in `adapters/`, the interpreter in `checking.serving.stack_run`.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The serving-stack oracle: the checks of the stack-level properties over what a stack observed (CONTRACT.md, "Serving
-stacks"). Pure: the interpreter (`engines.serving.stack_run`) observes the real stack and hands the observations in.
+stacks"). Pure: the interpreter (`checking.serving.stack_run`) observes the real stack and hands the observations in.
 
 Each check returns `Violation`s:
 - `check_hit` (`hit-accuracy`; `engine-soundness` too when the agreed lookup counts more than every rank held, the

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import attrs
 
-from engines.retention import DEFAULT_RETENTION
+from checking.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
 from runtime.registry import MODEL_CATALOGUE, Catalogue, Client, Protocol, resolve_client, resolve_protocol
 from runtime.tier import NotShared, open_shared
@@ -43,7 +43,7 @@ class RunConfig:
     #: The user's options of the client's factory (`--client-option`), and the most ranks a machine may use.
     client_options: dict = attrs.field(factory=dict)
     max_ranks: int | None = None
-    #: The serving engine under test (`--engine`: an `engines.serving.engine_search.EngineTarget`), or None.
+    #: The serving engine under test (`--engine`: a `checking.serving.engine_search.EngineTarget`), or None.
     engine: Any = None
     #: `--nemesis`: the spec (None: every kind on servers shardcheck started) and `--recovery-seconds`.
     nemesis_spec: str | None = None
@@ -54,7 +54,7 @@ class RunConfig:
     _client: Client | None = attrs.field(default=None, init=False)
     #: Whether the store layer runs two clients of the same servers when the client can share them.
     shared: bool = True
-    #: The least age (seconds) a value nobody deleted is read back at (`engines.retention`; 0: not tested).
+    #: The least age (seconds) a value nobody deleted is read back at (`checking.retention`; 0: not tested).
     retention: float = DEFAULT_RETENTION
     _stores: list | None = attrs.field(default=None, init=False)
     _shared: Any = attrs.field(default=None, init=False)
@@ -85,8 +85,8 @@ class RunConfig:
         return self.resolved_client().in_memory
 
     def nemesis(self) -> Any:
-        """The run's real faults (`engines.nemesis_engine.NemesisPlan`), or None."""
-        from engines.nemesis_engine import plan_for
+        """The run's real faults (`checking.nemesis_strategy.NemesisPlan`), or None."""
+        from checking.nemesis_strategy import plan_for
         return plan_for(self.resolved_client(), self.client_options, self.nemesis_spec,
                         recovery_seconds=self.recovery_seconds, nemesis=self.catalogue.nemesis)
 

@@ -5,7 +5,7 @@ seeded batches as an engine of `check`.
 Each example deploys `n_ranks` ranks with one lookup mode and a few prompts (recurring prefixes; another tenant, adapter
 or image on the same tokens), then applies rules: store a prompt, evict a chunk, pause / resume / kill / restart a
 rank's server, look up a prompt (a new request, or an open one again; left in flight; not scheduled), poll, retrieve,
-end a request. Every step goes through `engines.serving.engine_run.EngineRun` (every call bounded, judged by
+end a request. Every step goes through `checking.serving.engine_run.EngineRun` (every call bounded, judged by
 `model.engine_oracle`); the teardown ends every request, checks the pins and closes the deployment. A violation raises
 the property's exception; the run Hypothesis reports writes an `engine` trace (the steps so far as a case, cut down on
 fresh deployments for up to `--minimise-seconds`, its rate measured).
@@ -21,10 +21,10 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from engines.api import SearchContext
-from engines.serving.engine_run import Bounds, EngineRun, build_deployment
-from engines.serving.engine_search import call_of, engine_finding, leading, measure_rate, shows
-from engines.serving.serving_minimise import minimise_case
+from checking.api import SearchContext
+from checking.serving.engine_run import Bounds, EngineRun, build_deployment
+from checking.serving.engine_search import call_of, engine_finding, leading, measure_rate, shows
+from checking.serving.serving_minimise import minimise_case
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.finding import Finding
 from model.trace import Trace
@@ -126,7 +126,7 @@ class EngineMachine(RuleBasedStateMachine):
         k, n, first = measure_rate(lambda c: _run(make, c, bounds), small, prop, 3, call=call,
                                    stop=lambda: time.monotonic() >= measured_by)
         if first is None:
-            from engines.serving.engine_run import EngineOutcome
+            from checking.serving.engine_run import EngineOutcome
             small, k, n, first = case, 1, 1, EngineOutcome(case, list(violations), list(self.run.events), 0.0)
         from model.finding import Rate
         finding = engine_finding(self.target.subject, "engine-machine", small, first,
@@ -214,7 +214,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 def _run(make: Callable, case: EngineCase, bounds: Bounds) -> Any:
-    from engines.serving.engine_run import run_engine_case
+    from checking.serving.engine_run import run_engine_case
     return run_engine_case(make, case, bounds=bounds)
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
-from engines.api import SearchContext
+from checking.api import SearchContext
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.finding import Finding
 from model.trace import Trace, violations_of

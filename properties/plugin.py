@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.retention import DEFAULT_RETENTION
+from checking.retention import DEFAULT_RETENTION
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.timing import HarnessOutcome
 from runtime import starvation
@@ -170,7 +170,7 @@ def _engine_target(config: pytest.Config, max_ranks: int | None, catalogue: Cata
         if config.getoption("engine_option") or config.getoption("engine_patch"):
             raise pytest.UsageError("--engine-option and --engine-patch need --engine")
         return None
-    from engines.serving.engine_search import engine_target
+    from checking.serving.engine_search import engine_target
     try:
         return engine_target(spec, lookup=config.getoption("lookup"), max_ranks=max_ranks,
                              options=parse_options(config.getoption("engine_option"), flag="--engine-option"),

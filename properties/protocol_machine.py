@@ -184,14 +184,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         raise_violations(out.violations, f"protocol {out.protocol}")
 
     def _minimised(self, case: Any, out: Any) -> Any:
-        """The outcome of the smallest case (`engines.minimise.minimise`) that still shows the first violation,
+        """The outcome of the smallest case (`checking.minimise.minimise`) that still shows the first violation,
         re-run on fresh stores of a real client within `minimise_seconds` (Hypothesis does not shrink runs of
         a real client; on the model it has, and `out` is returned as it is)."""
         if self.cfg.in_memory() or self.cfg.minimise_seconds <= 0:
             return out
         from runtime.pool import ClientPool
-        from engines.minimise import minimise
-        from engines.search import plain_finding
+        from checking.minimise import minimise
+        from checking.search import plain_finding
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         pool = ClientPool(self.cfg.resolved_client(), op_timeout=self.cfg.op_timeout)

@@ -95,11 +95,11 @@ class StoreMachine(RuleBasedStateMachine):
         raise VIOLATED[prop](f"{prop}: {message}")
 
     def _minimised(self, trace: Trace) -> Trace:
-        """The trace with as few ops as still fail on fresh stores (`engines.storeops.minimise_store_ops`),
+        """The trace with as few ops as still fail on fresh stores (`checking.storeops.minimise_store_ops`),
         within `minimise_seconds`: with a real client Hypothesis does not shrink, so this is what does."""
         if len(trace.ops) < 2 or self.cfg.minimise_seconds <= 0 or self.cfg.in_memory():
             return trace  # (Hypothesis has shrunk a model client's run)
-        from engines.storeops import minimise_store_ops
+        from checking.storeops import minimise_store_ops
 
         stop_at = time.monotonic() + self.cfg.minimise_seconds
         trace, _ = minimise_store_ops(trace, self.cfg.resolved_client(),
@@ -127,7 +127,7 @@ class StoreMachine(RuleBasedStateMachine):
         return where
 
     def _record(self, op: str, rank: int, client: int = 0, **args: Any) -> None:
-        """Log an op, before it runs, in `engines.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
+        """Log an op, before it runs, in `checking.storeops.run_ops`'s vocabulary (where `get_async` also waits)."""
         self.ops.append({"op": op, "rank": rank, **args, **({"client": client} if client else {})})
 
     def _client(self, client: int) -> int:
@@ -349,7 +349,7 @@ class StoreMachine(RuleBasedStateMachine):
         """A real fault on rank's server (`--nemesis`): a read while it lasts answers within its bound (the oracle's
         value, a miss or an error; an async read still in flight when it strikes may miss too), and once the server
         is back the client passes the recovery probe."""
-        from engines.nemesis_engine import fault_seconds
+        from checking.nemesis_strategy import fault_seconds
         RULE_STEPS["store"] += 1
         kind = self.plan.kinds[which % len(self.plan.kinds)]
         decision = (repr(self.ops), which, rank, key)

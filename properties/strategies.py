@@ -58,7 +58,7 @@ large_values = st.tuples(st.binary(min_size=1, max_size=16), st.integers(1000, 5
 values = st.binary(max_size=64) | large_values
 batch_keys = st.lists(keys, min_size=0, max_size=4)
 
-# -- op-sequence minimisation (engines.minimise.ddmin) --------------------------------------------
+# -- op-sequence minimisation (checking.minimise.ddmin) --------------------------------------------
 #: A sequence length and the positions in it that a failure needs (a monotone failure: any sequence that
 #: keeps every needed op fails).
 needed_ops = st.integers(0, 40).flatmap(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from engines.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
-from engines.nemesis_engine import nemesis_layout
-from engines.concurrency_engine import to_trace
+from checking.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
+from checking.nemesis_strategy import nemesis_layout
+from checking.concurrency_strategy import to_trace
 from model.contract import declared_paths
 from model.faults import SERVER_KINDS
 from model.history import SINGLE_KEY_READS, lanes

@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from engines.retention import RetentionRun
-from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
-from engines.storeops import minimise_store_ops
+from checking.retention import RetentionRun
+from checking.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
+from checking.storeops import minimise_store_ops
 from properties import config
 from properties.machines import StoreMachine, write_found
 
@@ -16,7 +16,7 @@ class TestStoreLayer(StoreMachine.TestCase):
 
 @pytest.mark.parametrize("scenario", SCENARIOS + SHARED_SCENARIOS)
 def test_store_client_scenario(scenario):
-    """What any store client owes its caller, as a fixed op sequence (`engines.scenarios`), on fresh stores; the
+    """What any store client owes its caller, as a fixed op sequence (`checking.scenarios`), on fresh stores; the
     shared-tier ones on two clients of the same servers (reported as not run, with the reason, for a client that
     cannot share its servers)."""
     cfg = config.current()
@@ -36,7 +36,7 @@ def test_store_client_scenario(scenario):
 
 def test_values_nobody_deleted_are_kept():
     """A sample of values put and never deleted reads back the same once `--retention` seconds old (or just before
-    the client's declared `retention` runs out), through every declared path (`engines.retention`)."""
+    the client's declared `retention` runs out), through every declared path (`checking.retention`)."""
     cfg = config.current()
     aged = RetentionRun(cfg.resolved_client(), retention=cfg.retention, op_timeout=cfg.op_timeout,
                         options=cfg.client_options, n_ranks=cfg.rank_cap(2))

@@ -16,7 +16,7 @@ and passes them down (the pytest plugin has them from `shardcheck.pytest_catalog
 - `demo_refs(prop, demos)`, `patch_refs(prop, demos)`: the `MOD:ATTR` of a catalog property's demos.
 - `options_for_ranks(options, n_ranks, first=0)`: a factory call's `urls`, those of its own ranks (the one place).
 
-A client's capabilities decide how the engines drive it; nothing special-cases a client by name:
+A client's capabilities decide how the strategies drive it; nothing special-cases a client by name:
 `in_memory` (a dict that cannot block: no thread hop, no bounding, fresh stores are free), `self_bounded` (every
 call bounds itself with the `op_timeout` option), `thread_safe` (may be driven from several threads at once),
 `options` (the factory options it accepts; None: any), `tier` (`MOD:ATTR` of what starts servers that several of
@@ -105,7 +105,7 @@ class Catalogue:
     """What the names a user gives resolve in, assembled above `runtime/` and handed down to whoever resolves them
     (`adapters.catalogue.CATALOGUE`; the pytest plugin asks `shardcheck.pytest_catalogue` for it): the named clients,
     the named serving engines (name -> `runtime.serving.ServingEngineEntry`) and the nemesis
-    (`nemesis(user_servers=...) -> control_for(stores, kind)`, `engines.nemesis_engine.plan_for`; None: no real
+    (`nemesis(user_servers=...) -> control_for(stores, kind)`, `checking.nemesis_strategy.plan_for`; None: no real
     faults)."""
 
     clients: ClientTable
@@ -118,8 +118,8 @@ class Catalogue:
 MODEL_CATALOGUE = Catalogue(clients=MEMORY_CLIENTS)
 
 
-#: `check`'s schedule per kind of target (`engines.api.target_kind`): the strategies in order (names of the table
-#: `engines.check.run_check` is handed, `shardcheck.tables.STRATEGIES`), each with its share of the budget
+#: `check`'s schedule per kind of target (`checking.api.target_kind`): the strategies in order (names of the table
+#: `checking.check.run_check` is handed, `shardcheck.tables.STRATEGIES`), each with its share of the budget
 #: (None: runs to its end first, its time counted in the budget; "rest": until the budget ends).
 CHECK_SCHEDULE: dict[str, tuple[tuple[str, float | str | None], ...]] = {
     "in-memory": (("scenarios", None), ("retention", None), ("enumerate", 0.4), ("explore", 0.25), ("hypothesis", 0.2), ("random", "rest")),

@@ -18,7 +18,7 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     """Measure each engine for about `seconds`; the contract's bench JSON."""
     say = progress or (lambda _msg: None)
     say(f"explorer: {seconds:g} s of breadth-first search on the reference protocol ...")
-    from engines.explore import bench as explorer_bench
+    from checking.explore import bench as explorer_bench
     explorer = explorer_bench(seconds)
     say("hypothesis: rule steps per second on the protocol and store layers ...")
     from properties.layer_rates import measure
@@ -31,10 +31,10 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
           "wall_s": round(time.monotonic() - t, 3)}
     say("concurrency: the linearizability checker on 10,000-, 100,000- and 1,000,000-op histories, the driver on "
         "the in-memory client ...")
-    from engines.concurrency_bench import bench as concurrency_bench
+    from checking.concurrency_bench import bench as concurrency_bench
     concurrency = concurrency_bench(min(seconds, 2.0))
     say("scale: the explorer at N=8, K=16, 1 fault on 1 and 2 worker processes ...")
-    from engines.explore.scale import scale_bench
+    from checking.explore.scale import scale_bench
     scale = scale_bench()
     say("real: a --runner processes case and a full `shardcheck tier`, each from a fresh interpreter ...")
     from shardcheck.bench_real import measure_real
@@ -45,8 +45,8 @@ def run_bench(*, seconds: float = 5.0, progress: Callable[[str], None] | None = 
     say("vllm: a real vLLM stack's start, and its requests per second (misses, then hits) ...")
     vllm = measure_vllm()
     compiled = native_status()
-    explorer["compiled"] = compiled["engines.explore"]["compiled"]
-    concurrency["compiled"] = compiled["engines.linearizability"]["compiled"]
+    explorer["compiled"] = compiled["checking.explore"]["compiled"]
+    concurrency["compiled"] = compiled["checking.linearizability"]["compiled"]
     return {"explorer": explorer, "hypothesis": hypothesis, "z3": z3, "concurrency": concurrency, "scale": scale,
             "real": real, "engine": engine, "vllm": vllm, "compiled": compiled}
 
@@ -62,10 +62,10 @@ def measure_vllm() -> dict[str, Any]:
 
 
 def native_status() -> dict[str, dict[str, Any]]:
-    """Per compiled package (`engines.native`): whether its compiled modules ran, and if not why."""
-    import engines.explore  # noqa: F401 -- imported, so that the status covers it
-    import engines.linearizability  # noqa: F401
-    from engines.native import status
+    """Per compiled package (`checking.native`): whether its compiled modules ran, and if not why."""
+    import checking.explore  # noqa: F401 -- imported, so that the status covers it
+    import checking.linearizability  # noqa: F401
+    from checking.native import status
     return status()
 
 
@@ -127,7 +127,7 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
     import os
     import sys
 
-    from engines.concurrency_bench import check_directory, write_histories
+    from checking.concurrency_bench import check_directory, write_histories
     from shardcheck.errors import EXIT_USAGE
     if repeat is not None and (repeat < 1 or not directory):
         why = f"--repeat must be at least 1, not {repeat}" if repeat < 1 else "--repeat needs --histories DIR"
@@ -144,7 +144,7 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
     if directory and not rows:
         print(f"shardcheck bench: no *.json history in {directory}", file=sys.stderr)
         return EXIT_USAGE
-    compiled = native_status()["engines.linearizability"]
+    compiled = native_status()["checking.linearizability"]
     for row in rows:
         row["compiled"] = compiled["compiled"]
     if as_json:
@@ -152,7 +152,7 @@ def histories_command(directory: str | None, write: str | None, *, as_json: bool
         print_json(rows)
         return 0
     best = f"best of {repeat}" if repeat and repeat > 1 else "one run"
-    print(_compiled_line({"engines.linearizability": compiled}))
+    print(_compiled_line({"checking.linearizability": compiled}))
     print(f"{'file':<40} {'ops':>8} {'verdict':>10} {'seconds':>9} {'cpu s':>9}  method   ({best})")
     for row in rows:
         v = row["verdict"]

@@ -19,7 +19,7 @@ ENGINE_TARGETS = {"engine.setup_s": 1.0, "engine.lookups_per_s.sync": 200, "engi
 
 
 def _lookups(target: Any, mode: str, seconds: float) -> float:
-    from engines.serving.engine_run import run_engine_case  # noqa: F401  (the engine run's imports, as check has them)
+    from checking.serving.engine_run import run_engine_case  # noqa: F401  (the engine run's imports, as check has them)
     from model.contract import EngineRequest
     from model.engine_case import EngineCase, EnginePrompt, prompt_tokens
     from model.engine_oracle import kv_bytes
@@ -52,7 +52,7 @@ def measure_engine(seconds: float = 3.0, engine: str | None = None) -> dict[str,
     """The engine figures (see the module docstring), on `engine` (default: the fixed one, whose close returns)."""
     from runtime.registry import by_verdict
     from shardcheck.tables import SERVING_ENGINES
-    from engines.serving.engine_search import engine_target
+    from checking.serving.engine_search import engine_target
     from model.engine_case import EngineCase
 
     target = engine_target(engine or by_verdict(SERVING_ENGINES, "held")[0], engines=SERVING_ENGINES)

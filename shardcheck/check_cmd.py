@@ -1,4 +1,4 @@
-"""`shardcheck check`: parse, hand the target to `engines.check.run_check`, print the verdict."""
+"""`shardcheck check`: parse, hand the target to `checking.check.run_check`, print the verdict."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from engines.api import DEFAULT_RETENTION
+from checking.api import DEFAULT_RETENTION
 from shardcheck.tables import STRATEGIES
 from shardcheck.errors import EXIT_HELD, EXIT_UNDECIDED, EXIT_VIOLATED, UsageError
 from shardcheck.output import print_json
@@ -20,16 +20,16 @@ def add_arguments(c: Any) -> None:
     add_target_arguments(c)
     add_engine_arguments(c)
     c.add_argument("--ranks", type=int, default=None, metavar="N",
-                   help="run protocol cases of exactly N ranks; store-layer engines use at most N (default: any)")
+                   help="run protocol cases of exactly N ranks; store-layer strategies use at most N (default: any)")
     c.add_argument("--max-ranks", type=int, default=None, metavar="N",
                    help="no engine uses more than N ranks (default: as many as --client-option urls names, else 8)")
     c.add_argument("--budget", type=float, default=30.0, help="seconds to search (default: 30)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the random engines (default: 0)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random strategies (default: 0)")
     c.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
                    help="seconds one store call may take before it is a hang (default: 2)")
     c.add_argument("--until-exhausted", default=None, metavar="RANKS,CHUNKS",
                    help="first enumerate every configuration up to this size, whatever the budget, then spend "
-                        "--budget on the engines (default: off)")
+                        "--budget on the strategies (default: off)")
     c.add_argument("--retention", type=float, default=DEFAULT_RETENTION, metavar="SECONDS",
                    help="the least age a value put and never deleted is read back at (a client's own `retention` "
                         f"member lowers it; 0: not tested) (default: {DEFAULT_RETENTION:g})")
@@ -53,7 +53,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines"). The budget counts from `started`
     (monotonic seconds; default: now): building the target, its clients and servers, is within it."""
     started = time.monotonic() if started is None else started
-    from engines.check import SaveError, run_check as check
+    from checking.check import SaveError, run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
@@ -95,9 +95,9 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
 
 
 def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool, started: float) -> dict:
-    """`check --engine`: the deployment schedule of `engines.check.run_check` (no protocol runner: every case runs
+    """`check --engine`: the deployment schedule of `checking.check.run_check` (no protocol runner: every case runs
     on fresh deployments of the engine)."""
-    from engines.check import SaveError, run_check as check
+    from checking.check import SaveError, run_check as check
     from shardcheck.progress import Progress
 
     starting = getattr(target.engine, "stack", None)
@@ -146,7 +146,7 @@ def _size_arg(text: str | None) -> tuple[int, int] | None:
     """`N,K` of `--until-exhausted` (ranks, chunks)."""
     if text is None:
         return None
-    from engines.search import ENUM_CHUNKS, ENUM_RANKS
+    from checking.search import ENUM_CHUNKS, ENUM_RANKS
     try:
         n, k = (int(x) for x in text.split(","))
     except ValueError:

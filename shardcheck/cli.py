@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="instead: run the linearizability checker on every *.json history in DIR, one row per file "
                         "(default: off)")
     b.add_argument("--write-histories", default=None, metavar="DIR",
-                   help="write the side-by-side histories (engines.concurrency_bench.SPECS) into DIR first; an "
+                   help="write the side-by-side histories (checking.concurrency_bench.SPECS) into DIR first; an "
                         "existing file is not overwritten (default: off)")
     b.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="with --histories: check each file N times and report the least wall and CPU seconds, the "
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessOutcome as exc:  # outside any case: nothing was judged
         print(f"shardcheck {args.command}: undecided: {exc.reason}", file=sys.stderr)
         return EXIT_UNDECIDED
-    except Stalled as exc:  # protocol code outside any case (the engines turn a stall in a case into a violation)
+    except Stalled as exc:  # protocol code outside any case (the strategies turn a stall in a case into a violation)
         print(f"shardcheck {args.command}: error: the protocol stalled outside a checked case: {exc}",
               file=sys.stderr)
         return EXIT_USAGE

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.minimise import minimise
-from engines.search import search
+from checking.minimise import minimise
+from checking.search import search
 from model.harness import run_case
 from model.trace import Trace
 from runtime.registry import corpus_clients, protocol_bug_expect

@@ -1,11 +1,11 @@
 """`shardcheck regen engine`: the findings of the engine properties on stock LMCache 0.5.6, as `engine` traces
 under `counterexamples/engine/`, each with its measured rate and its expectation on both engines.
 
-For each lookup mode, the engine search (`engines.serving.engine_search.engine_search`: the enumeration, then seeded
+For each lookup mode, the engine search (`checking.serving.engine_search.engine_search`: the enumeration, then seeded
 random cases) runs on `lmcache` for `budget` seconds collecting one finding per property and kind of case; each is
 minimised (up to `MINIMISE_SECONDS`), measured (`MEASURE_RUNS` runs, up to `FIRM_RUNS` while its rate asks a replay
 for more than `ENGINE_MAX_RUNS` clean runs; one that still does is not saved), written with `expect.lmcache =
-reproduces`, and replayed on `lmcache-patched` (`engines.replay.judge`, by its rate) for that engine's expectation. A
+reproduces`, and replayed on `lmcache-patched` (`checking.replay.judge`, by its rate) for that engine's expectation. A
 trace already saved for the same property and kind of case is kept when its rate asks for fewer clean runs (a race
 re-recorded by hand with its interleaving forced). Real Valkey servers and real engines: a quarter of an hour.
 """
@@ -35,9 +35,9 @@ FIRM_RUNS = 40
 def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda text: None,
           modes: tuple[str, ...] = ("sync", "async")) -> list[Path]:
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
-    from engines.serving.engine_search import EngineStats, TraceSubject, call_of, deployment_source, engine_search, \
+    from checking.serving.engine_search import EngineStats, TraceSubject, call_of, deployment_source, engine_search, \
         engine_target
-    from engines.replay import ReplayOn, judge
+    from checking.replay import ReplayOn, judge
 
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
@@ -80,9 +80,9 @@ def _firm_rate(finding: Any, make: Callable, subject: Any, progress: Callable[[s
     """`finding` measured until its rate asks a replay for at most `ENGINE_MAX_RUNS` clean runs (up to `FIRM_RUNS`
     runs in all), or None, said in `progress`, when it still asks for more: a rare race is not saved (its `fixed`
     would take a replay of hundreds of real deployments; make its case force the interleaving instead)."""
-    from engines.serving.engine_run import run_engine_case
-    from engines.serving.engine_search import call_of, engine_finding, measure_rate
-    from engines.replay import ENGINE_MAX_RUNS
+    from checking.serving.engine_run import run_engine_case
+    from checking.serving.engine_search import call_of, engine_finding, measure_rate
+    from checking.replay import ENGINE_MAX_RUNS
     from model.finding import Rate
     k, n = finding.rate.k, finding.rate.n
     while k < n and Rate(k, n).runs_to_clear() > ENGINE_MAX_RUNS and n < FIRM_RUNS:
@@ -102,7 +102,7 @@ def _firm_rate(finding: Any, make: Callable, subject: Any, progress: Callable[[s
 def _better_on_disk(path: Path, new: Any) -> str:
     """Why the trace saved at `path` is kept instead of `new` (same property, a rate asking for fewer clean runs),
     or "" to write `new`."""
-    from engines.replay import ReplayOn, clean_runs
+    from checking.replay import ReplayOn, clean_runs
     from model.trace import Trace, TraceError
     if not path.exists():
         return ""

@@ -55,7 +55,7 @@ def parse_cached(text: str, n_chunks: int) -> tuple[int, ...] | None:
 
 
 def _spec(args: Any):
-    from engines.explore.shards import ShardSpec
+    from checking.explore.shards import ShardSpec
     for name, value, least in (("--ranks", args.ranks, 1), ("--chunks", args.chunks, 1), ("--faults", args.faults, 0),
                                ("--workers", args.workers, 1)):
         if value < least:
@@ -71,8 +71,8 @@ def _spec(args: Any):
 
 def cmd_explore(args: Any) -> int:
     """Run the exploration `args` describe; print the result; the exit code."""
-    from engines.explore import ExploreError
-    from engines.explore.shards import resolve_protocol
+    from checking.explore import ExploreError
+    from checking.explore.shards import resolve_protocol
     spec = _spec(args)
     try:
         resolve_protocol(spec.protocol)  # a bad protocol is unusable input, named before any worker starts
@@ -119,15 +119,15 @@ def cmd_explore(args: Any) -> int:
 def _run(spec: Any, args: Any, progress: Callable[[dict], None]):
     from runtime.watchdog import STALL_SECONDS
     if args.ray is not None:
-        from engines.explore.on_ray import explore_ray
+        from checking.explore.on_ray import explore_ray
         return explore_ray(spec, args.ray, workers=args.workers if args.workers > 1 else None, shards=args.shards,
                            timeout=args.timeout, stall_seconds=STALL_SECONDS, progress=progress)
     if args.workers > 1 or args.shards:
-        from engines.explore.workers import explore_workers
+        from checking.explore.workers import explore_workers
         return explore_workers(spec, args.workers, shards=args.shards, timeout=args.timeout,
                                stall_seconds=STALL_SECONDS, progress=progress)
-    from engines.explore import explore
-    from engines.explore.shards import resolve_protocol
+    from checking.explore import explore
+    from checking.explore.shards import resolve_protocol
     deadline = None if args.timeout is None else time.perf_counter() + args.timeout
     return explore(resolve_protocol(spec.protocol), spec.n_ranks, spec.n_chunks, cached=spec.cached,
                    max_faults=spec.max_faults, reduction=spec.reduction, lazy=spec.lazy, progress=progress,

@@ -15,7 +15,7 @@ PLAIN_EVERY = 5.0
 
 
 class Progress:
-    """`with Progress(budget, enabled=...) as p: ... p.update(coverage)`; `coverage` is an `engines.api.Coverage`."""
+    """`with Progress(budget, enabled=...) as p: ... p.update(coverage)`; `coverage` is a `checking.api.Coverage`."""
 
     def __init__(self, budget: float, *, enabled: bool = True, started: float | None = None) -> None:
         self.budget, self.enabled = budget, enabled
@@ -40,7 +40,7 @@ class Progress:
             self.bar.__exit__(*exc)
 
     def update(self, coverage: Any) -> None:
-        """Report `coverage` (an `engines.api.Coverage`): the engine running now, protocol cases per second, and what
+        """Report `coverage` (a `checking.api.Coverage`): the engine running now, protocol cases per second, and what
         that engine covered so far."""
         if not self.enabled:
             return

@@ -1,7 +1,7 @@
 """`shardcheck regen`: the one way to regenerate what the repository records as expected.
 
 Targets (default: `manifest corpus z3`, which need nothing but the venv):
-- `manifest`: the explorer's manifest, every entry re-explored (`engines/manifest.json`);
+- `manifest`: the explorer's manifest, every entry re-explored (`checking/manifest.json`);
 - `corpus`: the shrunk counterexample of every demo variant (`counterexamples/demo-*.json`); with `--real` each is
   also replayed on the real clients (real Valkey servers) and the outcomes recorded as their expectations;
 - `z3`: the flawed variants' Z3 counterexamples as traces (`counterexamples/z3-*.json`);
@@ -41,7 +41,7 @@ def _say(msg: str) -> None:
 
 
 def _manifest(check: bool, real: bool) -> list[str]:
-    from engines import manifest
+    from checking import manifest
     if check:
         report = io.StringIO()
         bad = manifest.check(out=report)

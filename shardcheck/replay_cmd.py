@@ -1,7 +1,7 @@
 """`shardcheck replay`: saved traces re-run on the client and protocol each records (unless `--client` /
 `--protocol` say otherwise); one row per file naming what ran, bad files included as `error` rows.
 
-Each trace is judged by the rate it records (`engines.replay.judge`): `reproduces` as soon as a run shows its
+Each trace is judged by the rate it records (`checking.replay.judge`): `reproduces` as soon as a run shows its
 property, `fixed` only after as many clean runs as that rate asks at 99%. A racy trace replayed on another subject
 than the one it records is judged against that subject run alternately beside it (a control), when it can still
 run: `reproduces`, `fixed`, or `undecided` (exit 4) when the bound on its runs came first. Against a protocol that
@@ -59,13 +59,13 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
                nemesis: str | None = None, engine: str | None = None, engine_options: list[str] | dict | None = None,
                engine_patches: Any = (), connector: str | None = None) -> list[dict]:
     """`shardcheck replay` as a function: one row per trace file (bad files and traces that cannot run as `error`
-    rows), each judged by its recorded rate (`engines.replay.judge`), a racy one against its recorded subject run
+    rows), each judged by its recorded rate (`checking.replay.judge`), a racy one against its recorded subject run
     alternately beside it when the replay runs on another one that can run (a control: `_client_arms`,
     `_engine_arms`). A trace's real-server faults strike at the same step through the nemesis (`--nemesis`: as for
     `check`). An `engine` trace runs on the serving engine and patches it records unless `engine` or
     `engine_patches` name others (`engine` alone: no patches); `engine_options` override the options it records,
     which hold on any engine (its case's conditions, e.g. `lookup_timeout_ms`). Each trace's engine, patches and
-    options apply to its own runs only (an engine with patches runs in a fresh process: `engines.replay_arm`). A
+    options apply to its own runs only (an engine with patches runs in a fresh process: `checking.replay_arm`). A
     long replay reports its progress on stderr."""
     from model.calls import DEFAULT_OP_TIMEOUT
     from model.trace import Trace, TraceError, subject_key
@@ -107,7 +107,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
 def _replay_each(loaded: list[tuple[Any, dict]], targets: dict, protocol_spec: str | None, *, options: Any,
                  runner: str, op_timeout: float, nemesis: str | None, engine_options: Any) -> None:
     """Judge each loaded trace into its row (see `run_replay`)."""
-    from engines.replay import ReplayError, judge
+    from checking.replay import ReplayError, judge
     for trace, row in loaded:
         t0 = time.monotonic()
         try:
@@ -135,7 +135,7 @@ def _judged(row: dict, verdict: Any, control: Any) -> None:
 
 def _racy(trace: Any) -> bool:
     """Whether the trace records a racy rate (only such a trace is judged against a control)."""
-    from engines.replay import recorded_rate
+    from checking.replay import recorded_rate
     rate = recorded_rate(trace)
     return rate is not None and rate.racy
 
@@ -144,7 +144,7 @@ def _client_arms(trace: Any, row: dict, protocol_spec: str | None, *, options: A
                  nemesis: str | None, targets: dict) -> tuple[Any, Any]:
     """What a store-ops, concurrent or protocol trace runs on (the client and protocol the row names), and its
     control: the client and protocol the trace records, with the options it records, when the row names others."""
-    from engines.replay import Control
+    from checking.replay import Control
     spec = (protocol_spec or trace.protocol.get("ref") or trace.protocol["name"]) if trace.kind == "protocol" else None
     on = _client_on(spec, row["client"], options, runner=runner, op_timeout=op_timeout, nemesis=nemesis,
                     targets=targets)
@@ -169,7 +169,7 @@ def _client_on(protocol: str | None, client: str, options: Any, *, runner: str, 
                nemesis: str | None, targets: dict) -> Any:
     """The `ReplayOn` of a client (and protocol), its target built once per replay (each client's tier is checked
     once: unreachable is an error row, not a verdict)."""
-    from engines.replay import ReplayOn
+    from checking.replay import ReplayOn
     key = (client, protocol or "", repr(options))
     if key not in targets:
         targets[key] = build_target(protocol, client, options=options, runner=runner, op_timeout=op_timeout)
@@ -190,7 +190,7 @@ def _engine_subject(trace: Any, engine: str | None, patches: Any) -> tuple[str, 
 def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, targets: dict) -> tuple[Any, Any]:
     """What an engine trace runs on (the engine and patches the row names, with the trace's options and the ones
     given), and its control: the engine and patches it records, under the same options, when the row names others."""
-    from engines.replay import Control, ReplayOn
+    from checking.replay import Control, ReplayOn
     from model.trace import subject_key
     given = dict(options) if isinstance(options, dict) else parse_options(list(options or []), "--engine-option")
     # the options a trace records are its case's conditions (e.g. the scheduler's lookup timeout): they hold on

@@ -45,8 +45,8 @@ DUMP_SIGNAL = signal.SIGUSR1
 
 def deadline(budget: float) -> float:
     """Seconds the child may run: the budget, the time `check` may take past it to minimise and measure a finding
-    (`engines.check.FINISH_GRACE`, one store call's worth more), and a grace for the interpreter's start."""
-    from engines.check import FINISH_GRACE
+    (`checking.check.FINISH_GRACE`, one store call's worth more), and a grace for the interpreter's start."""
+    from checking.check import FINISH_GRACE
     grace = float(os.environ.get("SHARDCHECK_SUPERVISOR_GRACE", GRACE_SECONDS))
     return budget + 2 * FINISH_GRACE + grace
 

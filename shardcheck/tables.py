@@ -2,8 +2,8 @@
 that name modules of several layers live in this, the composition root; the others are re-exported from the layer
 that holds them.
 
-- `STRATEGIES`: `check`'s strategies by name (`MOD:ATTR` of the class, in `engines/` and `properties/`), handed to
-  `engines.check.run_check`, which runs them in the order of `runtime.registry.CHECK_SCHEDULE`.
+- `STRATEGIES`: `check`'s strategies by name (`MOD:ATTR` of the class, in `checking/` and `properties/`), handed to
+  `checking.check.run_check`, which runs them in the order of `runtime.registry.CHECK_SCHEDULE`.
 - `DEMO_MODULES`: where each property layer's demos live (`model.checks.Property.demos` names them in that module:
   `model`, `properties` and `adapters`), for `runtime.registry.demo_refs` and `patch_refs`.
 - `CLIENTS`, `SERVING_ENGINES`, `CATALOGUE` (and its `nemesis`): the named real clients and serving engines,
@@ -15,19 +15,19 @@ from adapters.catalogue import CATALOGUE, CLIENTS, SERVING_ENGINES
 
 __all__ = ["STRATEGIES", "DEMO_MODULES", "CLIENTS", "SERVING_ENGINES", "CATALOGUE"]
 
-#: The strategies of `check` (`engines.api.Strategy`), by name: what `runtime.registry.CHECK_SCHEDULE` names.
+#: The strategies of `check` (`checking.api.Strategy`), by name: what `runtime.registry.CHECK_SCHEDULE` names.
 STRATEGIES: dict[str, str] = {
-    "scenarios": "engines.scenarios:Scenarios",
-    "nemesis": "engines.nemesis_engine:Nemesis",
-    "retention": "engines.retention:Retention",
-    "concurrency": "engines.concurrency_engine:Concurrency",
-    "enumerate": "engines.search:Enumeration",
-    "explore": "engines.explore.engine:Explorer",
+    "scenarios": "checking.scenarios:Scenarios",
+    "nemesis": "checking.nemesis_strategy:Nemesis",
+    "retention": "checking.retention:Retention",
+    "concurrency": "checking.concurrency_strategy:Concurrency",
+    "enumerate": "checking.search:Enumeration",
+    "explore": "checking.explore.strategy:Explorer",
     "hypothesis": "properties.machine_search:HypothesisMachines",
-    "random": "engines.search:RandomCases",
-    "engine-cases": "engines.serving.engine_search:EngineCases",
+    "random": "checking.search:RandomCases",
+    "engine-cases": "checking.serving.engine_search:EngineCases",
     "engine-machine": "properties.engine_machine:EngineMachineSearch",
-    "stack-cases": "engines.serving.stack_search:StackCases",
+    "stack-cases": "checking.serving.stack_search:StackCases",
 }
 
 #: Where each property layer's demos live (`model.checks.Property.demos` names them in that module).

@@ -1,4 +1,4 @@
-"""What the command line hands the engines: the `Target` a user named (`--protocol`, `--client`, `--client-option`,
+"""What the command line hands the strategies: the `Target` a user named (`--protocol`, `--client`, `--client-option`,
 `--ranks`, `--max-ranks`), checked before any property runs (an unreachable tier is exit 2, one line), and the case
 runners over its client (`--runner sim|processes`)."""
 from __future__ import annotations
@@ -32,9 +32,9 @@ def add_nemesis_arguments(p: Any) -> None:
 
 
 def nemesis_plan_of(target: Any, spec: str | None, *, recovery_seconds: float | None = None) -> Any:
-    """The `engines.nemesis_engine.NemesisPlan` of `--nemesis` for `target` (`engines.nemesis_engine.plan_for`), or
+    """The `checking.nemesis_strategy.NemesisPlan` of `--nemesis` for `target` (`checking.nemesis_strategy.plan_for`), or
     None; bad input is exit 2."""
-    from engines.nemesis_engine import plan_for
+    from checking.nemesis_strategy import plan_for
     from shardcheck.tables import CATALOGUE
     try:
         return plan_for(target.client, dict(target.client_options), spec, recovery_seconds=recovery_seconds,
@@ -60,11 +60,11 @@ def add_engine_arguments(p: Any) -> None:
 def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] | dict | None = None,
                         patches: Any = (), max_ranks: int | None = None, runner: str = "sim",
                         preflight: bool = True, connector: str | None = None) -> Any:
-    """The `engines.api.Target` of a serving engine (`--engine`) or a serving stack (`--engine vllm --connector ...`),
+    """The `checking.api.Target` of a serving engine (`--engine`) or a serving stack (`--engine vllm --connector ...`),
     validated: an unknown engine, connector, option or patch, or servers (`urls`) that cannot be reached, are
     `UsageError` (exit 2) before any property runs."""
-    from engines.api import Target
-    from engines.serving.engine_search import engine_target
+    from checking.api import Target
+    from checking.serving.engine_search import engine_target
     from runtime.registry import ResolveError
     from runtime.serving import resolve_serving_engine
     from shardcheck.tables import SERVING_ENGINES
@@ -73,7 +73,7 @@ def build_engine_target(spec: Any, *, lookup: str = "both", options: list[str] |
     opts = parse_options(options, flag="--engine-option") if isinstance(options, list) else dict(options or {})
     try:
         if connector is not None or resolve_serving_engine(spec, patches, SERVING_ENGINES).seam == "stack":
-            from engines.serving.stack_search import stack_target
+            from checking.serving.stack_search import stack_target
             if runner == "processes":
                 raise ResolveError("a serving stack runs its ranks its own way: no --runner processes")
             stack = stack_target(spec, connector=connector, options=opts, patches=tuple(patches or ()),
@@ -114,9 +114,9 @@ def _reach_urls(urls: Any) -> None:
 def build_target(protocol_spec: Any, client_spec: Any, *, options: list[str] | dict | None = None,
                  ranks: int | None = None, max_ranks: int | None = None, runner: str = "sim",
                  op_timeout: float = 2.0, preflight: bool = True) -> Any:
-    """The `engines.api.Target` the user named, validated; with `preflight`, a client whose servers cannot be reached
+    """The `checking.api.Target` the user named, validated; with `preflight`, a client whose servers cannot be reached
     raises `UsageError` (exit 2) before any property runs."""
-    from engines.api import Target
+    from checking.api import Target
     from runtime.preflight import TierUnreachable, reach
     from runtime.registry import ResolveError, resolve_client, resolve_protocol
     from shardcheck.tables import CLIENTS

@@ -183,7 +183,7 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
               check(None, spec, secs=min(budget, 10), demo=True))
 
     from properties.bad_stores import RACY_STORES  # the concurrent layer: racy clients caught, a correct one holds
-    # (by any property: `check` meets a race in its earlier engines too, e.g. the lost wake-up as the `store-hang` of
+    # (by any property: `check` meets a race in its earlier strategies too, e.g. the lost wake-up as the `store-hang` of
     # a scenario's burst of async reads; tests/test_concurrency.py holds each to its own property in its layer)
     for racy, (_, prop) in RACY_STORES.items():
         spec = f"properties.bad_stores:{racy.replace('-', '_')}_factory"
@@ -227,8 +227,8 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
 def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
     """The explorer on worker processes, the tier measured with the cost model, the explorer's manifest."""
     def explore_workers() -> tuple[str, str]:
-        from engines.explore.shards import ShardSpec
-        from engines.explore.workers import explore_workers as run
+        from checking.explore.shards import ShardSpec
+        from checking.explore.workers import explore_workers as run
         res = run(ShardSpec(protocol="paper", n_ranks=6, n_chunks=12, lazy=True), 2, timeout=300)
         return res.verdict, f"{res.states:,} states in {res.seconds:.1f} s on {res.workers} worker processes"
 
@@ -250,7 +250,7 @@ def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
 
     def manifest() -> tuple[str, str]:
         import io
-        from engines import manifest as explore_manifest
+        from checking import manifest as explore_manifest
         report = io.StringIO()
         bad = explore_manifest.check(out=report)
         n = len(explore_manifest.load()["entries"])

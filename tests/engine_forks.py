@@ -1,6 +1,6 @@
 """`--engine-patch` functions of the kind a user writes against LMCache's own classes, for the tests of hermetic replays
 and of patches on `lmcache-patched` (`tests/test_replay_hermetic.py`): each changes LMCache for the whole process it
-runs in, so the tests only ever apply them through a replay (a fresh process of its own: `engines.replay_arm`).
+runs in, so the tests only ever apply them through a replay (a fresh process of its own: `checking.replay_arm`).
 
 - `fork_async_client`: a user's fork of LMCache's async lookup client put in place of LMCache's class (the module's
   `LMCacheAsyncLookupClient`, which LMCache's lookup client factory instantiates): its `lookup_cache` answers one

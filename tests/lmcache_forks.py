@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: What the server imports before it forks (adapters.lmcache_stores first: it sets LMCache's log level), then the
 #: modules `adapters.storeops_findings._LMCACHE_MODULES` names.
 PRELOAD = ("adapters.lmcache_stores", "adapters.lmcache_native", "adapters.patched", "adapters.storeops_findings",
-           "adapters.racy_findings", "engines.replay", "runtime.registry", "model.trace")
+           "adapters.racy_findings", "checking.replay", "runtime.registry", "model.trace")
 #: Seconds the server may take to import LMCache (about 5 s of CPU; generous for a busy 2-core machine).
 START_SECONDS = 180.0
 #: Seconds the server may take to say it forked a job.
@@ -68,7 +68,7 @@ def removable_ops(path: str) -> list[int]:
 def racy_verdicts(path: str) -> list[tuple[str, str]]:
     """(outcome, why) of a racy trace judged by its rate on the client it records, then on lmcache-patched."""
     from adapters.racy_findings import OPTIONS
-    from engines.replay import ReplayOn, judge
+    from checking.replay import ReplayOn, judge
     from model.trace import Trace
     from runtime.registry import resolve_client
     from adapters.catalogue import CLIENTS

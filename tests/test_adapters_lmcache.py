@@ -1,5 +1,5 @@
 """The real lmcache 0.5.6 clients against real Valkey servers: round trips, bounds, recovery, what the fixed scenarios
-(`engines.scenarios`) find in stock 0.5.6, and the patched client passing every scenario."""
+(`checking.scenarios`) find in stock 0.5.6, and the patched client passing every scenario."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from adapters.lmcache_stores import (
 )
 from adapters.patched import patched_factory, patched_valkey_factory
 from adapters.valkey_servers import ServerSet, ping
-from engines.scenarios import SCENARIOS, run_scenarios
+from checking.scenarios import SCENARIOS, run_scenarios
 from model.trace import Trace
 from adapters.lmcache_native import native_factory
 from runtime.registry import resolve_client
@@ -134,7 +134,7 @@ def test_a_stuck_call_times_out_close_never_blocks_and_a_new_factory_call_works(
 # --------------------------------------------------------------------------- the scenarios on stock 0.5.6
 
 def failing(client: str, names: tuple[str, ...] = SCENARIOS, op_timeout: float = T, **options) -> dict[str, Trace]:
-    """Scenario name -> the store-ops trace of each of `names` that `client` fails (`engines.scenarios`)."""
+    """Scenario name -> the store-ops trace of each of `names` that `client` fails (`checking.scenarios`)."""
     traces = run_scenarios(resolve_client(client, CLIENTS), op_timeout=op_timeout, names=names, options=options)
     return {t.origin.partition(":")[2]: t for t in traces}
 
@@ -170,7 +170,7 @@ def test_stock_mla_collapse_drops_rank_puts_and_reads_rank0s_key():
 def test_stock_valkey_connector_cannot_authenticate():
     """Against servers that require a password, stock lmcache's valkey:// connector cannot connect (its factory
     fails, named in one line); the patched factory round-trips."""
-    code = ("from engines.scenarios import run_scenarios; from runtime.registry import resolve_client, ResolveError\n"
+    code = ("from checking.scenarios import run_scenarios; from runtime.registry import resolve_client, ResolveError\n"
             "from adapters.catalogue import CLIENTS\n"
             "import os\ntry:\n    run_scenarios(resolve_client('lmcache-valkey', CLIENTS), op_timeout=0.5,"
             " names=('round-trip',),"

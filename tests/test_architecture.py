@@ -1,5 +1,5 @@
-"""ARCHITECTURE.md as tests: every engine reports its coverage, every client name resolves, every `FaultPlan` field
-has its record, and the "Where to add things" table holds when it is done (an engine is its module and one catalogue
+"""ARCHITECTURE.md as tests: every strategy reports its coverage, every client name resolves, every `FaultPlan` field
+has its record, and the "Where to add things" table holds when it is done (a strategy is its module and one catalogue
 entry, a client its factory and one catalogue entry) and when it is counted (a fault kind's field named in its record
 alone, a client's name in the catalogue and its adapter); no string names a module its layer may not import; no two
 modules share a basename; no module over 500 lines, no function over 100."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from engines.api import Coverage, SearchContext, Target, target_kind
+from checking.api import Coverage, SearchContext, Target, target_kind
 from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
@@ -38,25 +38,25 @@ def _deployment_only(name: str) -> bool:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.real) if _deployment_only(n) else n
                                   for n in STRATEGIES])
-def test_every_engine_is_scheduled_and_reports_its_coverage(name):
-    """Each engine of `check` is in a schedule, is named as registered, and fills its own coverage record (with a
-    line of text and JSON) when it runs. An engine of the `deployment` schedule runs on a real serving engine
+def test_every_strategy_is_scheduled_and_reports_its_coverage(name):
+    """Each strategy of `check` is in a schedule, is named as registered, and fills its own coverage record (with a
+    line of text and JSON) when it runs. A strategy of the `deployment` schedule runs on a real serving engine
     (`lmcache-patched`, 1 rank, a few cases)."""
     assert any(name in dict(steps) for steps in CHECK_SCHEDULE.values()), name
-    engine = resolve_strategy(name, STRATEGIES)
-    assert engine.name == name
+    strategy = resolve_strategy(name, STRATEGIES)
+    assert strategy.name == name
     kinds = [kind for kind, steps in CHECK_SCHEDULE.items() if name in dict(steps)]
     if kinds == ["deployment"]:
         from shardcheck.targets import build_engine_target
         ctx = _ctx("", polls=3, target=build_engine_target("lmcache-patched", lookup="sync", max_ranks=1))
-    elif kinds == ["stack"]:  # (the serving stack in memory: the stack seam's engines run on it in milliseconds)
+    elif kinds == ["stack"]:  # (the serving stack in memory: the stack seam's strategies run on it in milliseconds)
         from shardcheck.targets import build_engine_target
         ctx = _ctx("", polls=3, target=build_engine_target("memory-stack"))
     else:
         client = "model" if "in-memory" in kinds else "properties.bad_stores:jitter_factory"
         ctx = _ctx(client)
     assert target_kind(ctx.target) in kinds
-    found = engine.search(ctx)
+    found = strategy.search(ctx)
     assert found is None, found.summary if found else ""
     record = ctx.coverage.records[name]
     assert record.text() and isinstance(record.to_json(), dict)
@@ -71,7 +71,7 @@ def test_every_client_name_resolves_with_its_capabilities(name):
 
 
 class _ToyEngine:
-    """A toy engine that reports a made-up violation of its first case (to show a new engine needs nothing else)."""
+    """A toy strategy that reports a made-up violation of its first case (to show a new strategy needs nothing else)."""
 
     name = "toy"
 
@@ -79,12 +79,12 @@ class _ToyEngine:
         from model.outcome import Case, Violation
         case = Case(1, 1)
         out = ctx.run(ctx.target.protocol.obj, case)
-        out.violations = [Violation("soundness", "the toy engine's finding")]
+        out.violations = [Violation("soundness", "the toy strategy's finding")]
         return ctx.protocol_finding(case, out, self.name)
 
 
-def test_an_engine_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
-    """A new engine: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
+def test_a_strategy_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path):
+    """A new strategy: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
     module = types.ModuleType("toy_engine_module")
@@ -116,7 +116,7 @@ def test_a_client_is_its_factory_and_one_catalogue_entry(monkeypatch, tmp_path):
 ROOT = Path(__file__).resolve().parent.parent
 #: The packages whose modules the counts and the size limits cover (tests are not counted: a new thing's test is
 #: its own file).
-PACKAGES = ("model", "runtime", "engines", "adapters", "properties", "proofs", "shardcheck")
+PACKAGES = ("model", "runtime", "checking", "adapters", "properties", "proofs", "shardcheck")
 #: What a fault kind's field may be named in besides its record (`model/faults.py`): the findings measured with a
 #: real-server kind (data naming a kind that exists, not code that must learn a new one).
 FAULT_KIND_USES = {"adapters/nemesis_findings.py"}
@@ -194,7 +194,7 @@ def test_a_plan_built_by_phase_round_trips():
 #: Where a first-class client's name may be written besides the catalogue and its adapter, and why: the findings
 #: tables of what was measured on that very client, or the word meaning something else (the list only shrinks).
 CLIENT_NAME_USES = {
-    "model": {"engines/serving/engine_cases.py": "an isolation case: a prompt of another model",
+    "model": {"checking/serving/engine_cases.py": "an isolation case: a prompt of another model",
               "shardcheck/tier_cmd.py": "the cost model, a key of the tier report",
               "shardcheck/tier_plot.py": "the cost model, a key of the tier report"},
     "lmcache": {"adapters/nemesis_findings.py": "the nemesis findings, recorded on stock lmcache",
@@ -243,17 +243,17 @@ def test_a_client_is_named_in_the_catalogue_and_its_adapter():
                                             sorted(set(allowed) - set(files)))
 
 
-#: Where an engine's name (a `STRATEGIES` key) is written in `engines/` and `shardcheck/` besides the catalogues and
-#: its own module, and why: the word meaning something else, or a summary of that engine's coverage (the list only
+#: Where a strategy's name (a `STRATEGIES` key) is written in `checking/` and `shardcheck/` besides the catalogues and
+#: its own module, and why: the word meaning something else, or a summary of that strategy's coverage (the list only
 #: shrinks).
-ENGINE_NAME_USES = {
-    "nemesis": {"engines/check.py": "real faults asked for explicitly go first in the schedule",
-                "engines/concurrency.py": "the nemesis as a caller of a concurrent history",
-                "engines/search.py": "the enumeration level of the real-server kinds",
+STRATEGY_NAME_USES = {
+    "nemesis": {"checking/check.py": "real faults asked for explicitly go first in the schedule",
+                "checking/concurrency.py": "the nemesis as a caller of a concurrent history",
+                "checking/search.py": "the enumeration level of the real-server kinds",
                 "shardcheck/verify_nemesis.py": "the nemesis coverage in verify's table"},
-    "retention": {"engines/storeops.py": "the retention property", "shardcheck/verify.py": "the retention property"},
+    "retention": {"checking/storeops.py": "the retention property", "shardcheck/verify.py": "the retention property"},
     "concurrency": {"shardcheck/bench.py": "the concurrent layer's bench figures"},
-    "enumerate": {"engines/check.py": "a finding's shape exhausted by the enumeration",
+    "enumerate": {"checking/check.py": "a finding's shape exhausted by the enumeration",
                   "shardcheck/verify.py": "the enumeration's box in verify's table"},
     "explore": {"shardcheck/cli.py": "the explore command", "shardcheck/explore_cmd.py": "the explore command",
                 "shardcheck/verify.py": "the explorer's last size in verify's table"},
@@ -262,27 +262,27 @@ ENGINE_NAME_USES = {
 }
 
 
-def engines_named_in() -> dict[str, list[str]]:
-    """For every engine of `check`, the modules of `engines/` and `shardcheck/` that name it as a string, less the
+def strategies_named_in() -> dict[str, list[str]]:
+    """For every strategy of `check`, the modules of `checking/` and `shardcheck/` that name it as a string, less the
     catalogues and its own module."""
     return {name: sorted(path for path, names in STRINGS.items() if name in names and path not in CATALOGUES and
-                         path.split("/")[0] in ("engines", "shardcheck") and not _in_adapter(path, ref))
+                         path.split("/")[0] in ("checking", "shardcheck") and not _in_adapter(path, ref))
             for name, ref in STRATEGIES.items()}
 
 
-def test_an_engine_is_named_in_the_catalogue_and_its_module():
-    """ARCHITECTURE.md "an engine": its name is in the catalogue and its module, and where `ENGINE_NAME_USES` says
-    why only (what `test_an_engine_is_its_module_and_one_catalogue_entry` shows working)."""
-    for name, files in engines_named_in().items():
-        allowed = ENGINE_NAME_USES.get(name, {})
+def test_a_strategy_is_named_in_the_catalogue_and_its_module():
+    """ARCHITECTURE.md "a strategy": its name is in the catalogue and its module, and where `STRATEGY_NAME_USES` says
+    why only (what `test_a_strategy_is_its_module_and_one_catalogue_entry` shows working)."""
+    for name, files in strategies_named_in().items():
+        allowed = STRATEGY_NAME_USES.get(name, {})
         assert set(files) <= set(allowed), (name, sorted(set(files) - set(allowed)))
-        assert set(allowed) <= set(files), (name, "no longer named there: take it off ENGINE_NAME_USES",
+        assert set(allowed) <= set(files), (name, "no longer named there: take it off STRATEGY_NAME_USES",
                                             sorted(set(allowed) - set(files)))
 
 
 # -- names by string follow the layers ----------------------------------------------------------------------------
 #: The layers from the bottom up (`pyproject.toml`'s import-linter contract): a package imports only those below it.
-LAYERS = (("model",), ("runtime",), ("engines",), ("proofs", "properties", "adapters"), ("shardcheck",))
+LAYERS = (("model",), ("runtime",), ("checking",), ("proofs", "properties", "adapters"), ("shardcheck",))
 
 
 def _layer(package: str) -> int:
@@ -307,7 +307,7 @@ def refs_past_the_layers(path: str, tree: ast.AST) -> list[str]:
 
 def test_no_module_names_by_string_a_module_it_may_not_import():
     """A table of names (clients, serving engines, strategies, demos, the nemesis) lives in the lowest layer that may
-    import everything it names, and is handed down from there: no string of `model/`, `runtime/`, `engines/` (nor of
+    import everything it names, and is handed down from there: no string of `model/`, `runtime/`, `checking/` (nor of
     `proofs/`, `properties/`, `adapters/` about each other) names a module above it, as `MOD:ATTR` or as a module."""
     found = {path: refs for path, tree in SOURCES.items() if (refs := refs_past_the_layers(path, tree))}
     assert found == {}, found
@@ -350,12 +350,12 @@ def test_no_two_modules_share_a_basename():
 def test_the_basename_check_sees_a_shared_name(tmp_path):
     """The check itself: a name repeated across packages or inside one (a subpackage) is seen; package markers,
     conftests, tests and caches are not."""
-    for name in ("model/tier.py", "runtime/tier.py", "engines/api.py", "engines/explore/api.py", "engines/x.py",
-                 "model/__init__.py", "engines/explore/__init__.py", "properties/conftest.py", "shardcheck/conftest.py",
+    for name in ("model/tier.py", "runtime/tier.py", "checking/api.py", "checking/explore/api.py", "checking/x.py",
+                 "model/__init__.py", "checking/explore/__init__.py", "properties/conftest.py", "shardcheck/conftest.py",
                  "properties/test_a.py", "adapters/test_a.py", "adapters/__pycache__/x.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
-    assert shared_basenames(tmp_path) == {"api.py": ["engines/api.py", "engines/explore/api.py"],
+    assert shared_basenames(tmp_path) == {"api.py": ["checking/api.py", "checking/explore/api.py"],
                                           "tier.py": ["model/tier.py", "runtime/tier.py"]}
 
 

@@ -36,7 +36,7 @@ def test_check_variant_violated_with_counterexample(tmp_path):
 
 def test_budget_is_honoured(tmp_path):
     """check ends near its budget by itself: its engines use it up to the reserves kept at its end for a finding and
-    the clean-up (`engines.check.Deadlines`; the last unit that would not fit is not started), and stop there (a
+    the clean-up (`checking.check.Deadlines`; the last unit that would not fit is not started), and stop there (a
     generous bound tells that from a hang; the schedule itself is tested on a fake clock in tests/test_deadline.py)."""
     r = sc("check", "--budget", "3", "--json", "--out", str(tmp_path))
     assert r.returncode == 0 and 3 / 2 <= json.loads(r.stdout)["stats"]["seconds"] < 3 + 30

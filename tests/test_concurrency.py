@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from engines.concurrency import Layout, judge, make_layout, measure, run_layout, thread_safe
+from checking.concurrency import Layout, judge, make_layout, measure, run_layout, thread_safe
 from model.contract import declared_paths
-from engines.storeops import run_ops
+from checking.storeops import run_ops
 from model.store import MemoryStore
 from properties.bad_stores import RACY_STORES, DoubleCompletionStore, JitterStore
 

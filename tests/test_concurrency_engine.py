@@ -11,10 +11,10 @@ import attrs
 import pytest
 
 from adapters.catalogue import CLIENTS
-from engines.concurrency import make_layout, measure
+from checking.concurrency import make_layout, measure
 from model.contract import declared_paths
-from engines.concurrency_engine import ConcurrencyCoverage, minimise, search
-from engines.replay import DETERMINISTIC_RUNS, ReplayOn, clean_runs, judge
+from checking.concurrency_strategy import ConcurrencyCoverage, minimise, search
+from checking.replay import DETERMINISTIC_RUNS, ReplayOn, clean_runs, judge
 from model.finding import RATE_DRIFT, Rate, lower_bound, runs_within
 from model.trace import Trace, TraceError
 from runtime.registry import resolve_client
@@ -44,7 +44,7 @@ def test_reproduce_rule_holds_on_a_seeded_bernoulli_source():
 
 
 def replay(trace, factory):
-    """A concurrent trace judged on the client `factory` names (`engines.replay.judge`)."""
+    """A concurrent trace judged on the client `factory` names (`checking.replay.judge`)."""
     verdict = judge(trace, ReplayOn(client=resolve_client(factory, CLIENTS)))
     return verdict.outcome, verdict.why
 
@@ -129,7 +129,7 @@ def test_hypothesis_concurrent_property_catches_racy_client(name, monkeypatch):
     with more drawn batches and runs of each than a profile gives it, so a race shown in a few runs in ten is not
     missed)."""
     from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-    from engines.concurrency import Layout
+    from checking.concurrency import Layout
     from model.contract import declared_paths
     from properties import test_concurrent_layer
     from properties.strategies import concurrent_batches

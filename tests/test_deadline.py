@@ -1,5 +1,5 @@
 """`check`'s one deadline, on a fake clock (no test here waits on real time): the budget split from its end
-(`engines.check.Deadlines`), the schedule handing each phase what is left, no unit of work started that would end
+(`checking.check.Deadlines`), the schedule handing each phase what is left, no unit of work started that would end
 past its phase, a finding's minimising and measuring within the budget, and Hypothesis batches sized to fit."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import attrs
 import pytest
 
 from adapters.catalogue import CLIENTS
-from engines import check
-from engines.api import Target
-from engines.check import FINISH_GRACE, FINISH_SHARE, MIN_SEARCH_SHARE, TEARDOWN_SECONDS, Deadlines
+from checking import check
+from checking.api import Target
+from checking.check import FINISH_GRACE, FINISH_SHARE, MIN_SEARCH_SHARE, TEARDOWN_SECONDS, Deadlines
 from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.trace import Trace

@@ -1,5 +1,5 @@
 """The documents point only inside the repository, and every path and module they name exists: a file or directory
-(`engines/retention.py`, `docs/CONTRACT.md`), a module or an attribute of one (`engines.scenarios`,
+(`checking/retention.py`, `docs/CONTRACT.md`), a module or an attribute of one (`checking.scenarios`,
 `model.contract.ShardingProtocol`), a `MOD:ATTR` (`properties.bad_stores:crossed_replies_factory`), a link.
 
 The docs site (`mkdocs.yml`, pages in docs/) builds with `mkdocs build --strict`: a broken link or anchor, or a page
@@ -24,7 +24,7 @@ MODULE_PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.
 DOCS = ["README.md", "ARCHITECTURE.md", "counterexamples/README.md", "tools/porcupine/README.md",
         *(f"{pkg}/README.md" for pkg in MODULE_PACKAGES),
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if not p.is_symlink())]
-PACKAGES = ("model", "runtime", "engines", "proofs", "properties", "adapters", "shardcheck", "tests")
+PACKAGES = ("model", "runtime", "checking", "proofs", "properties", "adapters", "shardcheck", "tests")
 TOP_DIRS = PACKAGES + ("docs", "counterexamples", "requirements", "tools")
 #: Paths that runs create (not in a clone): where counterexamples and plots are written.
 MADE_BY_RUNS = ("counterexamples/found", "shardcheck-tier", "out")
@@ -122,8 +122,8 @@ def test_every_path_and_module_a_document_names_exists(doc):
 def test_the_check_finds_what_does_not_exist():
     """The test itself fails on a missing path, a missing module attribute and a missing MOD:ATTR."""
     assert _path_of("properties/resolve.py") == "properties/resolve.py" and not (ROOT / "properties/resolve.py").exists()
-    assert _module_of("engines.scenarios.run_scenarios") and _resolves("engines.scenarios.run_scenarios")
-    assert not _resolves("engines.scenarios.no_such_thing") and not _resolves("properties.bad_stores:nope_factory")
+    assert _module_of("checking.scenarios.run_scenarios") and _resolves("checking.scenarios.run_scenarios")
+    assert not _resolves("checking.scenarios.no_such_thing") and not _resolves("properties.bad_stores:nope_factory")
     assert _path_of("pytest properties/ --client x") is None and _module_of("MOD:ATTR") is None
     assert _bare_file_exists("properties/README.md", "resolve.py") is False
     assert _bare_file_exists("adapters/README.md", "valkey_servers.py") is True

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engines.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+from checking.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
 from model.trace import Trace
 from tests.conftest import run_cli
 
@@ -42,7 +42,7 @@ def test_a_sync_client_that_memoises_per_request_id_is_found_by_its_property_in_
     request looked up before its prompt is stored and again after (it was found at case ~100 when the enumeration
     looked a request id up again only in its disturbed shapes). Counted in cases, not timed (the budget is room for
     importing LMCache and building the first deployments on a loaded machine)."""
-    from engines.serving.engine_cases import FIRST_CASES
+    from checking.serving.engine_cases import FIRST_CASES
     got = run_cli("check", "--engine", "lmcache-patched", "--lookup", "sync", "--engine-patch",
                   "adapters.engine_demos:memoise_sync_lookup", "--budget", "90",
                   "--json", "--out", str(tmp_path), timeout=300)

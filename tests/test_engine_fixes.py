@@ -6,8 +6,8 @@ import pytest
 
 from adapters.catalogue import SERVING_ENGINES
 from adapters.engine_patched import E2_DEFERRED, E4_ENDED, E4_UNDELIVERED, E5_DROPPED, E5_GAVE_UP, E5_OWED
-from engines.serving.engine_run import run_engine_case
-from engines.serving.engine_search import call_of, engine_target, facts_of, shows
+from checking.serving.engine_run import run_engine_case
+from checking.serving.engine_search import call_of, engine_target, facts_of, shows
 from model.engine_case import case_from_json
 from model.outcome import Violation
 from model.trace import Trace

@@ -6,8 +6,8 @@ import random
 import attrs
 import pytest
 
-from engines.serving.engine_cases import enumeration, random_case, recurring
-from engines.serving.serving_minimise import minimise_case
+from checking.serving.engine_cases import enumeration, random_case, recurring
+from checking.serving.serving_minimise import minimise_case
 from model.contract import EngineRetrieve
 from model.engine_case import CaseError, EngineCase, EnginePrompt, Step, case_from_json, kv_identity, prompt_tokens
 from model.engine_oracle import Ledger, RankView, check_lookup, check_pins, check_retrieve, kv_bytes
@@ -128,7 +128,7 @@ def test_a_request_looked_up_again_comes_among_the_first_cases_of_every_shape():
     """Every (ranks, lookup) shape's first cases look one request id up again after the tier changed under it
     (before and after its prompt is stored; before and after a chunk of it is evicted), right after the recurring
     episode: a client that memoises its answer per request id is found in the first cases, not at case ~100."""
-    from engines.serving.engine_cases import FIRST_CASES
+    from checking.serving.engine_cases import FIRST_CASES
     cases = list(zip(range(4 * 2 * FIRST_CASES), enumeration(4, ("sync", "async"))))
     for start in range(0, len(cases), FIRST_CASES):
         origins = [origin for _, (origin, _) in cases[start:start + FIRST_CASES]]
@@ -158,9 +158,9 @@ def test_minimise_case_drops_what_is_not_needed():
 def test_regen_engine_measures_a_rare_race_further_and_does_not_save_one_it_cannot_clear(monkeypatch, shows, saved):
     """A finding whose rate asks a replay for more than ENGINE_MAX_RUNS runs is measured up to FIRM_RUNS runs;
     one that still asks for more is not saved, and progress says why."""
-    import engines.serving.engine_search as search
-    from engines.serving.engine_run import EngineOutcome
-    from engines.serving.engine_search import TraceSubject, engine_finding
+    import checking.serving.engine_search as search
+    from checking.serving.engine_run import EngineOutcome
+    from checking.serving.engine_search import TraceSubject, engine_finding
     from model.finding import Rate
     from model.outcome import Violation
     from shardcheck.engine_findings import FIRM_RUNS, _firm_rate

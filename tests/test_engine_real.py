@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from adapters.catalogue import SERVING_ENGINES
-from engines.serving.engine_cases import isolation_cases, recurring
-from engines.serving.engine_run import Bounds, run_engine_case
-from engines.serving.engine_search import engine_target
+from checking.serving.engine_cases import isolation_cases, recurring
+from checking.serving.engine_run import Bounds, run_engine_case
+from checking.serving.engine_search import engine_target
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.checks import CATALOG
 from tests.class_patches import classes_restored

@@ -8,11 +8,11 @@ import attrs
 import pytest
 
 from model.effects import TIMED_OUT, GetAsync, Wait
-from engines.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
+from checking.explore import (DELAY_SECONDS, ExploreError, bench, explore, outcome_summary, terminal_outcomes,
                            terminal_signatures)
 from model.checks import check_outcome
 from model.faults import Eviction, FaultPlan
-from engines.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, VARIANT_OTHERS, entry_name, load, observed,
+from checking.manifest import (REFERENCE, REGENERATE, VARIANT_CONFIGS, VARIANT_OTHERS, entry_name, load, observed,
                               resolve, run_entry)
 from model.harness import Case, run_case
 from model.outcome import OtherPrompt
@@ -45,7 +45,7 @@ def test_manifest_entry(entry):
     got = observed(run_entry(entry))
     assert got == entry["expect"], (
         f"manifest entry {entry['name']} drifted: expected {entry['expect']}, got {got}. If the change is "
-        f"intended, regenerate the manifest with `{REGENERATE}` and commit engines/manifest.json.")
+        f"intended, regenerate the manifest with `{REGENERATE}` and commit checking/manifest.json.")
 
 
 def test_manifest_covers_the_reference_protocols_and_every_variant():
@@ -215,7 +215,7 @@ def test_a_raising_combine_is_a_termination_violation_as_in_run_case():
 
 def test_terminal_outcomes_carry_the_events_and_the_fault_plan():
     """A violating terminal state is checked over an Outcome with the store/lookup/load events and its real faults."""
-    from engines.explore.bfs import Search
+    from checking.explore.bfs import Search
     search = Search(PaperProtocolAsync(), 2, 2, properties=frozenset())
     search.run(None, None)
     phases, plans = set(), set()
@@ -270,8 +270,8 @@ def test_too_many_cached_sets_are_refused_before_any_is_built():
 @pytest.mark.parametrize("cls", (*EVERY_CLASS, _CombineRaises), ids=lambda c: c.__name__)
 def test_the_product_of_rank_trees_is_the_lookup_tree(cls):
     """product_leaves gives lookup_leaves' leaves in the same order; a flagged leaf is one the harness faults."""
-    from engines.explore.bfs import Search
-    from engines.explore.lazy import lookup_leaves, product_leaves
+    from checking.explore.bfs import Search
+    from checking.explore.lazy import lookup_leaves, product_leaves
     for n, k in ((1, 3), (2, 3), (3, 2), (3, 5)):
         s = Search(cls(), n, k, lazy=True, properties=frozenset())
         setup = s.setup
@@ -294,7 +294,7 @@ def test_the_lazy_initial_state_refuses_other_prompts():
 def test_the_explorer_words_every_violation_as_the_simulator_does(cls):
     """The explorer's own violation (property, summary, detail: `model.interpreter`'s words) is the one the
     simulator reports on its counterexample, in both modes."""
-    from engines.explore.bfs import Search
+    from checking.explore.bfs import Search
     for reduction in (True, False):
         search = Search(cls(), *_config(cls), properties=frozenset([DEMO_VARIANTS[cls]]), reduction=reduction,
                         others=tuple(_others(cls)))
@@ -323,8 +323,8 @@ def test_a_wait_the_interpreter_refuses_is_a_termination_violation_in_both():
 def test_every_state_has_one_depth(reduction):
     """The search looks a successor up in the next level only: sound because a state's depth is a function of the
     state (its moves, plus unreduced its eager evictions: the faults used less the lost and delayed completions)."""
-    from engines.explore.bfs import Search
-    from engines.explore.state import OK
+    from checking.explore.bfs import Search
+    from checking.explore.state import OK
     search = Search(PaperProtocolAsync(), 3, 3, max_faults=2, reduction=reduction, properties=frozenset())
     search.run(None, None)
     space = search.space
@@ -358,7 +358,7 @@ def test_the_terminal_memo_keys_on_everything_the_checks_read(cls):
     """`Terminals.violations` is memoised across configurations (its key leaves the configuration out): on every
     terminal state of every variant (eager with its other prompts, lazy without), unreduced and reduced, the memoised
     violations equal the checks of the state's own outcome, and the memo is shared."""
-    from engines.explore.bfs import Search
+    from checking.explore.bfs import Search
     n, k = _config(cls)
     runs = [dict(reduction=False, others=tuple(_others(cls))), dict(reduction=True, others=tuple(_others(cls)))]
     if cls.__name__ not in VARIANT_OTHERS:

@@ -136,8 +136,8 @@ def test_ctrl_c_leaves_no_process_behind():
 
 def test_worker_progress_is_one_aggregate():
     """explore_workers reports one running total of states and shards, ending with every shard done."""
-    from engines.explore.shards import ShardSpec
-    from engines.explore.workers import explore_workers
+    from checking.explore.shards import ShardSpec
+    from checking.explore.workers import explore_workers
     seen: list[dict] = []
     spec = ShardSpec(protocol="paper-async", n_ranks=3, n_chunks=5, max_faults=2, lazy=True)
     res = explore_workers(spec, 2, shards=3, progress=seen.append)

@@ -6,8 +6,8 @@ import os
 import pytest
 import ray
 
-from engines.explore.on_ray import ROOT, explore_ray
-from engines.manifest import load, run_entry
+from checking.explore.on_ray import ROOT, explore_ray
+from checking.manifest import load, run_entry
 from tests.test_explore_shards import spec_of
 
 ENTRIES = {e["name"]: e for e in load()["entries"]}
@@ -39,7 +39,7 @@ def test_ray_shards_equal_one_process(ray_cluster):
 
 def test_a_ray_shard_whose_worker_dies_is_retried_then_reported(ray_cluster, monkeypatch):
     """Tasks whose worker process dies are retried by Ray, then named in failed_shards: verdict incomplete."""
-    from engines.explore.shards import ShardSpec
+    from checking.explore.shards import ShardSpec
     monkeypatch.setenv("SHARDCHECK_TEST_DRIVER_PID", str(os.getpid()))  # the parent resolves the protocol too
     spec = ShardSpec(protocol="tests.dying:DiesOutsideTheDriver", n_ranks=2, n_chunks=3)
     got = explore_ray(spec, None, workers=2, retries=1, timeout=120)

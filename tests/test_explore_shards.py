@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engines.explore import ExploreError
-from engines.explore.shards import ShardSpec, explore_sharded, merge, run_shard
-from engines.manifest import load, run_entry
+from checking.explore import ExploreError
+from checking.explore.shards import ShardSpec, explore_sharded, merge, run_shard
+from checking.manifest import load, run_entry
 
 ENTRIES = load()["entries"]
 

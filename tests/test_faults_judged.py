@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from engines.concurrency import judge
-from engines.faulted import fault_op
-from engines.linearizability import check
-from engines.storeops import run_ops
+from checking.concurrency import judge
+from checking.faulted import fault_op
+from checking.linearizability import check
+from checking.storeops import run_ops
 from model.faults import SERVER_KIND_NAMES, SERVER_KINDS, FaultPlan, ServerFault, server_fault_kinds
 from model.harness import Case, run_case
 from model.history import LOSSY_KV_MODEL, History, Op

@@ -5,8 +5,8 @@ from model.checks import PROPERTIES
 from model.faults import Eviction, FaultPlan
 from model.harness import Case, leading_run, run_case
 from model.protocols import REFERENCE_PROTOCOLS, PaperProtocol
-from engines.minimise import minimise
-from engines.search import search
+from checking.minimise import minimise
+from checking.search import search
 from model.variants import DEMO_VARIANTS
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engines.linearizability import check, partitions
+from checking.linearizability import check, partitions
 from model.history import History, KVModel, Op, lanes
 
 V, W = b"v", b"w"
@@ -138,7 +138,7 @@ def test_history_json_round_trip():
 
 def test_synthetic_bench_history_is_linearizable_until_one_read_lies():
     """The bench's generated history (1,000 ops) is linearizable, and one altered read makes it not."""
-    from engines.concurrency_bench import synthetic_history
+    from checking.concurrency_bench import synthetic_history
     h = synthetic_history(3, n_ops=1000, n_keys=10, n_callers=8)
     assert check(h).linearizable is True
     liar = next(o for o in h.ops if o.path == "get" and o.result is not None)
@@ -149,7 +149,7 @@ def test_synthetic_bench_history_is_linearizable_until_one_read_lies():
 
 def test_bench_reports_both_concurrency_figures():
     """`shardcheck bench` gets the checker's seconds and the driver's ops per second."""
-    from engines.concurrency_bench import bench
+    from checking.concurrency_bench import bench
     got = bench(0.2, million=False)
     assert got["checker_linearizable"] is True and got["checker_10k_s"] > 0 and got["driver_ops_per_s"] > 0
     assert got["checker_100k_linearizable"] is True and got["checker_100k_s"] > 0
@@ -211,9 +211,9 @@ def test_register_path_and_search_agree_with_a_brute_force():
     """On many random one-key histories (duplicate values, deletes, misses, contains, pending ops) the verdict
     of the register path, of the plain search and of a brute force are the same."""
     from hypothesis import given, settings, strategies as st, HealthCheck
-    from engines.linearizability.greedy import greedy_order
-    from engines.linearizability.register import linearization_holds
-    from engines.linearizability.midpoints import replay_order
+    from checking.linearizability.greedy import greedy_order
+    from checking.linearizability.register import linearization_holds
+    from checking.linearizability.midpoints import replay_order
     from model.history import KV_MODEL
 
     @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -234,7 +234,7 @@ def test_register_path_and_search_agree_with_a_brute_force():
 
 def _register_path(ops):
     """The register path's own verdict on a one-key part (what `check` takes when the greedy pass gives up)."""
-    from engines.linearizability.register import decide_register
+    from checking.linearizability.register import decide_register
     from model.history import KV_MODEL
     return decide_register(("k",), ops, KV_MODEL, max_states=1_000_000, deadline=None)
 
@@ -300,7 +300,7 @@ def test_misses_and_deletes():
 def test_history_files_feed_the_checker_and_are_never_overwritten(tmp_path):
     """`write_histories` writes the files `check_directory` (and `shardcheck bench --histories`) reads; the stale
     one is rejected, the others accepted; writing again into the same place refuses to overwrite."""
-    from engines.concurrency_bench import check_directory, write_histories
+    from checking.concurrency_bench import check_directory, write_histories
     specs = [("a", 300, 4, 4, 0.0, False), ("b", 300, 4, 4, 0.05, True)]
     write_histories(str(tmp_path), specs)
     rows = check_directory(str(tmp_path))
@@ -314,9 +314,9 @@ def test_bench_histories_reports_the_best_of_n_runs_and_refuses_bad_options(tmp_
     """`shardcheck bench --histories DIR --repeat N`: each file checked N times, the least wall and CPU seconds
     reported (what another checker's best-of-N harness reports); a bad N, or N without a directory, is one line and
     exit 2, and so is a directory with a file that is not a history."""
-    from engines.concurrency_bench import check_directory, write_histories
+    from checking.concurrency_bench import check_directory, write_histories
     from shardcheck.cli import main
-    import engines.concurrency_bench as bench
+    import checking.concurrency_bench as bench
     write_histories(str(tmp_path), [("a", 200, 4, 4, 0.0, False), ("b", 200, 4, 4, 0.0, True)])
     calls = []
     monkeypatch.setattr(bench, "check", lambda h, **kw: calls.append(len(h.ops)) or check(h, **kw))

@@ -1,4 +1,4 @@
-"""The register path's exact sweep (`engines.linearizability.sweep`) against a brute force and against the search,
+"""The register path's exact sweep (`checking.linearizability.sweep`) against a brute force and against the search,
 on one-key histories where every put writes its own value: deletes (several), misses before any write, `contains`
 both ways, puts and deletes that never completed; and the violation it names."""
 from __future__ import annotations
@@ -7,13 +7,13 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engines import native
-from engines.linearizability import register as linearizability_register, midpoints as linearizability_replay, sweep as linearizability_sweep
-from engines.concurrency_bench import synthetic_history
-from engines.linearizability import check, partitions, split_parts
-from engines.linearizability.greedy import greedy_order
-from engines.linearizability.register import REJECTED, decide_register, linearization_holds
-from engines.linearizability.midpoints import replay_order
+from checking import native
+from checking.linearizability import register as linearizability_register, midpoints as linearizability_replay, sweep as linearizability_sweep
+from checking.concurrency_bench import synthetic_history
+from checking.linearizability import check, partitions, split_parts
+from checking.linearizability.greedy import greedy_order
+from checking.linearizability.register import REJECTED, decide_register, linearization_holds
+from checking.linearizability.midpoints import replay_order
 from model.history import KV_MODEL, Op
 from tests.test_linearizability import _brute_force, op
 
@@ -267,7 +267,7 @@ def test_the_sweep_budget_counts_only_the_steps_going_back():
     assert check(ops).linearizable is False and check(ops).unplaceable == ops[-1].id
 
 
-@pytest.mark.skipif(native.status()["engines.linearizability"]["compiled"],
+@pytest.mark.skipif(native.status()["checking.linearizability"]["compiled"],
                     reason="replaces functions that compiled code calls directly: runs in the pure pass (SHARDCHECK_PURE=1)")
 def test_the_replay_puts_a_pending_put_where_its_reads_want_it():
     """A put that never completed goes, in the replay's first order, right before the earliest get of its value (not

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from engines.explore import explore
-from engines.minimise import minimise
-from engines.search import random_case
+from checking.explore import explore
+from checking.minimise import minimise
+from checking.search import random_case
 from model.finding import Finding
 from model.trace import Trace
 from model import variants

@@ -184,7 +184,7 @@ def mc_stack():
 
 def _mc_run(stack, case):
     """The case's outcome; a run the machine starved is undecided: skipped, never failed (docs/CONTRACT.md, "Timing")."""
-    from engines.serving.stack_run import run_stack_case
+    from checking.serving.stack_run import run_stack_case
     from model.timing import HarnessOutcome
 
     try:
@@ -208,7 +208,7 @@ def _props(outcome) -> set[str]:
 
 @pytest.mark.vllm
 def test_mooncake_stack_hits_what_the_master_holds_and_holds(mc_stack):
-    from engines.serving.stack_cases import recurring_stream
+    from checking.serving.stack_cases import recurring_stream
     from model.contract import STACK_METHODS, ServingStack
 
     assert isinstance(mc_stack, ServingStack) and all(callable(getattr(mc_stack, m)) for m in STACK_METHODS)
@@ -220,7 +220,7 @@ def test_mooncake_stack_hits_what_the_master_holds_and_holds(mc_stack):
 
 @pytest.mark.vllm
 def test_mooncake_stack_keeps_tenants_apart_and_its_demo_does_not(mc_stack):
-    from engines.serving.stack_cases import _shapes
+    from checking.serving.stack_cases import _shapes
 
     case = dict(_shapes(1))["isolation-tenant"]
     assert _mc_run(mc_stack, case).violations == []
@@ -232,7 +232,7 @@ def test_mooncake_stack_keeps_tenants_apart_and_its_demo_does_not(mc_stack):
                                        ("DuplicatedLoads", "output-equality"),
                                        ("NeverFinishedLoad", "request-returns"), ("HeldBlocks", "kv-leaks")])
 def test_mooncake_demo_is_caught_by_its_property(mc_stack, demo, prop):
-    from engines.serving.stack_cases import recurring_stream
+    from checking.serving.stack_cases import recurring_stream
 
     outcome = _mc_case(mc_stack, f"adapters.vllm_stack.connector_demos:{demo}", recurring_stream(1))
     assert prop in _props(outcome), outcome.violations
@@ -243,7 +243,7 @@ def test_mooncake_master_killed_recomputes_and_the_pool_comes_back(mc_stack):
     """A request served with the master dead recomputes (its lookup answers 0); its save job holds its blocks until
     its calls on the dead master give up (about twice the RPC deadline), within the stack's recovery window."""
     from model.stack_case import StackCase, StackStep
-    from engines.serving.stack_cases import _P0
+    from checking.serving.stack_cases import _P0
 
     case = StackCase(n_ranks=1, prompts=(_P0,), steps=(StackStep(kind="fault", rank=0, action="kill"),
                                                       StackStep(kind="serve", request="q1", prompt="p0")))

@@ -1,4 +1,4 @@
-"""The compiled hot paths (`engines.native`): the build runs when it is there and current, `SHARDCHECK_PURE=1` and a
+"""The compiled hot paths (`checking.native`): the build runs when it is there and current, `SHARDCHECK_PURE=1` and a
 stale build run the source, and both paths give the same verdicts, linearization orders and explorer state counts
 (this process runs whichever `make venv` left; a child with `SHARDCHECK_PURE=1` runs the source)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from engines import native
+from checking import native
 from tests.conftest import ROOT
 
 COMPILED = all(s["compiled"] for s in native.status().values())
@@ -29,12 +29,12 @@ def fingerprint() -> dict:
     """What must not depend on the path: verdicts (with the violation's op and prefix order, the methods and steps)
     of histories that take every path of the checker, each path's own linearization order per part, and explorer
     state counts (held and violated, reduced and not)."""
-    from engines.concurrency_bench import synthetic_history
-    from engines.manifest import load, observed, run_entry
-    from engines.linearizability import check, split_parts
-    from engines.linearizability.greedy import greedy_order
-    from engines.linearizability.midpoints import replay_order
-    from engines.linearizability.sweep import build, sweep, witness
+    from checking.concurrency_bench import synthetic_history
+    from checking.manifest import load, observed, run_entry
+    from checking.linearizability import check, split_parts
+    from checking.linearizability.greedy import greedy_order
+    from checking.linearizability.midpoints import replay_order
+    from checking.linearizability.sweep import build, sweep, witness
     from model.history import KV_MODEL
 
     out: dict = {"verdicts": [], "orders": [], "explore": []}
@@ -74,7 +74,7 @@ def test_the_compiled_and_the_pure_paths_agree():
     assert any(v["linearizable"] is True for v in mine["verdicts"])
 
 
-_STATUS = "import json; from engines import native; import engines.explore, engines.linearizability; " \
+_STATUS = "import json; from checking import native; import checking.explore, checking.linearizability; " \
           "print(json.dumps(native.status()))"
 
 
@@ -97,12 +97,12 @@ def test_the_build_runs_unless_told_otherwise_and_a_stale_one_never(tmp_path):
     stale = tmp_path / "native"
     shutil.copytree(native.BUILD_DIR, stale)
     manifest = json.loads((stale / native.MANIFEST).read_text())
-    manifest["modules"]["engines.linearizability.sweep"] = "0" * 64
+    manifest["modules"]["checking.linearizability.sweep"] = "0" * 64
     (stale / native.MANIFEST).write_text(json.dumps(manifest))
     child = _child(_STATUS, SHARDCHECK_NATIVE_DIR=str(stale))
     assert child.returncode == 0, child.stderr
     status = json.loads(child.stdout)
-    assert not status["engines.linearizability"]["compiled"] and status["engines.explore"]["compiled"]
+    assert not status["checking.linearizability"]["compiled"] and status["checking.explore"]["compiled"]
     assert child.stderr.count("\n") == 1 and "sweep's source changed" in child.stderr, child.stderr
 
 
@@ -127,12 +127,12 @@ def test_a_failed_build_leaves_no_build_and_says_so_in_one_line(tmp_path):
 def test_bench_says_whether_the_compiled_path_ran(tmp_path, capsys):
     """`bench --histories DIR --json` marks each row with whether the checker ran compiled, as `bench --json` marks
     the explorer's and the checker's figures (`native_status`)."""
-    from engines.concurrency_bench import write_histories
+    from checking.concurrency_bench import write_histories
     from shardcheck.bench import histories_command, native_status
     write_histories(str(tmp_path), [("small", 200, 4, 4, 0.0, False)])
     assert histories_command(str(tmp_path), None, as_json=True) == 0
     rows = json.loads(capsys.readouterr().out)
     status = native_status()
-    assert [r["compiled"] for r in rows] == [status["engines.linearizability"]["compiled"]]
-    assert status["engines.explore"]["compiled"] == status["engines.linearizability"]["compiled"] == (
+    assert [r["compiled"] for r in rows] == [status["checking.linearizability"]["compiled"]]
+    assert status["checking.explore"]["compiled"] == status["checking.linearizability"]["compiled"] == (
         BUILT and not native.pure_requested())

@@ -17,7 +17,7 @@ from adapters import nemesis
 from adapters.catalogue import CLIENTS
 from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
 from adapters.valkey_servers import ping, valkey_servers
-from engines.nemesis_engine import run_nemesis_scenarios
+from checking.nemesis_strategy import run_nemesis_scenarios
 from model.faults import SERVER_KIND_NAMES, SERVER_KINDS
 from runtime.registry import resolve_client
 
@@ -273,7 +273,7 @@ def test_the_patched_lmcache_client_holds_under_every_fault_kind():
 def test_each_nemesis_finding_reproduces_on_stock_lmcache(path):
     """Every trace of counterexamples/nemesis shows its property again on the client it records, its faults struck
     at the same op."""
-    from engines.storeops import bounded_factory, run
+    from checking.storeops import bounded_factory, run
     from model.trace import Trace
     trace = Trace.load(path)
     _, violations = run(trace, bounded_factory(trace, resolve_client(trace.client, CLIENTS)), nemesis.control_maker())

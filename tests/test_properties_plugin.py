@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from engines.storeops import bounded_factory, replay
+from checking.storeops import bounded_factory, replay
 from model.harness import run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync, Rank0SingleWriter
 from model.store import MemoryStore, memory_factory

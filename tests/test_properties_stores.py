@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from adapters.catalogue import CLIENTS
-from engines.storeops import bounded_factory, run
+from checking.storeops import bounded_factory, run
 from model.trace import Trace
 from properties import config
 from properties.machine_search import caught
@@ -29,7 +29,7 @@ def _caught(client, found_dir, shared: bool = True, op_timeout: float = OP_TIMEO
 
 #: The demos that are correct with one client of their servers (their bug needs another engine's client).
 CORRECT_ALONE = {"local-read-cache"}
-#: The demos whose bug needs time (`engines.retention` finds them, tests/test_retention.py): the machine cannot.
+#: The demos whose bug needs time (`checking.retention` finds them, tests/test_retention.py): the machine cannot.
 AGEING = {name for name, (_, prop) in BAD_STORES.items() if prop == "retention"}
 
 
@@ -92,7 +92,7 @@ TICK = 0.001
 @pytest.mark.parametrize("name", sorted(AGEING))
 def test_a_client_that_expires_what_it_writes_passes_the_machine(name, tmp_path, monkeypatch):
     """Every case of the machine uses fresh keys and is short: a 1 s TTL passes it (retention is checked by ageing a
-    sample, `engines.retention`), and a TTL shorter than a case does not. The client's time is its calls (`TICK`
+    sample, `checking.retention`), and a TTL shorter than a case does not. The client's time is its calls (`TICK`
     each), not the wall clock: a stall of a loaded machine would otherwise age a case past the TTL."""
     factory = BAD_STORES[name][0]
     store = type(factory(1)[0])

@@ -1,5 +1,5 @@
 """A racy replay judged against a control run alternately beside it (`model.finding.controlled_outcome`,
-`engines.replay.judge`): Fisher's one-sided exact test against known values, the sequential error of the rule on
+`checking.replay.judge`): Fisher's one-sided exact test against known values, the sequential error of the rule on
 seeded arms, the verdicts of a controlled replay on seeded sessions (no real client: the runs are Bernoulli draws),
 the rule without a control saying so, the machine's load in saved rates, `expect` keyed by engine and patches, and
 the exit code of `undecided`."""
@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from engines import replay as replay_mod
-from engines.replay import Control, ReplayError, ReplayOn, judge
+from checking import replay as replay_mod
+from checking.replay import Control, ReplayError, ReplayOn, judge
 from model.finding import (CONFIDENCE, RATE_DRIFT, Rate, control_pairs, control_showings, controlled_outcome,
                            fisher_lower, lower_bound)
 from model.outcome import Violation

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from adapters.catalogue import SERVING_ENGINES
-from engines.serving.engine_run import run_engine_case
-from engines.serving.engine_search import engine_target, facts_of, shows
+from checking.serving.engine_run import run_engine_case
+from checking.serving.engine_search import engine_target, facts_of, shows
 from model.engine_case import case_from_json
 from runtime.registry import ResolveError
 from runtime.serving import apply_engine_patches

@@ -1,13 +1,13 @@
-"""Retention (`engines.retention`): a value put and never deleted is still readable later; a client that writes
+"""Retention (`checking.retention`): a value put and never deleted is still readable later; a client that writes
 with a 1 s TTL passes every other store check and is violated here; a declared `retention` is honoured."""
 from __future__ import annotations
 
 import time
 
 from adapters.catalogue import CLIENTS
-from engines.retention import RetentionRun, plan
-from engines.scenarios import run_scenarios
-from engines.storeops import bounded_factory, run
+from checking.retention import RetentionRun, plan
+from checking.scenarios import run_scenarios
+from checking.storeops import bounded_factory, run
 from model.store import MemoryStore
 from properties.bad_stores import ExpiringStore, expiring_factory
 from runtime.registry import resolve_client

@@ -1,10 +1,10 @@
-"""The store client's fixed scenarios (`engines.scenarios`): the model passes every one; each is a store-ops
+"""The store client's fixed scenarios (`checking.scenarios`): the model passes every one; each is a store-ops
 sequence over the client's declared read paths, and a failure is a trace that replays."""
 from __future__ import annotations
 
 from adapters.catalogue import CLIENTS
-from engines.scenarios import SCENARIOS, ScenarioCoverage, run_scenarios, scenario_ops
-from engines.storeops import bounded_factory, run
+from checking.scenarios import SCENARIOS, ScenarioCoverage, run_scenarios, scenario_ops
+from checking.storeops import bounded_factory, run
 from runtime.registry import resolve_client
 
 

@@ -1,5 +1,5 @@
 """`--engine sglang-hicache` (`adapters.sglang_hicache`): SGLang 0.5.23's own HiCache prefetch agreement in two rank
-processes over gloo, each with its own `HiCacheFile` storage, driven by `engines.serving.stack_run` as `check` drives
+processes over gloo, each with its own `HiCacheFile` storage, driven by `checking.serving.stack_run` as `check` drives
 it.
 
 Three stacks per module, each started once (about 8 s each on two cores): SGLang as released, and SGLang with one of the
@@ -21,8 +21,8 @@ import subprocess
 import pytest
 
 from adapters.sglang_hicache.sgl_stack import HiCacheStack, factory
-from engines.serving.stack_cases import recurring_stream
-from engines.serving.stack_run import StackBounds, run_stack_case
+from checking.serving.stack_cases import recurring_stream
+from checking.serving.stack_run import StackBounds, run_stack_case
 from model.stack_case import StackCase, StackStep
 
 # (found, not imported: SGLang is imported in the rank processes only, after their stubs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.catalogue import CLIENTS
-from engines.concurrency import Layout, ServerClients, judge, measure, run_layout
+from checking.concurrency import Layout, ServerClients, judge, measure, run_layout
 from model.store import MemoryStore, MemoryTier, memory_factory
 from runtime.registry import resolve_client
 from runtime.tier import NotShared, open_shared

@@ -17,7 +17,7 @@ from model.faults import Eviction, FaultPlan
 from model.harness import Case, run_case
 from model.protocols import PaperProtocol, PaperProtocolAsync
 from model.store import MemoryStore
-from engines.storeops import run_ops
+from checking.storeops import run_ops
 from model.trace import Trace, encode
 from model.variants import (DEMO_VARIANTS, EarlyExitOnMiss, RetryUntilPresent, SkipEmptyGather, UnboundedWaitAsync,
                             WrongAsyncKey)
@@ -83,7 +83,7 @@ class _StuckAsyncStore(MemoryStore):
 
 
 def _replayed_ops_trace() -> Trace:
-    """A store-ops trace as `engines.storeops.run_ops` records it: rank 1's get_async times out."""
+    """A store-ops trace as `checking.storeops.run_ops` records it: rank 1's get_async times out."""
     ops = [{"rank": 0, "op": "put", "key": "a", "value": b"x" * 5}, {"rank": 0, "op": "get", "key": "a"},
            {"rank": 1, "op": "contains", "key": "a"}, {"rank": 1, "op": "get_async", "key": "a"}]
     records, violations = run_ops([MemoryStore(), _StuckAsyncStore()], ops, wait_bound=0.01)

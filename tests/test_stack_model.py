@@ -1,12 +1,12 @@
 """The serving-stack layer's own parts, on the in-memory stack (`model.stack_memory`): the case as data, the oracle of
-each stack property, and the interpreter (`engines.serving.stack_run`). No real stack runs here."""
+each stack property, and the interpreter (`checking.serving.stack_run`). No real stack runs here."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from engines.serving.stack_run import run_stack_case
+from checking.serving.stack_run import run_stack_case
 from model.contract import STACK_METHODS, ServingStack, StackRequest, StackResult
 from model.engine_case import CaseError, EnginePrompt
 from model.stack_case import StackCase, StackStep, stack_case_from_json

@@ -1,10 +1,10 @@
-"""`engines.minimise.ddmin`: delta debugging of store-op sequences to a 1-minimal one."""
+"""`checking.minimise.ddmin`: delta debugging of store-op sequences to a 1-minimal one."""
 from __future__ import annotations
 
 from hypothesis import given
 
-from engines.minimise import ddmin as minimise_ops
-from engines.storeops import run_ops
+from checking.minimise import ddmin as minimise_ops
+from checking.storeops import run_ops
 from properties.strategies import needed_ops
 
 

@@ -3,7 +3,7 @@ import inspect
 
 from adapters import lmcache_native, lmcache_stores, patched
 from adapters.catalogue import CLIENTS
-from engines.scenarios import run_scenarios
+from checking.scenarios import run_scenarios
 from model.calls import DEFAULT_OP_TIMEOUT
 from model.harness import Case
 from model.protocols import PaperProtocolAsync

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from adapters.catalogue import CLIENTS
-from engines.retention import RetentionRun
-from engines.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
+from checking.retention import RetentionRun
+from checking.scenarios import SCENARIOS, SHARED_SCENARIOS, ScenarioCoverage, run_scenarios
 from runtime.registry import resolve_client
 from shardcheck.replay_cmd import run_replay
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.explore import explore
+from checking.explore import explore
 from model.harness import Case, run_case
 from runtime.watchdog import EXIT_UNINTERRUPTIBLE, watching
 from tests.stalling import CatchOnceLookup, KeyLoopLookup, SleepsByLength, LockedLoad, PollingLookup, SleepyLookup, SlowSteps, SwallowingLookup
@@ -144,8 +144,8 @@ def test_pytest_plugin_fails_a_blocking_protocol_instead_of_hanging(tmp_path):
 
 def test_a_stall_in_the_explorer_lookup_is_a_termination_violation():
     """A lookup that stalls in the explorer is a termination violation of that configuration, as in run_case."""
-    from engines.api import SearchContext, Target
-    from engines.explore.engine import Explorer
+    from checking.api import SearchContext, Target
+    from checking.explore.strategy import Explorer
     from runtime.registry import resolve_client, resolve_protocol
     from adapters.catalogue import CLIENTS
 

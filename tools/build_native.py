@@ -1,9 +1,9 @@
-"""Compile the hot paths (`engines.native.COMPILED`) with mypyc into the venv's build directory; `make venv` runs it.
+"""Compile the hot paths (`checking.native.COMPILED`) with mypyc into the venv's build directory; `make venv` runs it.
 
     .venv/bin/python tools/build_native.py
 
-The modules are compiled from their own source, under their own names, into `engines.native.BUILD_DIR` (never next
-to the source), with a manifest of each source's SHA-256 (`engines.native` runs the source instead of a build whose
+The modules are compiled from their own source, under their own names, into `checking.native.BUILD_DIR` (never next
+to the source), with a manifest of each source's SHA-256 (`checking.native` runs the source instead of a build whose
 source changed). A build that fails for any reason (no mypyc, no C compiler, a type error) leaves no build, prints one
 line and exits 0: the pure Python source then runs, and the install is never broken by it. The compiler's own output
 goes to `BUILD_DIR.log`."""
@@ -21,7 +21,7 @@ from typing import Iterator
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engines.native import BUILD_DIR, COMPILED, MANIFEST, SHARED_LIB, source_digest  # noqa: E402
+from checking.native import BUILD_DIR, COMPILED, MANIFEST, SHARED_LIB, source_digest  # noqa: E402
 
 #: mypy's options for the compiled modules: imports of other modules are followed for their types only.
 MYPY_OPTIONS = ["--follow-imports=silent", "--ignore-missing-imports", "--no-warn-unused-configs",

@@ -21,7 +21,7 @@ extra keys) unless `adapter_tag` (the patched integration) passes it as `lmcache
 Hygiene: `LMCACHE_TRACK_USAGE=false`; the process's start method is restored after LMCache forces `spawn`; LMCache's
 ZMQ socket files go to a private temp dir (`rpc_dir`), the case's files are removed on close; `close()` closes
 everything on daemon threads and waits at most `close_timeout`, resuming paused servers and stopping the servers
-it started whatever happens. Calls are not bounded here: the caller (`engines.serving.engine_run`) bounds each one.
+it started whatever happens. Calls are not bounded here: the caller (`checking.serving.engine_run`) bounds each one.
 """
 from __future__ import annotations
 

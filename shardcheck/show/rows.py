@@ -190,7 +190,7 @@ def _fault_row(op: dict, i: int, rank: int | None) -> Row:
 
 
 def ops_rows(trace: Trace, keys: Keys) -> list[Row]:
-    """One row per recorded op: `engines.storeops.run_ops` records (result, oracle, outcome, seconds) or the
+    """One row per recorded op: `checking.storeops.run_ops` records (result, oracle, outcome, seconds) or the
     bare ops of a property-test counterexample (op, rank, key/keys/value/handle)."""
     rows = []
     skip = {"rank", "op", "key", "keys", "handle", "result", "value", "oracle", "outcome", "expected", "hung",
