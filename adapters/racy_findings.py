@@ -13,7 +13,8 @@ from adapters.catalogue import CLIENTS as registry_clients
 from adapters.storeops_findings import CLIENTS, ROOT, _factory
 from checking.concurrency import Layout, measure
 from checking.concurrency_strategy import to_trace
-from checking.replay import ReplayOn, judge
+from checking.layers import ReplayOn
+from checking.replay import judge
 from model.trace import Trace
 from runtime.registry import resolve_client
 

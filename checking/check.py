@@ -25,7 +25,8 @@ from typing import Any, Callable, ContextManager, Mapping
 import attrs
 
 from checking.api import DEFAULT_RETENTION, Coverage, Runner, SearchContext, Target, target_kind
-from checking.replay import ReplayOn, measure
+from checking.layers import ReplayOn, layer_of
+from checking.replay import measure
 from model.finding import Finding, Rate
 from model.timing import HarnessOutcome
 from runtime.registry import CHECK_SCHEDULE, resolve_strategy
@@ -116,12 +117,8 @@ class CheckResult:
                     out["violations"].append({"property": v.property, "counterexample": str(self.path),
                                               "summary": v.summary})
             out["stats"]["counterexample"] = {"strategy": f.strategy, "kind": f.trace.kind, "notes": list(f.notes),
-                                              "rate": f.rate.to_json() if f.rate else None}
-            if f.trace.kind == "protocol" and f.case is not None:
-                out["stats"]["counterexample"].update(n_ranks=f.case.n_ranks, n_chunks=f.case.n_chunks,
-                                                      faults=f.case.faults.size())
-            if f.trace.kind in ("store-ops", "concurrent"):
-                out["stats"]["counterexample"]["ops"] = len(f.trace.ops)
+                                              "rate": f.rate.to_json() if f.rate else None,
+                                              **layer_of(f.trace).stats(f)}
         return out
 
 
@@ -172,9 +169,7 @@ def run_check(target: Target, *, budget: float, run: Runner | None = None,
             if finding.rate is None:
                 finding.measured(Rate(1, 1))
         try:
-            path = finding.trace.save_unique(out_dir, target.protocol.name if finding.trace.kind == "protocol"
-                                             else target.engine.name if target.engine is not None
-                                             else target.client.name, finding.property)
+            path = finding.trace.save_unique(out_dir, layer_of(finding.trace).saved_under(target), finding.property)
         except OSError as exc:
             raise SaveError(f"cannot write the counterexample under {out_dir}: {exc}") from None
     return CheckResult(target=target, finding=finding, path=path, coverage=coverage,
@@ -275,31 +270,9 @@ def _exhaust(ctx: SearchContext, size: tuple[int, int], on_progress: Callable[[C
 
 
 def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Finding:
-    """The finding shrunk by what its kind shrinks by, until `finish_by`."""
-    stop = lambda: time.monotonic() >= finish_by  # noqa: E731
-    kind = finding.trace.kind
-    if kind == "protocol" and finding.case is not None:
-        from checking.minimise import minimise
-        original = finding
-        finding = minimise(ctx.target.protocol.obj, finding, runner=ctx.run, budget_runs=500, should_stop=stop)
-        if any(v.detail.get("provisional") for v in finding.violations):  # a stall judged at the shortened limit
-            forget()
-            out = ctx.run(ctx.target.protocol.obj, finding.case)
-            finding = finding.with_case(finding.case, out).lead_with(original.property) \
-                if original.property in out.violated() else original
-        return finding
-    if kind == "store-ops" and not finding.minimal:
-        from checking.storeops import minimise_store_ops
-        before = len(finding.trace.ops)
-        trace, minimal = minimise_store_ops(finding.trace, ctx.target.client, should_stop=stop,
-                                            options=dict(ctx.target.client_options), progress=ctx.note,
-                                            control_for=ctx.nemesis.control if ctx.nemesis is not None else None)
-        from model.trace import violations_of
-        finding = attrs.evolve(finding, trace=trace, violations=violations_of(trace) or finding.violations,
-                               notes=list(finding.notes))
-        finding.notes.append(f"minimised from {before} to {len(trace.ops)} ops"
-                             f"{' (1-minimal)' if minimal else ' (stopped before it was 1-minimal)'}")
-    return finding
+    """The finding shrunk by its layer's minimiser (`checking.layers.Layer.minimise`), until `finish_by`."""
+    minimise = layer_of(finding.trace).minimise
+    return finding if minimise is None else minimise(ctx, finding, lambda: time.monotonic() >= finish_by)
 
 
 def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], ContextManager[Runner]] | None,

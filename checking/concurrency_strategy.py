@@ -122,18 +122,16 @@ def to_trace(layout: Layout, rate: Measurement, *, client: str, bound: float, se
     v = first.violations[0]
     summary = (f"{v.summary} -- in {rate.k} of {rate.n} runs of {len(layout.threads)} caller thread(s), "
                f"{layout.n_ops} ops")
-    return Trace(kind="concurrent", property=v.property, summary=summary, protocol={"name": "-", "ref": None},
-                 client=client, ops=layout.to_ops(),
-                 config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
-                         "rate": {**Rate.now(rate.k, rate.n).to_json(), "seeds": list(seeds)},
-                         **({"clients": clients} if clients > 1 else {}), **(options or {}),
-                         **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
-                 verdict={"violations": [{"property": x.property, "summary": x.summary, "detail": {"op": x.detail["op"]}}
-                                         for x in first.violations],
-                          "linearizability": first.verdict, "history": first.history.to_json(),
-                          **({"faults": first.history.faults} if first.history.faults else {}),
-                          "picture": lanes(first.history, verdict=first.verdict)},
-                 expect={client: "reproduces"}, origin=origin)
+    shown = [Violation(x.property, x.summary, {"op": x.detail["op"]}) for x in first.violations]
+    return Trace.of("concurrent", shown, summary=summary, client=client, ops=layout.to_ops(),
+                    config={"n_ranks": 1, "threads": len(layout.threads), "bound": bound,
+                            "rate": {**Rate.now(rate.k, rate.n).to_json(), "seeds": list(seeds)},
+                            **({"clients": clients} if clients > 1 else {}), **(options or {}),
+                            **({"faults": [{"fault": k.field, **k.to_json(f)} for k, f in strikes]} if strikes else {})},
+                    verdict={"linearizability": first.verdict, "history": first.history.to_json(),
+                             **({"faults": first.history.faults} if first.history.faults else {}),
+                             "picture": lanes(first.history, verdict=first.verdict)},
+                    expect={client: "reproduces"}, origin=origin)
 
 
 def strikes_of(config: dict) -> list[tuple[Any, Any]]:

@@ -159,10 +159,9 @@ def run_nemesis_scenarios(client: Any, *, op_timeout: float, kinds: tuple[FaultK
             v = violations[0]
             config = {"n_ranks": 2, "op_timeout": op_timeout,
                       **({"recovery_seconds": recovery_seconds} if recovery_seconds is not None else {})}
-            found.append(Trace(kind="store-ops", property=v.property, summary=f"{kind.field}: {v.summary}",
-                               protocol={"name": "-", "ref": None}, client=client.name, config=config, ops=ops,
-                               verdict={"violations": [v.to_json()]}, expect={client.name: "reproduces"},
-                               origin=f"nemesis:{kind.field}"))
+            found.append(Trace.of("store-ops", [v], summary=f"{kind.field}: {v.summary}", client=client.name,
+                                  config=config, ops=ops, expect={client.name: "reproduces"},
+                                  origin=f"nemesis:{kind.field}"))
             if first_only:
                 break
     return found

@@ -1,12 +1,13 @@
-"""Replaying a trace of any kind: runs on fresh stores (`session`), how often a trace shows (`measure`), and the
-verdict of a replay by the rate the trace records (`judge`). Runs of one replay share a session of fresh stores
-(`session`): a protocol case and a concurrent layout run under fresh keys each time; a store-ops trace, whose keys
-are its own, on fresh stores each time.
+"""Replaying a trace of any kind: how often a trace shows (`measure`), and the verdict of a replay by the rate the
+trace records (`judge`). Runs of one replay share a session of fresh stores (its layer's: `checking.layers`): a
+protocol case and a concurrent layout run under fresh keys each time; a store-ops trace, whose keys are its own, on
+fresh stores each time.
 
 A replay answers `reproduces` as soon as a run shows the trace's property, and `fixed` only after as many clean
 runs as its recorded rate asks at 99% (`model.finding.Rate.runs_to_clear`): one run when the run is deterministic
 (the simulator over in-memory stores), `DETERMINISTIC_RUNS` when the trace showed every time it was measured, more
-for a racy one. A trace that cannot run on what it is replayed on raises `ReplayError` (an `error` row).
+for a racy one. A trace that cannot run on what it is replayed on raises `checking.layers.ReplayError` (an
+`error` row).
 
 A racy trace replayed on another subject than the one it records (a `Control` that can run: its recorded client,
 protocol, engine and patches) is judged against it: the candidate and the control run alternately on fresh stores
@@ -20,19 +21,18 @@ fresh process of its own (`checking.replay_arm`): a patch applies to its own tra
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Callable
 
 import attrs
 
-from checking.api import Runner
-from model.calls import DEFAULT_OP_TIMEOUT
+from checking.layers import ReplayOn, layer_of
 from model.finding import CONFIDENCE, RATE_DRIFT, Rate, control_pairs, control_showings, controlled_outcome, \
     fisher_lower, load_text, machine_load
 from model.outcome import Violation
 from model.trace import Trace
 
-__all__ = ["DETERMINISTIC_RUNS", "ENGINE_MAX_RUNS", "HINT_SCHEDULES", "ReplayError", "ReplayOn", "Verdict", "measure",
-           "judge", "recorded_rate", "session", "SESSIONS", "clean_runs", "Control", "Progress"]
+__all__ = ["DETERMINISTIC_RUNS", "ENGINE_MAX_RUNS", "Verdict", "measure", "judge", "recorded_rate", "clean_runs",
+           "Control", "Progress"]
 
 #: Clean runs after which a trace that showed every time it was measured is `fixed` on a target that is not
 #: deterministic (CONTRACT.md: "a deterministic one 10/10").
@@ -41,44 +41,6 @@ DETERMINISTIC_RUNS = 10
 #: a replay never stops short of what the rate asks (a `fixed` said sooner would not have its 99%), so a racy
 #: finding is measured until its rate asks no more than this (`shardcheck regen engine`).
 ENGINE_MAX_RUNS = 60
-#: Schedules tried when a protocol trace's recorded schedule no longer fits the protocol replayed.
-HINT_SCHEDULES = 32
-
-
-class ReplayError(Exception):
-    """The trace cannot run on this target (a factory that fails, ops that do not fit the client)."""
-
-
-@attrs.define(kw_only=True)
-class ReplayOn:
-    """What a replay runs on: the client (`runtime.registry.Client`) and its user options, the protocol of protocol
-    traces, and `runner()`: a context giving `run(protocol, case)` over fresh stores of the client."""
-
-    #: None for a serving engine's traces (`engine`).
-    client: Any = None
-    protocol: Any = None
-    runner: Callable[[], ContextManager[Runner]] | None = None
-    runner_name: str = "sim"
-    options: dict = attrs.field(factory=dict)
-    op_timeout: float = DEFAULT_OP_TIMEOUT
-    #: A serving engine under test (`checking.serving.engine_search.EngineTarget`): what an `engine` trace runs on.
-    engine: Any = None
-    #: The real faults a trace strikes go through it (`checking.nemesis_strategy.NemesisPlan`); None: a trace with one
-    #: cannot run.
-    nemesis: Any = None
-
-    def control(self, stores: list) -> Any:
-        """A `ServerControl` over `stores`' servers; `ReplayError` when there is none."""
-        control = self.nemesis.control(stores) if self.nemesis is not None else None
-        if control is None:
-            raise ReplayError("the trace strikes real faults on the servers: it needs servers shardcheck started "
-                              "(or --nemesis given explicitly for servers passed with urls)")
-        return control
-
-    def deterministic(self, trace: Trace) -> bool:
-        """Whether every run of `trace` here gives the same result (one run is the verdict)."""
-        return (trace.kind in ("protocol", "store-ops") and self.client is not None and self.client.in_memory
-                and self.runner_name == "sim")
 
 
 @attrs.frozen
@@ -113,114 +75,6 @@ def recorded_rate(trace: Trace) -> Rate | None:
     return None if raw is None else Rate.from_json(raw)
 
 
-@contextlib.contextmanager
-def _protocol_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a protocol trace's case over one runner of fresh stores (each run under its own key salt)."""
-    from model.sim import ScheduleError
-    if on.protocol is None or on.runner is None:
-        raise ReplayError("a protocol trace needs a protocol and a runner")
-    case = trace.case()
-    with on.runner() as run:
-        def once() -> tuple[list[Violation], str]:
-            try:
-                return list(run(on.protocol.obj, case).violations), ""
-            except ScheduleError as exc:  # a changed protocol plans other steps: other schedules of the same case
-                note = f"the recorded schedule no longer fits ({exc})"
-                for i in range(HINT_SCHEDULES + 1):
-                    violations = run(on.protocol.obj, attrs.evolve(case, schedule=(), seed=None if i == 0 else i)).violations
-                    if trace.property in {v.property for v in violations}:
-                        return list(violations), f"{note}; shown under schedule {i + 1} of {HINT_SCHEDULES + 1} tried"
-                return list(violations), f"{note}; not shown under {HINT_SCHEDULES + 1} other schedules"
-        yield once
-
-
-@contextlib.contextmanager
-def _store_ops_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a store-ops trace, each on fresh stores (its keys are the trace's own)."""
-    from checking.storeops import CannotRun, bounded_factory, run
-
-    def once() -> tuple[list[Violation], str]:
-        try:
-            _, violations = run(trace, bounded_factory(trace, on.client, on.options), control_for=on.control)
-        except CannotRun as exc:
-            raise ReplayError(str(exc)) from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ReplayError(f"ops: {exc}") from None
-        if violations and violations[0].detail.get("index") == -1 and trace.property != "store-error":
-            raise ReplayError(violations[0].summary)
-        return violations, ""
-    yield once
-
-
-@contextlib.contextmanager
-def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a concurrent trace's layout on one fresh store (each run under its own key prefix); a trace of several
-    clients of one server (`checking.concurrency_strategy.needs_shared`) on that many fresh clients of one fresh server."""
-    from checking.concurrency_strategy import layout_runs, needs_shared, targets
-    options = {**on.client.accepted({k: trace.config[k] for k in ("op_timeout",) if k in trace.config}),
-               **on.options}
-    from checking.concurrency_strategy import strikes_of
-    if needs_shared(trace):
-        fresh, not_shared = targets(on.client, **options)
-        if not_shared:
-            raise ReplayError(f"the trace runs several clients of the same server, and {not_shared}")
-        made = fresh(int(trace.config.get("clients", 2)))
-        if any(op.get("path") == "evict" for op in trace.ops) and made.evict is None:
-            made.close()
-            raise ReplayError("the trace has the server's own evictions; these servers cannot evict by themselves")
-    else:
-        made = on.client.stores(1, **options)
-    try:
-        control = on.control(made if isinstance(made, list) else list(made.clients)) if strikes_of(trace.config) \
-            else None
-    except BaseException:
-        for s in made if isinstance(made, list) else ():
-            s.close()
-        if not isinstance(made, list):
-            made.close()
-        raise
-    with layout_runs(trace, made, control) as once:
-        yield once
-
-
-def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on; in a fresh
-    process (`checking.replay_arm`) when that engine has patches or this process has applied some already (a patch
-    changes classes for the whole process: hermetic replays)."""
-    from checking.serving.engine_search import engine_session
-    from runtime.serving import apply_engine_patches
-    if on.engine is None:
-        raise ReplayError("an engine trace needs a serving engine (--engine)")
-    if on.engine.engine.patches or apply_engine_patches(()):  # (applying none: the patches applied so far)
-        from checking.replay_arm import arm_session
-        return arm_session(trace, on.engine, ReplayError)
-    return engine_session(trace, on.engine.make)
-
-
-def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
-    """Runs of a stack trace's case on the serving stack replayed on (`checking.serving.stack_search.StackTarget`),
-    emptied before each."""
-    from checking.serving.stack_search import stack_session
-    if on.engine is None or getattr(on.engine, "connector", None) is None:
-        raise ReplayError("a stack trace needs a serving stack (--engine vllm, memory-stack, ...)")
-    return stack_session(trace, on.engine)
-
-
-#: Runs of each trace kind: a context (fresh stores) giving `once() -> (violations, a note on how it ran)`.
-SESSIONS: dict[str, Callable[[Trace, ReplayOn], ContextManager[Callable[[], tuple[list[Violation], str]]]]] = {
-    "protocol": _protocol_session, "store-ops": _store_ops_session, "concurrent": _concurrent_session,
-    "engine": _engine_session, "stack": _stack_session}
-
-
-def session(trace: Trace, on: ReplayOn) -> ContextManager[Callable[[], tuple[list[Violation], str]]]:
-    """A context giving `once()`: one run of `trace` on the fresh stores of `on` it opened (see `SESSIONS`)."""
-    try:
-        opener = SESSIONS[trace.kind]
-    except KeyError:
-        raise ReplayError(f"cannot replay a {trace.kind!r} trace here (known kinds: {', '.join(SESSIONS)})") from None
-    return opener(trace, on)
-
-
 def measure(trace: Trace, on: ReplayOn, *, runs: int, should_stop: Callable[[], bool] = lambda: False,
             want: str | None = None) -> tuple[int, int, list[Violation]]:
     """How often `trace` shows `want` (default: its property) in up to `runs` runs on fresh stores (one when the run
@@ -230,7 +84,7 @@ def measure(trace: Trace, on: ReplayOn, *, runs: int, should_stop: Callable[[], 
     if on.deterministic(trace):
         runs = 1
     shown, made, first = 0, 0, []
-    with session(trace, on) as once:
+    with layer_of(trace).session(trace, on) as once:
         for _ in range(runs):
             if made and should_stop():
                 break
@@ -272,7 +126,7 @@ def judge(trace: Trace, on: ReplayOn, progress: Progress = lambda done, need, wh
         except _ControlFailed as exc:
             control = Control(control.subject, why=f"the recorded subject {control.subject} stopped running: {exc}")
     need, why = clean_runs(trace, on, control)
-    with session(trace, on) as once:
+    with layer_of(trace).session(trace, on) as once:
         for i in range(need):
             if i:
                 progress(i, need)
@@ -302,9 +156,9 @@ def _judge_controlled(trace: Trace, on: ReplayOn, control: Control, rate: Rate, 
     note = ""
     violations: list[Violation] = []
     with contextlib.ExitStack() as stack:
-        candidate = stack.enter_context(session(trace, on))
+        candidate = stack.enter_context(layer_of(trace).session(trace, on))
         try:
-            ctrl = stack.enter_context(session(trace, control.on))  # type: ignore[arg-type]
+            ctrl = stack.enter_context(layer_of(trace).session(trace, control.on))  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - whatever stops the control: judged without it
             raise _ControlFailed(str(exc)) from None
         for i in range(most):

@@ -3,7 +3,7 @@
 An `--engine-patch` function patches the engine's classes for the whole process it runs in, and for good (a user's
 fork or fix: `runtime.serving.apply_engine_patches`). So the runs of an engine trace on an engine with patches, or
 in a process where some patch was applied already, are made in a fresh process (`arm_session`, through
-`checking.replay.SESSIONS`): one per trace and arm (a controlled replay's candidate and control may differ in their
+`checking.layers.LAYERS`): one per trace and arm (a controlled replay's candidate and control may differ in their
 patches), spawned (no state of this process inherited), which builds the serving engine with its patches and runs
 the trace's case on a fresh deployment each time it is asked (`checking.serving.engine_search.engine_session`). Nothing a
 patch did outlives the trace's replay, and no other trace's patch reaches its runs.

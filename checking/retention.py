@@ -108,13 +108,10 @@ class Sample:
         key = read.get("key") or read["keys"][0]
         put = next(op for op in self.ops if op["rank"] == read["rank"] and op["key"] == key)
         ops = [put, {"op": "age", "seconds": round(self.age, 3)}, read]
-        return Trace(kind="store-ops", property=violation.property, summary=f"retention: {violation.summary}",
-                     protocol={"name": "-", "ref": None}, client=client,
-                     config={"n_ranks": len(self.stores), **options}, ops=[encode(op) for op in ops],
-                     verdict={"violations": [{"property": violation.property, "summary": violation.summary,
-                                              "detail": encode(violation.detail)}]},
-                     expect={client: "reproduces"}, origin="retention",
-                     notes="1-minimal by construction: the put, the age, the read")
+        return Trace.of("store-ops", [violation], summary=f"retention: {violation.summary}", client=client,
+                        config={"n_ranks": len(self.stores), **options}, ops=[encode(op) for op in ops],
+                        expect={client: "reproduces"}, origin="retention",
+                        notes="1-minimal by construction: the put, the age, the read")
 
 
 class RetentionRun:

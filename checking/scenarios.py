@@ -121,11 +121,9 @@ def _tagged(ops: list[dict], tag: str) -> list[dict]:
 
 def _trace(client: Client, name: str, ops: list[dict], v: Any, op_timeout: float, n_ranks: int,
            clients: int = 1) -> Trace:
-    return Trace(kind="store-ops", property=v.property, summary=f"scenario {name}: {v.summary}",
-                 protocol={"name": "-", "ref": None}, client=client.name,
-                 config={"n_ranks": n_ranks, "op_timeout": op_timeout, **({"clients": clients} if clients > 1 else {})},
-                 ops=ops, verdict={"violations": [v.to_json()]}, expect={client.name: "reproduces"},
-                 origin=f"scenario:{name}")
+    return Trace.of("store-ops", [v], summary=f"scenario {name}: {v.summary}", client=client.name,
+                    config={"n_ranks": n_ranks, "op_timeout": op_timeout, **({"clients": clients} if clients > 1 else {})},
+                    ops=ops, expect={client.name: "reproduces"}, origin=f"scenario:{name}")
 
 
 def _remove(stores: list, ops: list[dict]) -> None:

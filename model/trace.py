@@ -30,12 +30,14 @@ from model.trace_validate import MAX_OPS, MAX_RANKS, need as _need, validate_con
     validate_store_ops
 
 __all__ = ["SCHEMA", "VERSION", "KINDS", "OUTCOMES", "TraceError", "encode", "decode", "MAX_OPS",
-           "Trace", "faults_to_json", "faults_from_json", "violations_of", "subject_key"]
+           "Trace", "NO_PROTOCOL", "faults_to_json", "faults_from_json", "violations_of", "subject_key"]
 
 SCHEMA = "shardcheck-trace"
 VERSION = 1
 KINDS = ("protocol", "store-ops", "concurrent", "engine", "stack")
 OUTCOMES = ("reproduces", "fixed")
+#: The `protocol` of a trace whose subject is not a protocol (a client's, a serving engine's).
+NO_PROTOCOL = {"name": "-", "ref": None}
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
 MAX_CHUNKS, MAX_FILE_BYTES, MAX_OTHERS = 1024, 64 * 1024 * 1024, 16
 
@@ -83,6 +85,18 @@ class Trace:
                     "cached": sorted(outcome.cached)},
             verdict={"violations": [v.to_json() for v in outcome.violations]},
             expect=dict(expect or {}), origin=origin)
+
+    @classmethod
+    def of(cls, kind: str, violations: list[Violation], *, client: str, config: dict, summary: str = "",
+           verdict: dict | None = None, **fields: Any) -> "Trace":
+        """The trace of a run of a layer whose subject is not a protocol (any kind but `protocol`: see
+        `from_outcome`): its property, summary (unless given) and verdict from `violations` (with `verdict`'s other
+        entries), no protocol."""
+        first = violations[0] if violations else None
+        return cls(kind=kind, property=first.property if first else None,
+                   summary=summary or (first.summary if first else "every property held"), protocol=dict(NO_PROTOCOL),
+                   client=client, config=config,
+                   verdict={"violations": [v.to_json() for v in violations], **(verdict or {})}, **fields)
 
     def case(self) -> Case:
         """The `Case` that re-runs this trace (protocol traces only)."""

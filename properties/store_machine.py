@@ -16,6 +16,7 @@ from model.contract import StoreCallTimeout, declared_paths
 from model.faults import ServerFault
 from model.history import VALUE_READS, answer, read_args, wrong_key
 from model.recovery import default_recovery_seconds, probe
+from model.outcome import Violation
 from model.trace import Trace, encode
 from properties import config, strategies as s
 from runtime.bounded import BoundedStore, call_bounded
@@ -84,12 +85,10 @@ class StoreMachine(RuleBasedStateMachine):
             self.cfg.discard()  # a client that hung or raised may be unusable; a wrong answer leaves it usable
         if final_run() and self.cfg.write_traces:
             clients = {"clients": len(self.clients)} if len(self.clients) > 1 else {}
-            trace = Trace(kind="store-ops", property=prop, summary=message, protocol={"name": "-", "ref": None},
-                          client=self.cfg.client_label(),
-                          config={"n_ranks": len(self.stores), "op_timeout": self.timeout, **clients},
-                          ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
-                          verdict={"violations": [{"property": prop, "summary": message, "detail": {}}]},
-                          origin="pytest properties/ (StoreMachine)")
+            trace = Trace.of("store-ops", [Violation(prop, message)], client=self.cfg.client_label(),
+                             config={"n_ranks": len(self.stores), "op_timeout": self.timeout, **clients},
+                             ops=[{k: encode(v) for k, v in op.items()} for op in self.ops],
+                             origin="pytest properties/ (StoreMachine)")
             trace = self._minimised(trace)
             note(f"counterexample trace: {write_found(trace, self.cfg, self.cfg.client_label(), prop)}")
         raise VIOLATED[prop](f"{prop}: {message}")

@@ -37,7 +37,8 @@ def build(*, budget: float = 600.0, progress: Callable[[str], None] = lambda tex
     """Search, minimise, measure and write the engine findings (see the module docstring); the files written."""
     from checking.serving.engine_search import EngineStats, TraceSubject, call_of, deployment_source, engine_search, \
         engine_target
-    from checking.replay import ReplayOn, judge
+    from checking.layers import ReplayOn
+    from checking.replay import judge
 
     written = []
     ENGINE_CORPUS.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,8 @@ def _firm_rate(finding: Any, make: Callable, subject: Any, progress: Callable[[s
 def _better_on_disk(path: Path, new: Any) -> str:
     """Why the trace saved at `path` is kept instead of `new` (same property, a rate asking for fewer clean runs),
     or "" to write `new`."""
-    from checking.replay import ReplayOn, clean_runs
+    from checking.layers import ReplayOn
+    from checking.replay import clean_runs
     from model.trace import Trace, TraceError
     if not path.exists():
         return ""

@@ -68,6 +68,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
     options apply to its own runs only (an engine with patches runs in a fresh process: `checking.replay_arm`). A
     long replay reports its progress on stderr."""
     from model.calls import DEFAULT_OP_TIMEOUT
+    from checking.layers import layer_of
     from model.trace import Trace, TraceError, subject_key
     op_timeout = op_timeout or DEFAULT_OP_TIMEOUT
     rows: list[dict] = []
@@ -83,7 +84,7 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
             row["why"] = str(exc)
             continue
         row.update(client=client_spec or trace.client, property=trace.property)
-        if trace.kind in ("engine", "stack"):
+        if layer_of(trace).subject == "engine":
             spec, chosen = _engine_subject(trace, engine, engine_patches)
             row.update(client=subject_key(spec, chosen), engine=spec, patches=list(chosen))
             if trace.kind == "stack":  # (its connector: the one given, else the one it records)
@@ -107,11 +108,12 @@ def run_replay(paths: list[str], client_spec: str | None = None, protocol_spec: 
 def _replay_each(loaded: list[tuple[Any, dict]], targets: dict, protocol_spec: str | None, *, options: Any,
                  runner: str, op_timeout: float, nemesis: str | None, engine_options: Any) -> None:
     """Judge each loaded trace into its row (see `run_replay`)."""
-    from checking.replay import ReplayError, judge
+    from checking.layers import ReplayError, layer_of
+    from checking.replay import judge
     for trace, row in loaded:
         t0 = time.monotonic()
         try:
-            if trace.kind in ("engine", "stack"):
+            if layer_of(trace).subject == "engine":
                 on, control = _engine_arms(trace, row, engine_options, targets)
             else:
                 on, control = _client_arms(trace, row, protocol_spec, options=options, runner=runner,
@@ -144,15 +146,17 @@ def _client_arms(trace: Any, row: dict, protocol_spec: str | None, *, options: A
                  nemesis: str | None, targets: dict) -> tuple[Any, Any]:
     """What a store-ops, concurrent or protocol trace runs on (the client and protocol the row names), and its
     control: the client and protocol the trace records, with the options it records, when the row names others."""
+    from checking.layers import layer_of
     from checking.replay import Control
-    spec = (protocol_spec or trace.protocol.get("ref") or trace.protocol["name"]) if trace.kind == "protocol" else None
+    of_protocol = layer_of(trace).subject == "protocol"
+    spec = (protocol_spec or trace.protocol.get("ref") or trace.protocol["name"]) if of_protocol else None
     on = _client_on(spec, row["client"], options, runner=runner, op_timeout=op_timeout, nemesis=nemesis,
                     targets=targets)
     if spec is not None:
         row["protocol"] = protocol_spec or on.protocol.ref
     if not _racy(trace):
         return on, None
-    recorded = (trace.protocol.get("ref") or trace.protocol["name"]) if trace.kind == "protocol" else None
+    recorded = (trace.protocol.get("ref") or trace.protocol["name"]) if of_protocol else None
     subject = trace.client + (f" ({recorded})" if recorded else "")
     if row["client"] == trace.client and (spec is None or protocol_spec is None
                                           or protocol_spec in (trace.protocol.get("ref"), trace.protocol["name"])):
@@ -169,7 +173,7 @@ def _client_on(protocol: str | None, client: str, options: Any, *, runner: str, 
                nemesis: str | None, targets: dict) -> Any:
     """The `ReplayOn` of a client (and protocol), its target built once per replay (each client's tier is checked
     once: unreachable is an error row, not a verdict)."""
-    from checking.replay import ReplayOn
+    from checking.layers import ReplayOn
     key = (client, protocol or "", repr(options))
     if key not in targets:
         targets[key] = build_target(protocol, client, options=options, runner=runner, op_timeout=op_timeout)
@@ -190,7 +194,8 @@ def _engine_subject(trace: Any, engine: str | None, patches: Any) -> tuple[str, 
 def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, targets: dict) -> tuple[Any, Any]:
     """What an engine trace runs on (the engine and patches the row names, with the trace's options and the ones
     given), and its control: the engine and patches it records, under the same options, when the row names others."""
-    from checking.replay import Control, ReplayOn
+    from checking.layers import ReplayOn
+    from checking.replay import Control
     from model.trace import subject_key
     given = dict(options) if isinstance(options, dict) else parse_options(list(options or []), "--engine-option")
     # the options a trace records are its case's conditions (e.g. the scheduler's lookup timeout): they hold on

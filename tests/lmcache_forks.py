@@ -68,7 +68,8 @@ def removable_ops(path: str) -> list[int]:
 def racy_verdicts(path: str) -> list[tuple[str, str]]:
     """(outcome, why) of a racy trace judged by its rate on the client it records, then on lmcache-patched."""
     from adapters.racy_findings import OPTIONS
-    from checking.replay import ReplayOn, judge
+    from checking.layers import ReplayOn
+    from checking.replay import judge
     from model.trace import Trace
     from runtime.registry import resolve_client
     from adapters.catalogue import CLIENTS

@@ -70,7 +70,7 @@ def test_every_client_name_resolves_with_its_capabilities(name):
     assert client.in_memory == (name == "model")
 
 
-class _ToyEngine:
+class _ToyStrategy:
     """A toy strategy that reports a made-up violation of its first case (to show a new strategy needs nothing else)."""
 
     name = "toy"
@@ -87,10 +87,10 @@ def test_a_strategy_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path)
     """A new strategy: a class in a module, one `STRATEGIES` entry and a place in a schedule; `check` runs it and
     saves its finding."""
     from shardcheck.check_cmd import run_check
-    module = types.ModuleType("toy_engine_module")
-    module.ToyEngine = _ToyEngine
-    monkeypatch.setitem(sys.modules, "toy_engine_module", module)
-    monkeypatch.setitem(STRATEGIES, "toy", "toy_engine_module:ToyEngine")
+    module = types.ModuleType("toy_strategy_module")
+    module.ToyEngine = _ToyStrategy
+    monkeypatch.setitem(sys.modules, "toy_strategy_module", module)
+    monkeypatch.setitem(STRATEGIES, "toy", "toy_strategy_module:ToyEngine")
     monkeypatch.setitem(CHECK_SCHEDULE, "in-memory", (("toy", "rest"),))
     result = run_check(None, None, budget=2.0, out_dir=str(tmp_path))
     assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"

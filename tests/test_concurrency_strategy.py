@@ -14,7 +14,8 @@ from adapters.catalogue import CLIENTS
 from checking.concurrency import make_layout, measure
 from model.contract import declared_paths
 from checking.concurrency_strategy import ConcurrencyCoverage, minimise, search
-from checking.replay import DETERMINISTIC_RUNS, ReplayOn, clean_runs, judge
+from checking.layers import ReplayOn
+from checking.replay import DETERMINISTIC_RUNS, clean_runs, judge
 from model.finding import RATE_DRIFT, Rate, lower_bound, runs_within
 from model.trace import Trace, TraceError
 from runtime.registry import resolve_client

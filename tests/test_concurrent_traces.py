@@ -45,7 +45,8 @@ def test_a_racy_client_failure_writes_a_concurrent_trace_that_replays(tmp_path):
     assert {t.property for t in traces} <= {"wrong-caller", "linearizability", "wrong-key"}
     rate = traces[0].config["rate"]
     assert 0 < rate["k"] <= rate["n"] and "counterexample trace:" in done.stdout
-    from checking.replay import ReplayOn, judge
+    from checking.layers import ReplayOn
+    from checking.replay import judge
     from runtime.registry import resolve_client
     from adapters.catalogue import CLIENTS
     on = ReplayOn(client=resolve_client("properties.bad_stores:crossed_replies_factory", CLIENTS))

@@ -36,7 +36,8 @@ def test_every_trace_has_summary_and_expectations():
 def test_engine_traces_ask_for_a_replay_verify_can_afford():
     """Every saved engine trace's rate asks for at most `ENGINE_MAX_RUNS` clean runs of a real deployment: a replay
     never stops short of its 99% (a capped `fixed` was false once), so a racy one must be re-measured instead."""
-    from checking.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+    from checking.layers import ReplayOn
+    from checking.replay import ENGINE_MAX_RUNS, clean_runs
     from shardcheck.engine_findings import ENGINE_CORPUS
     paths = sorted(ENGINE_CORPUS.glob("*.json"))
     asks = {p.name: clean_runs(Trace.load(p), ReplayOn())[0] for p in paths}
@@ -45,7 +46,8 @@ def test_engine_traces_ask_for_a_replay_verify_can_afford():
 
 def test_an_engine_replay_is_never_capped():
     """An engine trace of a rare race asks for its whole 99% count, however many real deployments that takes."""
-    from checking.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+    from checking.layers import ReplayOn
+    from checking.replay import ENGINE_MAX_RUNS, clean_runs
     from model.finding import Rate
     from shardcheck.engine_findings import ENGINE_CORPUS
     trace = Trace.load(sorted(ENGINE_CORPUS.glob("*.json"))[0])

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from checking.replay import ENGINE_MAX_RUNS, ReplayOn, clean_runs
+from checking.layers import ReplayOn
+from checking.replay import ENGINE_MAX_RUNS, clean_runs
 from model.trace import Trace
 from tests.conftest import run_cli
 

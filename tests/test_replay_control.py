@@ -9,10 +9,12 @@ import contextlib
 import math
 import random
 
+import attrs
 import pytest
 
-from checking import replay as replay_mod
-from checking.replay import Control, ReplayError, ReplayOn, judge
+from checking import layers as layers_mod
+from checking.layers import ReplayError, ReplayOn
+from checking.replay import Control, judge
 from model.finding import (CONFIDENCE, RATE_DRIFT, Rate, control_pairs, control_showings, controlled_outcome,
                            fisher_lower, lower_bound)
 from model.outcome import Violation
@@ -133,7 +135,8 @@ def seeded_sessions(monkeypatch):
             shown = rng.random() < on.options["rate"]
             return ([Violation(trace.property, "seeded violation", {})] if shown else []), ""
         yield once
-    monkeypatch.setitem(replay_mod.SESSIONS, "concurrent", session)
+    concurrent = attrs.evolve(layers_mod.LAYERS["concurrent"], session=session)
+    monkeypatch.setitem(layers_mod.LAYERS, "concurrent", concurrent)
     return runs
 
 

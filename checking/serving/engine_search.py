@@ -280,15 +280,13 @@ def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: Eng
     how = f"{case.lookup} lookup" if subject.connector is None else f"connector {subject.connector}"
     summary = f"{violations[0].summary} -- {case.n_ranks} rank(s), {how}, {len(case.steps)} steps; in {rated}"
     stack = {} if subject.connector is None else {"connector": subject.connector}
-    trace = Trace(kind="engine" if subject.connector is None else "stack", property=violations[0].property,
-                  summary=summary, protocol={"name": "-", "ref": None}, client="-",
-                  config={"engine": subject.engine, **stack, "case": case.to_json(), "options": dict(subject.options),
-                          "patches": list(subject.patches), "runner": subject.runner},
-                  events=[{k: encode(v) for k, v in e.items()} for e in outcome.events],
-                  verdict={"violations": [{"property": v.property, "summary": v.summary, "detail": encode(v.detail)}
-                                          for v in violations]},
-                  expect=dict(subject.expect or {subject_key(subject.engine, subject.patches): "reproduces"}),
-                  origin=f"check:engine:{origin}")
+    trace = Trace.of("engine" if subject.connector is None else "stack", violations, summary=summary, client="-",
+                     config={"engine": subject.engine, **stack, "case": case.to_json(),
+                             "options": dict(subject.options), "patches": list(subject.patches),
+                             "runner": subject.runner},
+                     events=[{k: encode(v) for k, v in e.items()} for e in outcome.events],
+                     expect=dict(subject.expect or {subject_key(subject.engine, subject.patches): "reproduces"}),
+                     origin=f"check:engine:{origin}")
     return Finding(strategy=strategy, violations=violations, trace=trace, case=case, outcome=outcome,
                    notes=list(notes)).measured(rate)
 
@@ -416,7 +414,7 @@ class EngineCases:
 
 @contextlib.contextmanager
 def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Iterator[Callable[[], tuple[list, str]]]:
-    """Runs of an engine trace's case, each on a fresh deployment of `make` (`checking.replay.SESSIONS`)."""
+    """Runs of an engine trace's case, each on a fresh deployment of `make` (`checking.layers.LAYERS`)."""
     case = case_from_json(trace.config["case"])
     call = _recorded_call(trace)
 

@@ -142,7 +142,7 @@ def stack_target(spec: Any, *, connector: str | None = None, options: dict | Non
 
 @contextlib.contextmanager
 def stack_session(trace: Trace, target: StackTarget) -> Iterator[Callable[[], tuple[list, str]]]:
-    """Runs of a stack trace's case, each on the target's stack emptied first (`checking.replay.SESSIONS`)."""
+    """Runs of a stack trace's case, each on the target's stack emptied first (`checking.layers.LAYERS`)."""
     case = stack_case_from_json(trace.config["case"])
 
     def once() -> tuple[list, str]:
