@@ -12,8 +12,8 @@ Metadata is `P2PHANDSHAKE` (no metadata server).
 
 Always stopped: every process (the namespace's holder, each master) is spawned through `adapters.spawning` (its exec
 wrapper sets PR_SET_PDEATHSIG=SIGKILL: the kernel kills them when this process goes), stopped with SIGKILL (the master
-does not always act on SIGTERM; a paused one never), by `MasterSet.stop()`, the context manager, `shutdown()` and an
-`atexit` hook;
+does not always act on SIGTERM; a paused one never), by `MasterSet.stop()`, the context manager, `shutdown()` and at
+exit (each is registered with `runtime.reaper` before it starts: none starts once the exit began);
 Ctrl-C unwinds the context managers. Every wait is bounded (`READY_TIMEOUT`).
 
 `MooncakeMaster` offers what `adapters.nemesis` strikes a server's process with: `pause()` (SIGSTOP), `resume()`,
@@ -25,7 +25,6 @@ or None; the factories and tests answer that reason.
 """
 from __future__ import annotations
 
-import atexit
 import concurrent.futures as cf
 import contextlib
 import ctypes
@@ -41,6 +40,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from adapters.spawning import SPAWNER, kill_spawned
+from runtime import reaper
 
 __all__ = ["MooncakeNet", "MooncakeMaster", "MasterSet", "start_masters", "shared_net", "shutdown", "mooncake_masters", "unavailable",
            "master_binary", "live_pids", "READY_TIMEOUT", "master_takes"]
@@ -55,27 +55,10 @@ def master_takes(kind: Any) -> bool:
     that need no snapshot (it keeps nothing on disk); it takes no RESP admin command."""
     return bool(kind.needs_process) and kind.loses != "snapshot"
 
-_LIVE: set[Any] = set()
-_LIVE_LOCK = threading.Lock()
-_EXITING = threading.Event()
-
 
 def live_pids() -> list[int]:
     """The pids of every Mooncake process (holders and masters) this process started and has not stopped yet."""
-    with _LIVE_LOCK:
-        return sorted(p for obj in _LIVE for p in obj.pids())
-
-
-def _stop_all() -> None:
-    with _LIVE_LOCK:
-        _EXITING.set()
-        live = list(_LIVE)
-    for obj in live:
-        with contextlib.suppress(Exception):
-            obj.stop()
-
-
-atexit.register(_stop_all)
+    return sorted(p for obj in reaper.live((MooncakeNet, MooncakeMaster)) for p in obj.pids())
 
 
 def master_binary() -> str:
@@ -118,10 +101,10 @@ class MooncakeNet:
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._executors: list[cf.ThreadPoolExecutor] = []
-        with _LIVE_LOCK:
-            if _EXITING.is_set():
-                raise RuntimeError("the Mooncake namespace was not made: the process is exiting")
-            _LIVE.add(self)
+        try:
+            reaper.register(self, self.stop)
+        except reaper.Exiting:
+            raise RuntimeError("the Mooncake namespace was not made: the process is exiting") from None
         try:
             self.proc = SPAWNER.popen(
                 ["/usr/bin/env", "unshare", "-n", "--", "/bin/sh", "-c",
@@ -205,8 +188,7 @@ class MooncakeNet:
         kill_spawned(proc)
         if proc is not None and proc.stdout is not None:
             proc.stdout.close()
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+        reaper.unregister(self)
 
 
 class MooncakeMaster:
@@ -250,10 +232,10 @@ class MooncakeMaster:
         return args
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
-        with _LIVE_LOCK:
-            if _EXITING.is_set():
-                raise RuntimeError("mooncake_master not started: the process is exiting")
-            _LIVE.add(self)
+        try:
+            reaper.register(self, self.stop)
+        except reaper.Exiting:
+            raise RuntimeError("mooncake_master not started: the process is exiting") from None
         try:
             self.dir = tempfile.mkdtemp(prefix="shardcheck-mooncake-")
             self.port, self.metrics_port = self.net.free_port(), self.net.free_port()
@@ -340,8 +322,7 @@ class MooncakeMaster:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+        reaper.unregister(self)
 
 
 def _until_state(pid: int, state: str, limit: float) -> None:
@@ -406,10 +387,9 @@ def shared_net(timeout: float = READY_TIMEOUT) -> MooncakeNet:
 
 def shutdown() -> None:
     """Stop every master and the namespace (what `atexit` does); a later master set makes a new namespace, which
-    this process's Mooncake clients cannot reach (see `shared_net`): for the end of a run or a test module."""
-    _stop_all()
-    with _LIVE_LOCK:
-        _EXITING.clear()
+    this process's Mooncake clients cannot reach (see `shared_net`): for the end of a run or a test module. None
+    starts while it runs."""
+    reaper.reap((MooncakeNet, MooncakeMaster))  # (the masters first: the last registered are stopped first)
     with _NET_LOCK:
         _NET.clear()
 

@@ -5,12 +5,14 @@ loopback port (bound to 127.0.0.1 only, protected mode on, no persistence, its o
 ready once it answers PING. Servers are always stopped and reaped:
 
 - normal exit and exceptions: `ServerSet.stop()` / the `valkey_servers()` context manager;
-- interpreter exit: an `atexit` hook stops every server still running, and no server starts after it (a daemon
-  thread still starting servers, e.g. a deployment's build, gets `ServerStartError`);
-- SIGTERM / SIGHUP (when the process had the default handler): every server is stopped, then the
-  signal is re-delivered with its previous disposition, so the process still dies of it;
+- interpreter exit: every server is registered with `runtime.reaper`, whose `atexit` hook stops every one still
+  running, and no server starts after it began (a daemon thread still starting servers, e.g. a deployment's build,
+  gets `ServerStartError`);
+- SIGTERM / SIGHUP (when the process had the default handler): every server is stopped (and all else registered
+  with `runtime.reaper`: the exit's `reap()`), then the signal is re-delivered with its previous disposition, so the
+  process still dies of it;
 - SIGINT: KeyboardInterrupt unwinds the context managers (and `atexit` runs); one inside a start stops what it made:
-  a server is in `_LIVE` before its dir exists, a spawn given up waiting for is killed, one just made is `fresh`;
+  a server is registered before its dir exists, a spawn given up waiting for is killed, one just made is `fresh`;
 - the parent dying hard (SIGKILL): each server is spawned with PR_SET_PDEATHSIG=SIGKILL (set by a small exec
   wrapper) from one long-lived spawner thread (`adapters.spawning`), so the kernel kills the servers when this process
   goes away.
@@ -23,7 +25,6 @@ started again once it was stopped.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -37,6 +38,7 @@ from typing import Iterator, Sequence
 
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 from adapters.spawning import SPAWNER, kill_spawned, spawn_tied  # (spawn_tied re-exported)
+from runtime import reaper
 
 __all__ = ["ServerStartError", "ValkeyServer", "ServerSet", "valkey_server_binary", "start_servers",
            "valkey_servers", "live_pids", "resp_command", "server_on", "spawn_tied"]
@@ -68,37 +70,21 @@ def valkey_server_binary() -> str:
     return str(path)
 
 
-_LIVE: set["ValkeyServer"] = set()
-_LIVE_LOCK = threading.Lock()
-_EXITING = threading.Event()
 _PREVIOUS_HANDLERS: dict[int, object] = {}
 
 
 def live_pids() -> list[int]:
     """The pids of every server this process started and has not stopped yet."""
-    with _LIVE_LOCK:
-        return sorted(s.pid for s in _LIVE if s.pid is not None)
+    return sorted(s.pid for s in reaper.live(ValkeyServer) if s.pid is not None)
 
 
 def server_on(port: int) -> "ValkeyServer | None":
     """The server this process started (and has not stopped) on 127.0.0.1:`port`, if any."""
-    with _LIVE_LOCK:
-        return next((s for s in _LIVE if s.port == port), None)
-
-
-def _stop_all() -> None:
-    """At exit (or a fatal signal): stop every server, and start none from now on (a daemon thread still starting
-    servers, e.g. a deployment's build, would leave them behind)."""
-    with _LIVE_LOCK:
-        _EXITING.set()
-        servers = list(_LIVE)
-    for s in servers:
-        with contextlib.suppress(Exception):
-            s.stop()
+    return next((s for s in reaper.live(ValkeyServer) if s.port == port), None)
 
 
 def _on_fatal_signal(signum: int, frame: object) -> None:
-    _stop_all()
+    reaper.reap()  # the exit's: every server (and all else registered) stopped, and none starts from now on
     previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)  # type: ignore[operator]
@@ -117,9 +103,6 @@ def _install_cleanup_hooks() -> None:
             signal.signal(sig, _on_fatal_signal)
         else:
             _PREVIOUS_HANDLERS[sig] = current  # someone else owns it: rely on atexit + pdeathsig
-
-
-atexit.register(_stop_all)
 
 
 # --------------------------------------------------------------------------- one server
@@ -195,10 +178,7 @@ class ValkeyServer:
         if self.port is None:
             self.port = free_port()
         self._stopped = False
-        with _LIVE_LOCK:  # registered before its dir exists: every stop path (atexit too) removes the dir
-            if _EXITING.is_set():
-                raise ServerStartError(f"valkey-server on {HOST}:{self.port} not started: the process is exiting")
-            _LIVE.add(self)
+        self._register()  # registered before its dir exists: every stop path (atexit too) removes the dir
         self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
         try:
             self._spawn(self._write_config(), timeout)
@@ -209,8 +189,7 @@ class ValkeyServer:
     def _spawn(self, conf: str, timeout: float) -> None:
         t0 = time.monotonic()
         self.paused = False
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+        self._register()
         if self.proc is not None:  # a process of this server is never dropped unreaped (a running one is killed)
             kill_spawned(self.proc)
         proc = SPAWNER.popen([valkey_server_binary(), conf], self, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -233,6 +212,13 @@ class ValkeyServer:
                 self.stop()
                 raise ServerStartError(f"valkey-server on {HOST}:{self.port} {what}; log tail:\n{tail}")
             time.sleep(0.01)
+
+    def _register(self) -> None:
+        """Stopped at exit (a no-op once registered); none starts once the exit began."""
+        try:
+            reaper.register(self, self.stop)
+        except reaper.Exiting:
+            raise ServerStartError(f"valkey-server on {HOST}:{self.port} not started: the process is exiting") from None
 
     def _adopt(self, proc: subprocess.Popen) -> None:
         """`proc`, just spawned, becomes the server's process under the lock; a `stop` or a timer's `respawn` that ran
@@ -305,11 +291,10 @@ class ValkeyServer:
                         proc.wait(timeout)
             finally:  # killed if it did not end in time, and reaped whatever interrupts the stop
                 kill_spawned(proc)
-        if self.dir is not None:  # (removed before the server leaves _LIVE: interrupted here, atexit removes it)
+        if self.dir is not None:  # (removed before it is unregistered: interrupted here, atexit removes it)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+        reaper.unregister(self)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -12,18 +12,20 @@ Every wait is bounded: the process's start (`START_SECONDS`: it imports torch an
 (`RUN_SECONDS`: a run's own calls are bounded inside it; this bounds the process as a whole). A process that does
 not answer in time, or dies, is killed and the replay is a `ReplayError` saying so. The process dies with this one
 (PR_SET_PDEATHSIG), ends when its pipe closes, and is killed and reaped when the session ends, whatever happened
-(an error, Ctrl-C: a SIGINT to the process group also reaches it, and it closes its deployment and exits), with an
-`atexit` hook for any left.
+(an error, Ctrl-C: a SIGINT to the process group also reaches it, and it closes its deployment and exits), and
+registered with `runtime.reaper`, whose `atexit` hook kills any left (none starts once the exit began).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import signal
 from typing import Any, Callable, Iterator
+
+from runtime import reaper
 
 __all__ = ["arm_session", "arm_spec", "START_SECONDS", "RUN_SECONDS", "STOP_SECONDS"]
 
@@ -33,17 +35,13 @@ START_SECONDS = 180.0
 RUN_SECONDS = 300.0
 #: Seconds it may take to close its last deployment and exit once asked to stop.
 STOP_SECONDS = 30.0
-_LIVE: set[Any] = set()
 
 
 def _kill(proc: Any) -> None:
     if proc.is_alive():
         proc.kill()
     proc.join(5.0)
-    _LIVE.discard(proc)
-
-
-atexit.register(lambda: [_kill(p) for p in list(_LIVE)])
+    reaper.unregister(proc)
 
 
 def arm_spec(target: Any) -> dict:
@@ -67,7 +65,11 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
     proc = ctx.Process(target=_serve, args=(child, trace.to_json(), spec, error), name="shardcheck-replay-arm",
                        daemon=False)  # (not a daemon: its deployment may start rank processes of its own)
     proc.start()
-    _LIVE.add(proc)
+    try:
+        reaper.register(proc, functools.partial(_kill, proc))
+    except reaper.Exiting:
+        _kill(proc)
+        raise
     child.close()
 
     def answer(seconds: float, doing: str) -> Any:

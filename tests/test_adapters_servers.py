@@ -23,6 +23,7 @@ from adapters.valkey_servers import (
     valkey_server_binary,
     valkey_servers,
 )
+from runtime import reaper
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,8 +205,8 @@ def test_no_orphan_servers_when_the_owner_dies(mode: str, tmp_path):
 @pytest.mark.parametrize("point", ["config", "spawning", "ready-wait", "second-server"])
 def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, monkeypatch):
     """Ctrl-C while `start_servers(2)` runs (writing a config, while the spawner thread spawns, before a server
-    answers PING, before the second server is ready): KeyboardInterrupt, and no server process, dir or `_LIVE`
-    entry of it stays (the caller holds nothing to stop)."""
+    answers PING, before the second server is ready): KeyboardInterrupt, and no server process, dir or
+    registration (`runtime.reaper`) of it stays (the caller holds nothing to stop)."""
     import threading
 
     from adapters import spawning, valkey_servers as vs
@@ -237,7 +238,7 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     monkeypatch.setattr(vs.subprocess, "Popen", popen)
     monkeypatch.setattr(vs, "ping", ping)
     monkeypatch.setattr(vs.ValkeyServer, "_write_config", config)
-    before = set(vs._LIVE)
+    before = set(reaper.live(vs.ValkeyServer))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -249,7 +250,7 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     vs.spawn_tied(["true"]).wait(10)  # queued behind the interrupted spawn: the spawner has finished with it
     assert point == "config" or spawned
     assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
-    assert set(vs._LIVE) == before and list(tmp_path.iterdir()) == []
+    assert set(reaper.live(vs.ValkeyServer)) == before and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("meanwhile", ["stop", "respawn"])
@@ -287,7 +288,7 @@ def test_a_stop_or_a_respawn_while_a_start_spawns_leaves_no_process_unowned(mean
         server.stop()
     assert len(spawned) == (1 if meanwhile == "stop" else 2)
     assert all(p.poll() is not None for p in spawned), [p.pid for p in spawned]
-    assert server not in vs._LIVE
+    assert server not in reaper.live()
 
 
 def test_an_interrupt_as_the_spawner_hands_back_a_process_leaves_it_reaped(monkeypatch):
@@ -308,7 +309,7 @@ def test_an_interrupt_as_the_spawner_hands_back_a_process_leaves_it_reaped(monke
         with pytest.raises(KeyboardInterrupt):
             server.start()
         assert len(spawned) == 1 and spawned[0].poll() is not None, "the process spawned still runs"
-        assert server.fresh is None and server.proc is None and server not in vs._LIVE
+        assert server.fresh is None and server.proc is None and server not in reaper.live()
     finally:
         for p in spawned:
             p.kill()
@@ -320,27 +321,24 @@ def test_no_server_starts_once_the_exit_stopped_them(when: str, tmp_path, monkey
     """After the exit's stop of every server (atexit, a fatal signal), a start on a thread still running (a
     deployment's build on a bounded-call thread, when Ctrl-C ended the main one) raises and leaves no process or dir:
     it left a server dir behind the exit's clean-up (`check --engine` interrupted, 3 of 10 loaded runs)."""
-    import threading
-
     from adapters import spawning, valkey_servers as vs
     monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
-    exiting = threading.Event()
-    monkeypatch.setattr(vs, "_EXITING", exiting)  # (the real one would stop this worker's other servers' starts)
+    exiting = reaper.Reaper()
+    monkeypatch.setattr(reaper, "REAPER", exiting)  # (the real one's exit would stop this worker's other servers)
     server = vs.ValkeyServer()
     spawned: list[subprocess.Popen] = []
     real_popen = spawning.SPAWNER.popen
 
     def popen(argv, *args, **kw):
-        exiting.set()
-        server.stop()  # what the exit's `_stop_all` does to it, while it spawns
+        assert exiting.live() == [server] and exiting.reap() == []  # the exit stops it while it spawns
         spawned.append(real_popen(argv, *args, **kw))
         return spawned[-1]
 
     if when == "before":
-        exiting.set()
+        exiting.reap()
     else:
         monkeypatch.setattr(spawning.SPAWNER, "popen", popen)
     with pytest.raises(vs.ServerStartError, match="exiting" if when == "before" else "stopped while it started"):
         server.start()
     assert all(p.poll() is not None for p in spawned) and len(spawned) == (when != "before")
-    assert list(tmp_path.iterdir()) == [] and server not in vs._LIVE
+    assert list(tmp_path.iterdir()) == [] and exiting.live() == [] and exiting.exiting()

@@ -6,11 +6,12 @@ holds that rank's engine of every deployment and its lookup server; the schedule
 servers and their faults stay here. Each rank's calls go over a pipe (`RankProxy`, one call at a time); the caller
 bounds them. On close every rank runs LMCache's own closes in its process, and a process that dies meanwhile (a ZMQ
 assertion aborting it) or does not answer is reported; then every rank process is killed and reaped, whatever
-happened (also on errors and Ctrl-C: an `atexit` hook kills any left).
+happened (also on errors and Ctrl-C: each is registered with `runtime.reaper`, whose `atexit` hook kills any left;
+none starts once the exit began).
 """
 from __future__ import annotations
 
-import atexit
+import functools
 import itertools
 import multiprocessing
 import signal
@@ -19,13 +20,13 @@ from typing import Any
 
 from adapters.lmcache_engine.deployment import LMCacheDeployment
 from adapters.lmcache_engine.zmq_paths import rpc_dir
+from runtime import reaper
 
 __all__ = ["ProcessDeployment", "RankProxy", "START_SECONDS"]
 
 #: Seconds a rank process may take to build its engines (the forkserver's first start imports torch and LMCache).
 START_SECONDS = 60.0
 _CTX: Any = None
-_LIVE: set[Any] = set()
 
 
 def _context() -> Any:
@@ -40,10 +41,7 @@ def _kill(proc: Any) -> None:
     if proc.is_alive():
         proc.kill()
     proc.join(5.0)
-    _LIVE.discard(proc)
-
-
-atexit.register(lambda: [_kill(p) for p in list(_LIVE)])
+    reaper.unregister(proc)
 
 
 class RankProxy:
@@ -58,7 +56,11 @@ class RankProxy:
         self.proc = ctx.Process(target=rank_process_main.main, args=(child, spec), name=f"shardcheck-rank-{rank}",
                                 daemon=True)
         self.proc.start()
-        _LIVE.add(self.proc)
+        try:
+            reaper.register(self.proc, functools.partial(_kill, self.proc))
+        except reaper.Exiting:
+            _kill(self.proc)
+            raise
         child.close()
         self.lock = threading.Lock()
         self.ids = itertools.count()

@@ -32,7 +32,6 @@ tail of its log. SGLang's own gloo sync groups get `sync_timeout` seconds (torch
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import secrets
@@ -51,6 +50,7 @@ import attrs
 from adapters.sglang_hicache.sgl_kv import combine, expected, tail_token
 from adapters.spawning import SPAWNER, kill_spawned
 from model.contract import StackRequest, StackResult
+from runtime import reaper
 
 __all__ = ["HiCacheStack", "RankError", "factory", "CONNECTORS", "OPTIONS"]
 
@@ -63,8 +63,6 @@ OPTIONS = ("tp", "page_size", "lookup_timeout", "sync_timeout", "call_timeout", 
 #: scheduling pass, is not one: its hits depend on the pass's timing alone).
 POLICIES = ("timeout", "wait_complete")
 ROOT = Path(__file__).resolve().parents[2]
-_LIVE: set[Any] = set()
-atexit.register(lambda: [s._kill_all() for s in list(_LIVE)])
 
 
 class RankError(RuntimeError):
@@ -158,15 +156,15 @@ class HiCacheStack:
         self.lookup_timeout, self.sync_timeout, self.call_timeout = lookup_timeout, sync_timeout, call_timeout
         self.start_timeout, self.host_tokens, self.backup_wait = start_timeout, host_tokens, backup_wait
         self.patches = tuple(patches)
-        self.tmp = Path(tempfile.mkdtemp(prefix="shardcheck-sglang-"))
         self.links: list[_Link] = []
+        reaper.register(self, self._kill_all)  # (its rank processes killed at exit; none starts once it began)
+        self.tmp = Path(tempfile.mkdtemp(prefix="shardcheck-sglang-"))
         self.state = ["up"] * n_ranks
         self.waiting: list[_Req] = []
         self.running: dict[str, _Req] = {}
         self.key_cache: dict[tuple, list[str]] = {}
         self.numel = 0
         self.starts = 0
-        _LIVE.add(self)
         try:
             self._start()
         except BaseException:
@@ -441,7 +439,7 @@ class HiCacheStack:
     def close(self) -> list[str]:
         problems = self._stop_ranks()
         shutil.rmtree(self.tmp, ignore_errors=True)
-        _LIVE.discard(self)
+        reaper.unregister(self)
         return problems
 
 

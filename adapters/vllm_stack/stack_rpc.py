@@ -19,11 +19,11 @@ is alive: a child that dies, or that has not answered within `timeout`, is `Stac
 log, and is killed (its whole process group) at once: it never hangs the caller. `close()` asks it to shut the engine
 core down and waits at most `close_timeout`, then SIGKILLs its process group, kills whatever still carries the marker
 and removes the run dir; it returns what was still running afterwards (nothing, normally), and keeps in `close_notes`
-what it had to kill. An `atexit` hook kills every child still alive.
+what it had to kill. Each child is registered with `runtime.reaper`, whose `atexit` hook kills every one still alive
+(and removes its run dir); none starts once the exit began.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -39,11 +39,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from adapters.spawning import SPAWNER, kill_spawned
+from runtime import reaper
 
 __all__ = ["StackChild", "StackChildError", "marked_pids", "MARKER"]
 
 MARKER = "SHARDCHECK_VLLM_RUN"
-_LIVE: set["StackChild"] = set()
 #: Seconds between liveness checks while waiting for an answer.
 _SLICE = 0.2
 
@@ -91,7 +91,11 @@ class StackChild:
         #: What the child's command runs under (e.g. `nsenter --net=...`, which execs it: same pid).
         self.argv_prefix = list(argv_prefix or ())
         self._lock = threading.Lock()  # one call at a time on the connection
-        _LIVE.add(self)
+        try:
+            reaper.register(self, self._reap)
+        except reaper.Exiting:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         try:
             self._start({**spec, "run_dir": self.run_dir}, env, start_timeout)
         except BaseException:
@@ -194,6 +198,11 @@ class StackChild:
             with contextlib.suppress(OSError):
                 self.conn.close()
 
+    def _reap(self) -> None:
+        """At exit (`runtime.reaper`): kill it and whatever carries its marker, remove its run dir."""
+        self._kill()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
     def close(self) -> list[str]:
         """Stop the child (see the module docstring); what was still running afterwards."""
         if self.proc is not None and self.alive():
@@ -211,16 +220,7 @@ class StackChild:
             _kill_marked(self.marker)
             time.sleep(0.1)
             left = marked_pids(self.marker)
-        _LIVE.discard(self)
+        reaper.unregister(self)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return [f"process {pid} of the vLLM run {self.marker} is still running" for pid in left]
 
-
-def _kill_all() -> None:
-    for child in list(_LIVE):
-        with contextlib.suppress(Exception):
-            child._kill()
-            shutil.rmtree(child.run_dir, ignore_errors=True)
-
-
-atexit.register(_kill_all)

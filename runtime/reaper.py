@@ -1,0 +1,188 @@
+"""What must be stopped when this process exits: one registry of what shardcheck starts, one `atexit` hook.
+
+Whatever starts something that outlives a call (a server, a rank process, a serving stack) registers it with what
+stops it, `register(obj, stop)`, before or as it starts; its own stop ends with `unregister(obj)` (a no-op for what
+is not registered). `live(kind)` lists what is registered (of a class, or a tuple of classes), oldest first: what
+`adapters.valkey_servers.live_pids()` and `server_on(port)` read, and `adapters.mooncake_servers.live_pids()`.
+
+`reap(kind=None)` stops what is registered, the last registered first (a master before the namespace it runs in),
+each `stop()` on a daemon thread of its own waited for at most its `bound` seconds (one that hangs is left behind:
+what shardcheck spawns is tied to this process anyway), an exception in one never keeping the others from being
+stopped; it answers what went wrong, a line each. A stop that failed leaves its object registered.
+
+- `reap()`, every kind, is the exit: this module's `atexit` hook (which writes what went wrong to stderr), and a fatal
+  signal's (`adapters.valkey_servers`). From its start `exiting()` is true and `register` refuses anything new
+  (`Exiting`, a RuntimeError): a daemon thread still starting a server would leave it behind. What is registered
+  already may register again (a no-op): a server respawned while the exit stops the others is still stopped.
+- `reap(kind)` stops that kind only (`adapters.mooncake_servers.shutdown()`), refusing it while it runs.
+
+`unregister` takes no lock, so a stop run from a signal handler that interrupted this module never waits for it.
+A forked child owns nothing of its parent's: the registry is emptied in it.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+from typing import Any, Callable, TypeVar, Union, overload
+
+import attrs
+
+__all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "exiting", "live", "reap", "register", "unregister"]
+
+#: Seconds a registered stop may take at exit before it is left behind.
+STOP_SECONDS = 10.0
+
+T = TypeVar("T")
+#: What `live` and `reap` select by: a class or a tuple of classes (`isinstance`); None: everything.
+Kind = Union[type, tuple[type, ...], None]
+
+
+class Exiting(RuntimeError):
+    """Nothing new is registered: the process is exiting (or what is registered of that kind is being stopped)."""
+
+
+@attrs.frozen
+class _Entry:
+    obj: Any
+    stop: Callable[[], object]
+    bound: float
+
+
+def _describe(obj: Any) -> str:
+    pid = None
+    with contextlib.suppress(Exception):
+        pid = getattr(obj, "pid", None)
+    return type(obj).__name__ + (f" (pid {pid})" if isinstance(pid, int) else "")
+
+
+def _stop_bounded(entry: _Entry) -> str | None:
+    """`entry.stop()` on a daemon thread, waited for at most `entry.bound` s; what went wrong, or None."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            entry.stop()
+        except BaseException as exc:  # (reported: one stop's failure never keeps the others from running)
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name="shardcheck-reaper", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread at this point of the interpreter's shutdown: stopped here, unbounded
+        run()
+    else:
+        thread.join(entry.bound)
+        if thread.is_alive():
+            return f"stopping {_describe(entry.obj)} did not end within {entry.bound:g} s (left behind)"
+    return f"stopping {_describe(entry.obj)} raised {raised[0]!r}" if raised else None
+
+
+class Reaper:
+    """The registry (see the module doc); `REAPER` is this process's, the one the module's functions use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # (reentrant: a signal handler's `reap` may interrupt a `register`)
+        self._entries: dict[int, _Entry] = {}  # by id: the entry holds its object, so the id is not reused
+        self._exiting = False
+        self._closing: list[type | tuple[type, ...]] = []
+
+    def register(self, obj: Any, stop: Callable[[], object], *, bound: float = STOP_SECONDS) -> None:
+        """`stop()` stops `obj` at exit (at most `bound` s); `Exiting` once the exit began (or `obj`'s kind is being
+        reaped), unless `obj` is registered already."""
+        with self._lock:
+            if id(obj) in self._entries:
+                return
+            if self._exiting or any(isinstance(obj, kind) for kind in self._closing):
+                what = "the process is exiting" if self._exiting else "its kind is being stopped"
+                raise Exiting(f"{type(obj).__name__} not started: {what}")
+            self._entries[id(obj)] = _Entry(obj, stop, bound)
+
+    def unregister(self, obj: Any) -> None:
+        """`obj` is stopped: nothing to do for it at exit. (No lock: a dict's pop is atomic, and while `obj` lives its
+        id keys its own entry only.)"""
+        self._entries.pop(id(obj), None)
+
+    @overload
+    def live(self, kind: type[T]) -> list[T]: ...
+    @overload
+    def live(self, kind: tuple[type, ...] | None = None) -> list[Any]: ...
+
+    def live(self, kind: Kind = None) -> list[Any]:
+        """What is registered (of `kind`), oldest first."""
+        with self._lock:
+            objs = [entry.obj for entry in self._entries.values()]
+        if kind is None:
+            return objs
+        return [obj for obj in objs if isinstance(obj, kind)]
+
+    def exiting(self) -> bool:
+        """Whether the exit's `reap()` began (nothing new is registered from then on)."""
+        return self._exiting
+
+    def reap(self, kind: Kind = None) -> list[str]:
+        """Stop what is registered (of `kind`; None: everything, and the exit begins), the last registered first, each
+        bounded; what went wrong, a line each."""
+        with self._lock:
+            if kind is None:
+                self._exiting = True
+            else:
+                self._closing.append(kind)
+            entries = [e for e in self._entries.values() if kind is None or isinstance(e.obj, kind)]
+        try:
+            return [problem for entry in reversed(entries) if (problem := _stop_bounded(entry)) is not None]
+        finally:
+            if kind is not None:
+                with self._lock:
+                    self._closing.remove(kind)
+
+    def _forget(self) -> None:
+        """In a forked child: its parent's entries are not its own (and another thread may have held the lock)."""
+        self._lock = threading.RLock()
+        self._entries = {}
+        self._closing = []
+
+
+REAPER = Reaper()
+
+
+def register(obj: Any, stop: Callable[[], object], *, bound: float = STOP_SECONDS) -> None:
+    """`REAPER.register`: `stop()` stops `obj` at exit; `Exiting` once the exit began."""
+    REAPER.register(obj, stop, bound=bound)
+
+
+def unregister(obj: Any) -> None:
+    """`REAPER.unregister`: `obj` is stopped."""
+    REAPER.unregister(obj)
+
+
+@overload
+def live(kind: type[T]) -> list[T]: ...
+@overload
+def live(kind: tuple[type, ...] | None = None) -> list[Any]: ...
+
+
+def live(kind: Kind = None) -> list[Any]:
+    """`REAPER.live`: what is registered (of `kind`), oldest first."""
+    return REAPER.live(kind)
+
+
+def exiting() -> bool:
+    """`REAPER.exiting`: whether the exit began."""
+    return REAPER.exiting()
+
+
+def reap(kind: Kind = None) -> list[str]:
+    """`REAPER.reap`: stop what is registered (of `kind`; None: the exit), last registered first, each bounded."""
+    return REAPER.reap(kind)
+
+
+def _at_exit() -> None:
+    for problem in REAPER.reap():
+        print(f"shardcheck: at exit, {problem}", file=sys.stderr)
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=lambda: REAPER._forget())
