@@ -31,7 +31,6 @@ import ctypes
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -39,6 +38,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from adapters.process_signals import continue_process, stop_process
 from adapters.spawning import SPAWNER, kill_spawned
 from runtime import reaper
 
@@ -279,17 +279,17 @@ class MooncakeMaster:
 
     # -- what the nemesis strikes with ------------------------------------------------------------------------------
     def pause(self) -> None:
+        """SIGSTOP the master, back once it is stopped (`adapters.process_signals`)."""
         with self._lock:
             if self.running():
-                os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
                 self.paused = True
-                _until_state(self.proc.pid, "T", 1.0)  # type: ignore[union-attr]
+                stop_process(self.proc.pid)  # type: ignore[union-attr]
 
     def resume(self) -> None:
+        """SIGCONT a paused master (a no-op otherwise)."""
         with self._lock:
             if self.running():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+                continue_process(self.proc.pid)  # type: ignore[union-attr]
             self.paused = False
 
     def kill(self, *, keep_data: bool = False) -> None:
@@ -323,18 +323,6 @@ class MooncakeMaster:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
         reaper.unregister(self)
-
-
-def _until_state(pid: int, state: str, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == state:
-                    return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.001)
 
 
 class MasterSet:

@@ -18,6 +18,13 @@ over (`healed_at`), and `heal()` to end it at once. Each returns as soon as the 
 `model.faults` strike through it (`kind.strike(nemesis, fault)`), it records every strike, and `close()` ends them
 all. A paused server is always resumed and a killed one started again or stopped: by its timer, `heal()`, `close()`,
 or `ValkeyServer.stop()` (atexit and the signal hooks of `adapters.valkey_servers` included).
+
+`Nemesis` is also `model.faults.HeldControl`, the held form the serving layers' `fault` steps use (an engine
+deployment's, the vLLM stacks'): `hold(rank, action)` pauses a rank's server until `resume`, kills it until `restart`
+(`model.faults.HELD_ACTIONS`), with the same primitives (`pause()`, `kill()`, `respawn()` of the server's process,
+SIGSTOP through `adapters.process_signals`); `reachable(rank)`, `down`, `resume_all()` (every exit path of their
+owner: a paused server never outlives a case; `close()` too) and `restore_all()` (paused ones resumed, killed ones
+started again: a fresh case).
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ import attrs
 
 from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on, spawn_tied
 from adapters.resp import command as _cmd
+from model.faults import check_held
 
 __all__ = ["Endpoint", "Strike", "pause", "kill_restart", "kill_connections", "debug_sleep", "client_pause",
            "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of", "control_maker"]
@@ -351,10 +359,55 @@ class Nemesis:
         """Every strike as data (times in seconds from this nemesis's start), for a trace."""
         return [s.to_json(self.t0) for s in self.strikes]
 
+    # -- model.faults.HeldControl: the serving layers' held faults -------------------------------------------------
+    def hold(self, rank: int, action: str) -> None:
+        """Hold a fault on rank `rank`'s server until a later action ends it (`model.faults.HELD_MEANINGS`): `pause`
+        (SIGSTOP, back once the server is stopped), `resume`, `kill` (SIGKILL: down, its data gone), `restart`
+        (started again on its port, empty; a running one is killed first). `ValueError` for another action,
+        `NemesisUnavailable` for a server shardcheck did not start."""
+        proc = _process(self.targets[rank], check_held(action))
+        if action == "pause":
+            proc.pause()
+        elif action == "resume":
+            proc.resume()
+        else:
+            proc.kill(keep_data=False)
+            if action == "restart":
+                proc.respawn()  # (False: the server was stopped meanwhile, and stays down: not `reachable`)
+
+    def reachable(self, rank: int) -> bool:
+        """Whether rank `rank`'s server is neither paused nor down (a server known by its address only: always)."""
+        target = self.targets[rank]
+        return not _is_process(target) or (target.running() and not getattr(target, "paused", False))
+
+    @property
+    def down(self) -> frozenset[int]:
+        """The ranks whose server's process is not running (killed and not restarted)."""
+        return frozenset(r for r, t in enumerate(self.targets) if _is_process(t) and not t.running())
+
+    def _processes(self) -> list[Any]:
+        """Every distinct server process of the targets (ranks may share one: a Mooncake master)."""
+        return list({id(t): t for t in self.targets if _is_process(t)}.values())
+
+    def resume_all(self) -> None:
+        """Resume every paused server."""
+        for proc in self._processes():
+            if getattr(proc, "paused", True):
+                proc.resume()
+
+    def restore_all(self) -> None:
+        """Every server back: a paused one resumed, a killed one started again (empty)."""
+        for proc in self._processes():
+            proc.resume()
+            if not proc.running():
+                proc.respawn()
+
     def close(self) -> None:
-        """End every fault now: resume, restart, lift the memory limit."""
+        """End every fault now: resume, restart, lift the memory limit; a held pause is resumed (a held kill stays
+        down: its owner stops the server)."""
         for s in self.strikes:
             s.heal()
+        self.resume_all()
 
     def __enter__(self) -> "Nemesis":
         return self

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from adapters.process_signals import continue_process, stop_process
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 from adapters.spawning import SPAWNER, kill_spawned, spawn_tied  # (spawn_tied re-exported)
 from runtime import reaper
@@ -106,19 +107,6 @@ def _install_cleanup_hooks() -> None:
 
 
 # --------------------------------------------------------------------------- one server
-
-def _until_state(pid: int, state: str, limit: float) -> None:
-    """Wait (at most `limit` s) until process `pid` is in `state` (a /proc/PID/stat state letter)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == state:
-                    return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.001)
-
 
 class ValkeyServer:
     """One valkey-server process on 127.0.0.1:`port`."""
@@ -233,20 +221,19 @@ class ValkeyServer:
 
     # -- what the nemesis strikes with (adapters.nemesis) -------------------------------------------
     def pause(self) -> None:
-        """SIGSTOP the server: it holds its connections and answers nothing until `resume()`."""
+        """SIGSTOP the server, back once it is stopped: it holds its connections and answers nothing until
+        `resume()` (`adapters.process_signals`)."""
         with self._lock:
             if self.running():
-                os.kill(self.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
                 self.paused = True
-                _until_state(self.proc.pid, "T", 1.0)  # type: ignore[union-attr]  (SIGSTOP is delivered async)
+                stop_process(self.proc.pid)  # type: ignore[union-attr]
 
     def resume(self) -> None:
         """SIGCONT a paused server (a no-op otherwise)."""
         with self._lock:
             proc = self.proc
             if proc is not None and proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGCONT)
+                continue_process(proc.pid)
             self.paused = False
 
     @property

@@ -8,7 +8,8 @@ then polling `lookup_cache`), every rank retrieves the planned prefix, and the r
   its KV depends on besides the tokens: the tenant (a `request_configs` tag), the LoRA adapter, an image, and the
   deployment that serves it (each deployment serves one model; every deployment shares the tier).
 - The steps (`STEP_KINDS`): `store`, `evict` (a chunk out of a rank's `local` tier, its `remote` server, or `both`;
-  LocalCPU's LRU evicts a prompt's chunks suffix first, so a local eviction takes every later chunk too), `fault` (a rank's Valkey server: pause, resume, kill, restart),
+  LocalCPU's LRU evicts a prompt's chunks suffix first, so a local eviction takes every later chunk too), `fault`
+  (a rank's Valkey server held paused or down: `model.faults.HELD_ACTIONS`, pause, resume, kill, restart),
   `lookup` (of a request id and a prompt; `wait=False` leaves an async lookup in flight; `scheduled=False`: the
   scheduler could not schedule it, so vLLM asks `lookup_cache` again later), `poll`, `retrieve`, `end`.
 - `EngineCase`: ranks, lookup mode, the models of the deployments, the prompts and the steps; `to_json` /
@@ -23,13 +24,14 @@ from typing import Any
 
 import attrs
 
-__all__ = ["LOOKUP_MODES", "TIERS", "FAULT_ACTIONS", "STEP_KINDS", "MAX_ENGINE_RANKS", "MAX_PROMPT_CHUNKS",
+from model.faults import HELD_ACTIONS
+
+__all__ = ["LOOKUP_MODES", "TIERS", "STEP_KINDS", "MAX_ENGINE_RANKS", "MAX_PROMPT_CHUNKS",
            "MAX_STEPS", "CaseError", "EnginePrompt", "Step", "EngineCase", "prompt_tokens", "kv_identity",
            "case_from_json", "IMAGE_PLACEHOLDER", "json_int", "json_str", "prompt_from_json"]
 
 LOOKUP_MODES = ("sync", "async")
 TIERS = ("local", "remote", "both")
-FAULT_ACTIONS = ("pause", "resume", "kill", "restart")
 STEP_KINDS = ("store", "evict", "fault", "lookup", "poll", "retrieve", "end")
 MAX_ENGINE_RANKS, MAX_PROMPT_CHUNKS, MAX_STEPS, MAX_PROMPTS, MAX_MODELS = 16, 64, 2000, 32, 4
 #: The token id vLLM emits for every image placeholder position (identical for every image).
@@ -261,8 +263,8 @@ def _step(data: Any, where: str) -> Step:
             fields[name] = json_str(data, name, where)
     if kind == "evict" and fields["tier"] not in TIERS:
         raise CaseError(f"{where}.tier", f"expected one of {', '.join(TIERS)}, got {fields['tier']!r}")
-    if kind == "fault" and fields["action"] not in FAULT_ACTIONS:
-        raise CaseError(f"{where}.action", f"expected one of {', '.join(FAULT_ACTIONS)}, got {fields['action']!r}")
+    if kind == "fault" and fields["action"] not in HELD_ACTIONS:
+        raise CaseError(f"{where}.action", f"expected one of {', '.join(HELD_ACTIONS)}, got {fields['action']!r}")
     if kind in ("lookup", "poll", "retrieve", "end") and not fields["request"]:
         raise CaseError(f"{where}.request", "expected a non-empty request id")
     return Step(**fields)

@@ -15,6 +15,12 @@ Real-server kinds (`family="server"`) are records too: a `ServerFault` item says
 engine step) and how long it lasts; the record's `strike(control, fault)` hook makes it happen through a
 `ServerControl` the strategies are handed (`adapters.nemesis.Nemesis`; the model never starts a process), and its
 `loses` says what the key-value register then allows (`model.history.LossyKVModel`).
+
+The serving layers (an engine or a stack case's `fault` step) hold a fault instead: it lasts until a later step ends
+it. Their words are `HELD_ACTIONS` (`HELD_MEANINGS`: what each does), and each is the held form of a real-server
+kind, said by that kind's record (`held`: the action that strikes it, the one that ends it): `pause`/`resume` of
+`server_pause`, `kill`/`restart` of `server_restart_empty`. A deployment's or a stack's `fault(rank, action)` acts
+through a `HeldControl` (`adapters.nemesis.Nemesis` again, over the same servers), or its own gate.
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ from model.fault_items import (STRIKE_POINTS, Eviction, ServerFault, asyncs, com
 
 __all__ = ["Eviction", "FaultPlan", "FaultKind", "FAULT_KINDS", "FAULT_FIELDS", "NEVER", "kind_of",
            "DEFAULT_DELAY", "ServerFault", "ServerControl", "STRIKE_POINTS", "SERVER_KINDS", "SERVER_KIND_NAMES",
-           "FAULT_OP_TIMEOUTS", "server_fault_kinds"]
+           "FAULT_OP_TIMEOUTS", "server_fault_kinds", "HELD_ACTIONS", "HELD_MEANINGS", "HeldControl", "held_kind",
+           "check_held"]
 
 #: The delay enumeration gives a delayed completion: twice the reference protocols' wait timeout (1 s).
 DEFAULT_DELAY = 2.0
@@ -221,8 +228,9 @@ class FaultKind:
     seconds)`: the item, or None when that lateness is not of this kind. Real-server kinds (`family="server"`) add
     `strike(control, fault)` (the hook that makes it happen through a `ServerControl`), `loses` (what the key-value
     register allows afterwards: "nothing", "all" of the rank's keys, "snapshot": back to the state at the strike,
-    "any" key) and
-    `needs_process` (it acts on the server's process: only servers shardcheck started).
+    "any" key),
+    `needs_process` (it acts on the server's process: only servers shardcheck started) and `held`, when the serving
+    layers hold it (`HELD_ACTIONS`): the action that strikes it and the one that ends it.
     """
 
     field: str
@@ -242,6 +250,7 @@ class FaultKind:
     strike: Callable[[Any, Any], None] | None = None
     loses: str = "nothing"
     needs_process: bool = False
+    held: tuple[str, str] | None = None
 
     def when_of(self, item: Any) -> str:
         """Where this item strikes: the kind's `when`, or a real-server fault's own `at`."""
@@ -302,24 +311,54 @@ class ServerControl(typing.Protocol):
     def healed(self, timeout: float) -> float | None: ...
 
 
+#: The held faults of the serving layers (an engine or stack case's `fault` step: JSON words of traces), each with
+#: what it does to the rank's server; which real-server kind each is the held form of is that kind's `held`.
+HELD_MEANINGS = {
+    "pause": "SIGSTOP the server: it holds its connections and answers nothing until `resume`",
+    "resume": "SIGCONT a paused server (nothing otherwise)",
+    "kill": "SIGKILL the server: down, its data gone, until `restart`",
+    "restart": "start the server again on its port, empty (a running one is killed first)",
+}
+HELD_ACTIONS: tuple[str, ...] = tuple(HELD_MEANINGS)
+
+
+def check_held(action: str) -> str:
+    """`action` if it is one of `HELD_ACTIONS`; `ValueError` naming them otherwise."""
+    if action not in HELD_ACTIONS:
+        raise ValueError(f"unknown server fault {action!r} (expected one of {', '.join(HELD_ACTIONS)})")
+    return action
+
+
+class HeldControl(typing.Protocol):
+    """What a serving layer's held faults act through, rank by rank (`adapters.nemesis.Nemesis`): `hold(rank,
+    action)` (one of `HELD_ACTIONS`, in place when it returns), `reachable(rank)` (neither paused nor down),
+    `resume_all()` (every paused server resumed: on every exit path, a paused server never outlives a case)."""
+
+    def hold(self, rank: int, action: str) -> None: ...
+
+    def reachable(self, rank: int) -> bool: ...
+
+    def resume_all(self) -> None: ...
+
+
 def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], None], *, seconds: float,
-                 loses: str = "nothing", needs_process: bool = False) -> FaultKind:
+                 loses: str = "nothing", needs_process: bool = False, held: tuple[str, str] | None = None) -> FaultKind:
     return FaultKind(field=field, when="server", level="nemesis", text=sf_text(what), to_json=sf_json,
                      from_json=sf_from, fits=sf_fits, singles=sf_singles(seconds), draw=lambda rng, n, k: (),
                      smaller=sf_shorter, family="server", strike=strike, loses=loses, needs_process=needs_process,
-                     refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
+                     held=held, refit=lambda f, n, k, how, was: attrs.evolve(f, rank=f.rank % n))
 
 
 _LASTS = FAULT_OP_TIMEOUTS * DEFAULT_OP_TIMEOUT
 #: The real-server kinds, in the order `check --nemesis all` strikes them.
 SERVER_KINDS: tuple[FaultKind, ...] = (
     _server_kind("server_pause", "paused (SIGSTOP, then SIGCONT)", lambda c, f: c.pause(f.rank, f.seconds),
-                 seconds=_LASTS, needs_process=True),
+                 seconds=_LASTS, needs_process=True, held=("pause", "resume")),
     _server_kind("server_kill_connections", "dropped its client connections (CLIENT KILL)",
                  lambda c, f: c.kill_connections(f.rank), seconds=0.0),
     _server_kind("server_restart_empty", "killed and restarted empty on its port",
                  lambda c, f: c.kill_restart(f.rank, keep_data=False, seconds=f.seconds), seconds=0.2, loses="all",
-                 needs_process=True),
+                 needs_process=True, held=("kill", "restart")),
     _server_kind("server_restart_data", "saved, killed and restarted with its snapshot",
                  lambda c, f: c.kill_restart(f.rank, keep_data=True, seconds=f.seconds), seconds=0.2,
                  loses="snapshot", needs_process=True),
@@ -353,6 +392,12 @@ def server_fault_kinds(spec: str) -> tuple[FaultKind, ...]:
             raise ValueError(f"unknown fault kind {name!r} (known: {', '.join(SERVER_KIND_NAMES)}, all, none)")
         out.append(SERVER_KIND_NAMES[name])
     return tuple(dict.fromkeys(out))
+
+
+def held_kind(action: str) -> FaultKind:
+    """The real-server kind whose held form `action` is (`FaultKind.held`); `ValueError` for an unknown action."""
+    check_held(action)
+    return next(k for k in SERVER_KINDS if k.held is not None and action in k.held)
 
 
 def kind_of(field: str) -> FaultKind:

@@ -10,7 +10,7 @@ the rest, saves what is new), and the case says what arrives and what happens to
   left, within the run's bound);
 - `abort` (request);
 - `evict` (a chunk of a prompt out of a rank's `local` tier or off its `remote` server), `fault` (a rank's server:
-  `pause`, `resume`, `kill`, `restart`).
+  a held fault, `model.faults.HELD_ACTIONS`: `pause`, `resume`, `kill`, `restart`).
 
 Prompts are `model.engine_case.EnginePrompt`s (their chunks of the stack's `chunk_size` tokens, a tail, a stem whose
 leading chunks they share, a tenant): one representation of a prompt for every serving layer. Pure data: the stack
@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from model.engine_case import (FAULT_ACTIONS, CaseError, EnginePrompt, json_int, json_str, prompt_from_json,
-                               prompt_tokens)
+from model.engine_case import CaseError, EnginePrompt, json_int, json_str, prompt_from_json, prompt_tokens
+from model.faults import HELD_ACTIONS
 
 __all__ = ["STACK_STEP_KINDS", "STACK_TIERS", "StackStep", "StackCase", "stack_case_from_json", "request_tokens",
            "MAX_STACK_RANKS", "MAX_STACK_STEPS", "MAX_OUTPUT_TOKENS"]
@@ -162,8 +162,8 @@ def _step(data: Any, where: str) -> StackStep:
             fields[name] = json_str(data, name, where)
     if kind == "evict" and fields["tier"] not in STACK_TIERS:
         raise CaseError(f"{where}.tier", f"expected one of {', '.join(STACK_TIERS)}, got {fields['tier']!r}")
-    if kind == "fault" and fields["action"] not in FAULT_ACTIONS:
-        raise CaseError(f"{where}.action", f"expected one of {', '.join(FAULT_ACTIONS)}, got {fields['action']!r}")
+    if kind == "fault" and fields["action"] not in HELD_ACTIONS:
+        raise CaseError(f"{where}.action", f"expected one of {', '.join(HELD_ACTIONS)}, got {fields['action']!r}")
     if kind in ("serve", "submit", "abort") and not fields["request"]:
         raise CaseError(f"{where}.request", "expected a non-empty request id")
     return StackStep(**fields)

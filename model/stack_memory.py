@@ -15,6 +15,7 @@ import hashlib
 from typing import Any, Sequence
 
 from model.contract import StackRequest, StackResult
+from model.faults import check_held
 
 __all__ = ["MemoryStack", "memory_stack"]
 
@@ -131,7 +132,7 @@ class MemoryStack:
         (self.local if tier == "local" else self.remote)[rank].pop(key, None)
 
     def fault(self, rank: int, action: str) -> None:
-        if action == "pause":
+        if check_held(action) == "pause":
             self.paused.add(rank)
         elif action == "resume":
             self.paused.discard(rank)

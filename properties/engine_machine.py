@@ -26,6 +26,7 @@ from checking.serving.engine_run import Bounds, EngineRun, build_deployment
 from checking.serving.engine_search import call_of, engine_finding, leading, measure_rate, shows
 from checking.serving.serving_minimise import minimise_case
 from model.engine_case import EngineCase, EnginePrompt, Step
+from model.faults import HELD_ACTIONS
 from model.finding import Finding
 from model.trace import Trace
 from properties import config
@@ -154,7 +155,7 @@ class EngineMachine(RuleBasedStateMachine):
                          tier=tier))
 
     @precondition(lambda self: self.target is not None and self.target.faults)
-    @rule(rank=st.integers(0, 3), action=st.sampled_from(["pause", "resume", "restart", "kill"]))
+    @rule(rank=st.integers(0, 3), action=st.sampled_from(HELD_ACTIONS))
     def fault(self, rank: int, action: str) -> None:
         """A rank's server paused, resumed, killed (and restarted) or restarted (empty)."""
         assert self.case is not None

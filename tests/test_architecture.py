@@ -16,7 +16,7 @@ import attrs
 import pytest
 
 from checking.api import Coverage, SearchContext, Target, target_kind
-from model.faults import FAULT_FIELDS, FAULT_KINDS, NEVER, Eviction, FaultPlan
+from model.faults import FAULT_FIELDS, FAULT_KINDS, HELD_ACTIONS, NEVER, Eviction, FaultPlan
 from model.finding import Finding
 from model.harness import run_case
 from runtime import registry
@@ -189,6 +189,25 @@ def test_a_plan_built_by_phase_round_trips():
     assert plan.at("during-load") == (Eviction(2, step=3),)
     assert plan.late() == {(0, 0): NEVER, (1, 2): 0.5}
     assert FaultPlan.from_json(plan.to_json()) == plan and plan.size() == 5
+
+
+def held_literals(tree: ast.AST) -> int:
+    """How many literal collections of a module (a tuple, list or set, a dict's keys) hold every held action."""
+    found = 0
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else \
+            node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else ()
+        found += set(HELD_ACTIONS) <= {n.value for n in items if isinstance(n, ast.Constant)}
+    return found
+
+
+def test_the_held_actions_are_written_in_their_record_alone():
+    """ARCHITECTURE.md "a real-server fault kind", its held form: the serving layers' held actions are written down
+    as a vocabulary once, `model/faults.py`'s `HELD_MEANINGS` (each the `held` of a `SERVER_KINDS` record); case
+    validation, the stacks, the deployments and the machines take `HELD_ACTIONS` or `check_held` from there."""
+    found = {path: n for path, tree in SOURCES.items() if (n := held_literals(tree))}
+    assert found == {"model/faults.py": 1}, found
+    assert held_literals(ast.parse('X = ["resume", "pause", "restart", "kill", "x"]\nY = ("pause", "kill")')) == 1
 
 
 #: Where a first-class client's name may be written besides the catalogue and its adapter, and why: the findings

@@ -8,7 +8,8 @@ lookup client (`create_lookup_client`, role `scheduler`) on LMCache's real ZMQ t
 (`LMCacheLookupClient`, REQ/ROUTER) or async (`LMCacheAsyncLookupClient`, PUSH/PULL, prefetch on the ranks).
 Every rank's KV moves through `CPUConnector` (real bytes). It implements `model.contract.EngineDeployment`: the
 calls LMCache offers vLLM (`lookup_cache`, `lookup`, `clear_lookup_status`, `store`, `retrieve`, `lookup_unpin`),
-what the checks observe (`chunk_keys`, `holdings`, `pins`, `facts`) and the faults (`evict`, `fault`).
+what the checks observe (`chunk_keys`, `holdings`, `pins`, `facts`) and the faults (`evict`, `fault`: held on the
+servers it started through `adapters.nemesis.Nemesis.hold`).
 
 The ranks are `adapters.lmcache_engine.rank_side.RankSide`s in this process; `ProcessDeployment`
 (`adapters.lmcache_engine.process_deployment`) runs each in an OS process of its own and keeps the rest here.
@@ -32,10 +33,10 @@ from typing import Any, Sequence
 
 from adapters.lmcache_engine.closing import WAKE_ID, close_all, wake
 from adapters.lmcache_engine.connector import bytes_per_token
-from adapters.lmcache_engine.valkey_faults import ServerFaults
 from adapters.lmcache_engine.rank_side import CHUNK_SIZE, RankSide, engine_config, engine_metadata, quiet_lmcache, \
     request_configs_of, tokens_of
 from adapters.lmcache_engine.zmq_paths import own_context, remove_case_sockets, use_private_rpc_dir
+from adapters.nemesis import Nemesis
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from model.contract import EngineRequest, EngineRetrieve
 
@@ -77,7 +78,7 @@ class LMCacheDeployment:
         self.close_errors: list[str] = []
         self._closed = False
         self.owned: ServerSet | None = None
-        self.faults: ServerFaults | None = None  # servers shardcheck did not start are never paused or killed
+        self.faults: Nemesis | None = None  # servers shardcheck did not start are never paused or killed
         self.engine_ids = [f"sc{uuid.uuid4().hex[:10]}" for _ in self.models]
         self.rank_sides: list[Any] = []
         self.clients: list[Any] = []
@@ -87,7 +88,7 @@ class LMCacheDeployment:
             if urls is None:
                 self.owned = start_servers(n_ranks)
                 self.endpoints = [("127.0.0.1", p) for p in self.owned.ports]
-                self.faults = ServerFaults(self.owned.servers)
+                self.faults = Nemesis(self.owned.servers)  # (its held form: `fault`, `reachable`)
             use_private_rpc_dir()
             quiet_lmcache()
             self.rank_sides = self._rank_sides()
@@ -196,7 +197,7 @@ class LMCacheDeployment:
     def fault(self, rank: int, action: str) -> None:
         if self.faults is None:
             raise ValueError("server faults need servers shardcheck started (no urls option)")
-        self.faults.apply(rank, action)
+        self.faults.hold(rank, action)
 
     def reachable(self, rank: int) -> bool:
         return self.faults is None or self.faults.reachable(rank)

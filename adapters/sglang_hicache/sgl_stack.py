@@ -50,6 +50,7 @@ import attrs
 from adapters.sglang_hicache.sgl_kv import combine, expected, tail_token
 from adapters.spawning import SPAWNER, kill_spawned
 from model.contract import StackRequest, StackResult
+from model.faults import check_held, held_kind
 from runtime import reaper
 
 __all__ = ["HiCacheStack", "RankError", "factory", "CONNECTORS", "OPTIONS"]
@@ -395,10 +396,10 @@ class HiCacheStack:
                 f.unlink()
 
     def fault(self, rank: int, action: str) -> None:
-        if action not in ("pause", "resume", "kill", "restart"):
-            raise ValueError(f"no fault {action!r}")
-        self._call(rank, "fault", action)
-        if action in ("kill", "restart"):
+        """A held fault (`model.faults.HELD_ACTIONS`) on the rank's storage gate: no server process to strike, the
+        rank's HiCache storage answers as a paused (blocks) or down (fails) server would."""
+        self._call(rank, "fault", check_held(action))
+        if held_kind(action).loses == "all":  # (kill, restart: the storage comes back empty)
             self._empty(rank)
         self.state[rank] = {"pause": "paused", "kill": "down"}.get(action, "up")
 

@@ -40,6 +40,7 @@ import time
 from typing import Any, Sequence
 
 from adapters.mooncake_servers import MasterSet, start_masters, unavailable
+from adapters.nemesis import Nemesis
 from adapters.vllm_stack.serving_stack import BLOCK_SIZE, _KV_BYTES_PER_TOKEN, _KV_CACHE_BYTES, MOONCAKE, VllmStack
 
 __all__ = ["MooncakeVllmStack", "LOOKUP_TIMEOUT_MS", "RECOVERY_SECONDS", "STORE_LAG"]
@@ -84,6 +85,7 @@ class MooncakeVllmStack(VllmStack):
         self.lookup_timeout = int(lookup_timeout_ms) / 1000.0
         self.chunk_bytes = BLOCK_SIZE * _KV_BYTES_PER_TOKEN // tp
         self.owned = None
+        self.held = None
         self.masters: MasterSet | None = None
         self.child = None
         self.last_reset: dict = {}
@@ -92,6 +94,7 @@ class MooncakeVllmStack(VllmStack):
         try:
             self.masters = start_masters(1)
             self.master = self.masters.masters[0]
+            self.held = Nemesis([self.master] * n_ranks)  # (every rank's store is on the one master)
             seg = int(segment_mb) << 20
             config = {"metadata_server": "P2PHANDSHAKE", "master_server_address": self.master.address,
                       "protocol": "tcp", "device_name": "", "mode": "embedded", "global_segment_size": seg,
@@ -134,22 +137,8 @@ class MooncakeVllmStack(VllmStack):
         if tier in ("remote", "both") and self.reachable(rank):
             self._call("rank", rank, "evict", key)
 
-    def fault(self, rank: int, action: str) -> None:
-        master = self.master
-        if action == "pause":
-            master.pause()
-        elif action == "resume":
-            master.resume()
-        elif action == "kill":
-            master.kill()
-        elif action == "restart":  # on its port, empty (a master keeps its metadata in memory only)
-            master.kill()
-            master.respawn()
-        else:
-            raise ValueError(f"unknown server fault {action!r} (pause, resume, kill, restart)")
-
-    def reachable(self, rank: int) -> bool:
-        return self.master.running() and not self.master.paused
+    # (`fault`, `reachable` and resuming on close: `VllmStack`'s, held on the master through `held`; a restart comes
+    # back empty: a master keeps its metadata in memory only)
 
     # -- a fresh case, and the end ---------------------------------------------------------------------------------------
     def use_connector(self, name: str) -> None:
@@ -163,17 +152,12 @@ class MooncakeVllmStack(VllmStack):
         """A fresh case: the master resumed (or started again, and the store answering again within
         `_REMOUNT_SECONDS`), every request gone, the save jobs finished (or their block references dropped, as a
         restart would), the master emptied (`remove_all`), the records forgotten."""
-        self.master.resume()
-        if not self.master.running():
-            self.master.respawn()
+        if self.held is not None:
+            self.held.restore_all()
         deadline = time.monotonic() + _REMOUNT_SECONDS
         while self._call("remote", 0, ["shardcheck-probe"]) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         self.last_reset = self._call("reset")
-
-    def _resume_servers(self) -> None:  # (`VllmStack.close`: the master, not Valkey servers)
-        if self.masters is not None:
-            self.master.resume()
 
     def _stop_servers(self) -> None:
         if self.masters is not None:

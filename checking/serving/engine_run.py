@@ -33,6 +33,7 @@ from model.contract import EngineRequest, StoreCallTimeout
 from model.engine_case import EngineCase, EnginePrompt, Step, kv_identity, prompt_tokens
 from model.engine_oracle import Ledger, RankView, check_lookup, check_pins, check_retrieve, kv_bytes, prefix, \
     returns_violation
+from model.faults import held_kind
 from model.outcome import Violation
 from model.timing import HarnessOutcome, SetupTimeout, over_text, overran, rerun_starved, wait_judged
 from runtime import starvation
@@ -212,7 +213,7 @@ class EngineRun:
 
     def _fault(self, step: Step) -> None:
         self._call(f"{step.action} rank {step.rank}'s server", self.bounds.store, self.dep.fault, step.rank, step.action)
-        if step.action in ("kill", "restart"):
+        if held_kind(step.action).loses == "all":  # (kill, restart: the held form of a restart empty)
             self.ledger.server_lost(step.rank)
         self.epoch += 1
         self._event(step)

@@ -1,0 +1,55 @@
+"""The one process-fault primitive: SIGSTOP a process and wait until the kernel has stopped it, SIGCONT it.
+
+SIGSTOP is delivered asynchronously: `kill` returns before the process stops, so a caller that goes on at once (a
+PING that should time out, a client call that should meet a paused server) may still be answered. `stop_process`
+waits, bounded, until the process is in state `T` (/proc/PID/stat); `continue_process` resumes it, a process already
+gone being no error. `ValkeyServer.pause`/`resume`, `MooncakeMaster.pause`/`resume` and so the nemesis (timed and
+held faults alike) all go through here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+__all__ = ["STOP_WAIT", "process_state", "until_state", "stop_process", "continue_process"]
+
+#: How long `stop_process` waits for the stop to land, at most (seconds).
+STOP_WAIT = 1.0
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process `pid` (`R`, `S`, `T` for stopped, `Z`...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def until_state(pid: int, state: str, limit: float) -> bool:
+    """Wait (at most `limit` s) until process `pid` is in `state`; whether it is (False: gone, or not in time)."""
+    deadline = time.monotonic() + limit
+    while True:
+        now = process_state(pid)
+        if now == state:
+            return True
+        if now is None or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+
+
+def stop_process(pid: int, limit: float = STOP_WAIT) -> bool:
+    """SIGSTOP `pid` and wait (at most `limit` s) until it is stopped; whether it is (False: it is gone)."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    return until_state(pid, "T", limit)
+
+
+def continue_process(pid: int) -> None:
+    """SIGCONT `pid` (a process already gone is no error)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
