@@ -270,8 +270,7 @@ class ValkeyServer:
         if proc is not None:
             try:
                 if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(proc.pid, signal.SIGCONT)  # a paused server acts on SIGTERM only once resumed
+                    continue_process(proc.pid)  # a paused server acts on SIGTERM only once resumed
                     with contextlib.suppress(ProcessLookupError):
                         proc.terminate()
                     with contextlib.suppress(subprocess.TimeoutExpired):
