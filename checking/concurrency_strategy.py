@@ -14,6 +14,7 @@ import attrs
 
 from checking.api import SearchContext
 from checking.concurrency import Layout, Measurement, ServerClients, make_layout, measure, thread_safe
+from checking.minimise import ddmin, runs_per_candidate
 from model.contract import declared_paths
 from model.faults import kind_of
 from model.finding import Finding, Rate
@@ -22,12 +23,10 @@ from model.outcome import Violation
 from model.trace import Trace, violations_of
 from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
 
-__all__ = ["MAX_CANDIDATE_RUNS", "minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
+__all__ = ["minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
            "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT", "fresh_target", "needs_shared",
            "targets"]
 
-#: The most runs a minimisation step spends on one candidate.
-MAX_CANDIDATE_RUNS = 20
 #: Seconds one run of a layout may take in `check` (a real client gets longer), and the per-call timeout given to a
 #: client that bounds its own calls.
 CONCURRENT_BOUND = {"in-memory": 1.0, "real": 3.0}
@@ -73,10 +72,10 @@ def _on(store: Any, fresh: Callable[[], Any] | None, layout: Layout, **kw: Any) 
 
 def minimise(store: Any, layout: Layout, want: str, rate: Measurement, *, bound: float,
              should_stop: Callable[[], bool], fresh: Callable[[], list] | None = None) -> Layout:
-    """Fewest threads, then fewest ops, then the shortest values, keeping the `want` violation showing within
-    the runs its recorded rate needs (at most `MAX_CANDIDATE_RUNS` per candidate), each candidate on a fresh
-    store when `fresh` makes them."""
-    runs = min(MAX_CANDIDATE_RUNS, Rate(rate.k, rate.n).runs_to_show())
+    """Fewest threads, then fewest ops (delta debugging, `checking.minimise.ddmin`), then the shortest values,
+    keeping the `want` violation showing within the runs its recorded rate needs (at most
+    `checking.minimise.CANDIDATE_RUNS` per candidate), each candidate on a fresh store when `fresh` makes them."""
+    runs = runs_per_candidate("concurrent", rate.k, rate.n)
 
     def fails(candidate: Layout) -> bool:
         return _on(store, fresh, candidate, runs=runs, bound=bound, want=want, should_stop=should_stop,
@@ -90,18 +89,12 @@ def minimise(store: Any, layout: Layout, want: str, rate: Measurement, *, bound:
             candidate = attrs.evolve(current, threads=current.threads[:t] + current.threads[t + 1:])
             if fails(candidate):
                 current = candidate
-    changed = True
-    while changed and not should_stop():  # fewest ops: single-op removals until none can go
-        changed = False
-        flat = current.to_ops()
-        for j in reversed(range(len(flat))):
-            if should_stop():
-                return current
-            if len(flat) == 1:
-                break
-            candidate = Layout.from_ops(flat[:j] + flat[j + 1:], seed=current.seed)
-            if fails(candidate):
-                current, flat, changed = candidate, candidate.to_ops(), True
+    seed = current.seed
+    ops, _ = ddmin(current.to_ops(), lambda fewer: bool(fewer) and fails(Layout.from_ops(fewer, seed=seed)),
+                   should_stop=should_stop)  # fewest ops
+    current = Layout.from_ops(ops, seed=seed)
+    if should_stop():
+        return current
     pad = max((int(op.get("pad", 0)) for t in current.threads for op in t), default=0)
     while pad > 0 and not should_stop():  # shortest values
         pad //= 2

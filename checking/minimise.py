@@ -1,6 +1,7 @@
-"""The minimisers: `ddmin`, delta debugging over any list of reducible parts (store ops, concurrent ops), and
-`minimise`, which shrinks a protocol `Case` (fewer ranks, chunks and faults, simpler faults, no schedule) while it
-still violates the same property. Pure: runs come in through callables."""
+"""The minimisers: `ddmin`, delta debugging over any list of reducible parts (the store ops, a concurrent layout's
+ops, a serving case's steps), and `minimise`, which shrinks a protocol `Case` (fewer ranks, chunks and faults,
+simpler faults, no schedule) while it still violates the same property; and how many runs a candidate of a racy
+finding gets (`runs_per_candidate`). Pure: runs come in through callables."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -9,13 +10,23 @@ import attrs
 
 from checking.api import Runner
 from model.faults import FAULT_KINDS, REFITS, Eviction, FaultPlan
-from model.finding import Finding
+from model.finding import Finding, Rate
 from model.harness import Case, run_case
 from model.outcome import OtherPrompt
 
-__all__ = ["ddmin", "minimise", "shrinks"]
+__all__ = ["ddmin", "minimise", "shrinks", "CANDIDATE_RUNS", "runs_per_candidate"]
 
 T = TypeVar("T")
+
+#: The most runs one minimising candidate of a racy finding gets, by trace kind: a run of an engine or stack case
+#: starts a deployment or empties a stack (seconds), one of a concurrent layout takes milliseconds.
+CANDIDATE_RUNS = {"concurrent": 20, "engine": 6, "stack": 6}
+
+
+def runs_per_candidate(kind: str, k: int, n: int) -> int:
+    """Runs a minimising candidate of a `kind` finding seen in `k` of `n` runs gets before it is judged not to fail:
+    the runs that rate needs to show at 99% (`model.finding.Rate.runs_to_show`), at most `CANDIDATE_RUNS[kind]`."""
+    return max(1, min(CANDIDATE_RUNS[kind], Rate(k, n).runs_to_show()))
 
 
 def ddmin(parts: Sequence[T], still_fails: Callable[[list[T]], bool], *,

@@ -1,10 +1,14 @@
-"""`checking.minimise.ddmin`: delta debugging of store-op sequences to a 1-minimal one."""
+"""`checking.minimise.ddmin`: delta debugging of store-op sequences to a 1-minimal one; the runs a candidate gets."""
 from __future__ import annotations
 
 from hypothesis import given
 
+import pytest
+
+from checking.minimise import CANDIDATE_RUNS, runs_per_candidate
 from checking.minimise import ddmin as minimise_ops
 from checking.storeops import run_ops
+from model.finding import Rate
 from properties.strategies import needed_ops
 
 
@@ -50,6 +54,15 @@ def test_minimise_returns_a_sequence_that_fails_only_as_it_is():
     """When every removal loses the failure, the sequence comes back unchanged and 1-minimal."""
     ops, minimal = minimise_ops(_ops(3), lambda shorter: len(shorter) == 3)
     assert [o["key"] for o in ops] == ["k0", "k1", "k2"] and minimal
+
+
+@pytest.mark.parametrize("kind", sorted(CANDIDATE_RUNS))
+def test_a_candidate_gets_the_runs_its_rate_needs_up_to_its_layers_cap(kind):
+    """A frequent finding's candidate gets the few runs its rate needs to show; a rare one's, its layer's cap."""
+    assert runs_per_candidate(kind, 50, 50) == Rate(50, 50).runs_to_show() < CANDIDATE_RUNS[kind]
+    assert runs_per_candidate(kind, 1, 50) == CANDIDATE_RUNS[kind] < Rate(1, 50).runs_to_show()
+    with pytest.raises(KeyError):
+        runs_per_candidate("protocol", 1, 2)  # (a deterministic layer's candidate runs once: it has no cap)
 
 
 def test_run_ops_tells_a_wrong_key_from_a_stale_value():

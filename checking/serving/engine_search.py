@@ -10,7 +10,7 @@ one `model.finding.Finding` (its case, first failing outcome, rate and trace, wr
 the search goes on for the properties not found yet (one finding per property), so one run reports every distinct bug.
 
 Findings are judged by their rate (`model.finding.Rate`): a minimisation candidate of a racy finding gets the runs
-its rate needs to show at 99% (at most `MAX_CANDIDATE_RUNS`); a replay (`checking.replay.judge`, the `engine`
+its rate needs to show at 99% (at most `checking.minimise.CANDIDATE_RUNS`); a replay (`checking.replay.judge`, the `engine`
 session `engine_session`) runs a trace's case on fresh deployments until its property shows (`reproduces`) or
 until the clean runs its recorded rate asks for (`fixed`).
 
@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 import attrs
 
 from checking.api import SearchContext
+from checking.minimise import runs_per_candidate
 from checking.serving.engine_cases import FIRST_CASES, enumeration, random_case
 from checking.serving.engine_run import Bounds, EngineOutcome, run_engine_case
 from checking.serving.serving_minimise import minimise_case
@@ -41,11 +42,7 @@ from model.trace import Trace, encode, subject_key
 
 __all__ = ["CaseSource", "TraceSubject", "deployment_source", "finding_key", "call_of", "shows", "leading",
            "EngineStats", "ServingTarget", "EngineTarget", "EngineCases", "engine_target", "engine_search",
-           "facts_of", "facts_note",
-           "measure_rate", "engine_finding", "engine_session", "MAX_CANDIDATE_RUNS"]
-
-#: The most runs one minimisation candidate of a racy finding gets.
-MAX_CANDIDATE_RUNS = 6
+           "facts_of", "facts_note", "measure_rate", "engine_finding", "engine_session"]
 
 Make = Callable[[EngineCase], Any]
 
@@ -62,6 +59,11 @@ class TraceSubject:
     runner: str = "in-process"
     connector: str | None = None
     expect: dict | None = None
+
+    @property
+    def kind(self) -> str:
+        """The trace kind of its findings: `stack` for a stack's (a connector named), `engine` otherwise."""
+        return "engine" if self.connector is None else "stack"
 
 
 @attrs.define
@@ -228,7 +230,7 @@ def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, p
     t0 = time.monotonic()
     stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
     again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
-    runs = min(MAX_CANDIDATE_RUNS, Rate(1 + again, 3).runs_to_show())
+    runs = runs_per_candidate(source.subject.kind, 1 + again, 3)
     small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
                           ranks=source.shrink_ranks)
     left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
@@ -280,7 +282,7 @@ def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: Eng
     how = f"{case.lookup} lookup" if subject.connector is None else f"connector {subject.connector}"
     summary = f"{violations[0].summary} -- {case.n_ranks} rank(s), {how}, {len(case.steps)} steps; in {rated}"
     stack = {} if subject.connector is None else {"connector": subject.connector}
-    trace = Trace.of("engine" if subject.connector is None else "stack", violations, summary=summary, client="-",
+    trace = Trace.of(subject.kind, violations, summary=summary, client="-",
                      config={"engine": subject.engine, **stack, "case": case.to_json(),
                              "options": dict(subject.options), "patches": list(subject.patches),
                              "runner": subject.runner},
