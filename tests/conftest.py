@@ -1,9 +1,12 @@
 """What the tests share: the repository root, the command line in a subprocess (`run_cli`), the real Valkey
 server fixtures (`shardcheck_servers`, `shardcheck_server_factory`), and the `--runner sim|processes` option with
-its `shardcheck_run` fixture (`adapters.pytest_runner`)."""
+its `shardcheck_run` fixture (`adapters.pytest_runner`). A run started where Ctrl-C and hang-ups are ignored (in the
+background of a shell without job control, or under nohup) gets them back: the tests that send SIGINT or SIGHUP to a
+child they start would otherwise see it ignore them (a child inherits an ignored signal)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +15,11 @@ from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_serve
 from adapters.pytest_runner import pytest_addoption, shardcheck_run  # noqa: F401  (option and fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env_extra: list[str] | None = None, timeout: float = 120,
