@@ -376,10 +376,12 @@ def shared_net(timeout: float = READY_TIMEOUT) -> MooncakeNet:
 def shutdown() -> None:
     """Stop every master and the namespace (what `atexit` does); a later master set makes a new namespace, which
     this process's Mooncake clients cannot reach (see `shared_net`): for the end of a run or a test module. None
-    starts while it runs."""
-    reaper.reap((MooncakeNet, MooncakeMaster))  # (the masters first: the last registered are stopped first)
+    starts while it runs; a RuntimeError names what did not stop."""
+    problems = reaper.reap((MooncakeNet, MooncakeMaster))  # (the masters first: the last registered stop first)
     with _NET_LOCK:
         _NET.clear()
+    if problems:  # (what did not stop stays registered: the exit tries it again)
+        raise RuntimeError("Mooncake shutdown: " + "; ".join(problems))
 
 
 def start_masters(n: int, *, lease_ttl_ms: int | None = None, timeout: float = READY_TIMEOUT) -> MasterSet:

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -85,7 +86,10 @@ def server_on(port: int) -> "ValkeyServer | None":
 
 
 def _on_fatal_signal(signum: int, frame: object) -> None:
-    reaper.reap()  # the exit's: every server (and all else registered) stopped, and none starts from now on
+    # the exit's: every server (and all else registered) stopped, and none starts from now on; on this thread, which
+    # may hold a server's lock (a respawn's wait, a pause)
+    for problem in reaper.reap(inline=True):
+        print(f"shardcheck: at signal {signum}, {problem}", file=sys.stderr)
     previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)  # type: ignore[operator]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import multiprocessing
 import os
 import signal
@@ -35,13 +34,6 @@ START_SECONDS = 180.0
 RUN_SECONDS = 300.0
 #: Seconds it may take to close its last deployment and exit once asked to stop.
 STOP_SECONDS = 30.0
-
-
-def _kill(proc: Any) -> None:
-    if proc.is_alive():
-        proc.kill()
-    proc.join(5.0)
-    reaper.unregister(proc)
 
 
 def arm_spec(target: Any) -> dict:
@@ -65,16 +57,12 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
     proc = ctx.Process(target=_serve, args=(child, trace.to_json(), spec, error), name="shardcheck-replay-arm",
                        daemon=False)  # (not a daemon: its deployment may start rank processes of its own)
     proc.start()
-    try:
-        reaper.register(proc, functools.partial(_kill, proc))
-    except reaper.Exiting:
-        _kill(proc)
-        raise
+    reaper.own_process(proc)
     child.close()
 
     def answer(seconds: float, doing: str) -> Any:
         if not conn.poll(seconds):
-            _kill(proc)
+            reaper.kill_process(proc)
             raise error(f"the process replaying on {what} did not {doing} within {seconds:g} s (killed)")
         try:
             return conn.recv()
@@ -102,7 +90,7 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
         with contextlib.suppress(OSError, ValueError, BrokenPipeError):
             conn.send("stop")
         proc.join(STOP_SECONDS)
-        _kill(proc)
+        reaper.kill_process(proc)
         conn.close()
 
 

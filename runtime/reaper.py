@@ -11,12 +11,15 @@ what shardcheck spawns is tied to this process anyway), an exception in one neve
 stopped; it answers what went wrong, a line each. A stop that failed leaves its object registered.
 
 - `reap()`, every kind, is the exit: this module's `atexit` hook (which writes what went wrong to stderr), and a fatal
-  signal's (`adapters.valkey_servers`). From its start `exiting()` is true and `register` refuses anything new
+  signal's (`adapters.valkey_servers`: `inline`, each stop on the interrupted thread itself, which may hold a lock the
+  stop takes). From its start `exiting()` is true and `register` refuses anything new
   (`Exiting`, a RuntimeError): a daemon thread still starting a server would leave it behind. What is registered
   already may register again (a no-op): a server respawned while the exit stops the others is still stopped.
 - `reap(kind)` stops that kind only (`adapters.mooncake_servers.shutdown()`), refusing it while it runs.
 
 `unregister` takes no lock, so a stop run from a signal handler that interrupted this module never waits for it.
+A second Ctrl-C while the exit stops things does not skip the rest: each is still stopped, and the interrupt raised
+after. `own_process(proc)` and `kill_process(proc)` do this for a started `multiprocessing.Process`.
 A forked child owns nothing of its parent's: the registry is emptied in it.
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Callable, TypeVar, Union, overload
 
 import attrs
 
-__all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "exiting", "live", "reap", "register", "unregister"]
+__all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "exiting", "live", "reap", "register", "unregister",
+           "own_process", "kill_process"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
 STOP_SECONDS = 10.0
@@ -58,8 +62,9 @@ def _describe(obj: Any) -> str:
     return type(obj).__name__ + (f" (pid {pid})" if isinstance(pid, int) else "")
 
 
-def _stop_bounded(entry: _Entry) -> str | None:
-    """`entry.stop()` on a daemon thread, waited for at most `entry.bound` s; what went wrong, or None."""
+def _stop_bounded(entry: _Entry, inline: bool = False) -> str | None:
+    """`entry.stop()` on a daemon thread, waited for at most `entry.bound` s (`inline`: on this thread, its own calls
+    bounded); what went wrong, or None."""
     raised: list[BaseException] = []
 
     def run() -> None:
@@ -68,6 +73,12 @@ def _stop_bounded(entry: _Entry) -> str | None:
         except BaseException as exc:  # (reported: one stop's failure never keeps the others from running)
             raised.append(exc)
 
+    if inline:  # (a KeyboardInterrupt is the caller's: `Reaper.reap` stops the rest, then raises it)
+        try:
+            entry.stop()
+        except Exception as exc:
+            return f"stopping {_describe(entry.obj)} raised {exc!r}"
+        return None
     thread = threading.Thread(target=run, name="shardcheck-reaper", daemon=True)
     try:
         thread.start()
@@ -113,7 +124,7 @@ class Reaper:
     def live(self, kind: Kind = None) -> list[Any]:
         """What is registered (of `kind`), oldest first."""
         with self._lock:
-            objs = [entry.obj for entry in self._entries.values()]
+            objs = [entry.obj for entry in list(self._entries.values())]  # (a copy: `unregister` takes no lock)
         if kind is None:
             return objs
         return [obj for obj in objs if isinstance(obj, kind)]
@@ -122,17 +133,29 @@ class Reaper:
         """Whether the exit's `reap()` began (nothing new is registered from then on)."""
         return self._exiting
 
-    def reap(self, kind: Kind = None) -> list[str]:
+    def reap(self, kind: Kind = None, *, inline: bool = False) -> list[str]:
         """Stop what is registered (of `kind`; None: everything, and the exit begins), the last registered first, each
-        bounded; what went wrong, a line each."""
+        bounded (`inline`: each on this thread); what went wrong, a line each. A KeyboardInterrupt during one stop
+        is raised once every other was stopped."""
         with self._lock:
             if kind is None:
                 self._exiting = True
             else:
                 self._closing.append(kind)
-            entries = [e for e in self._entries.values() if kind is None or isinstance(e.obj, kind)]
+            entries = [e for e in list(self._entries.values()) if kind is None or isinstance(e.obj, kind)]
+        problems: list[str] = []
+        interrupted: KeyboardInterrupt | None = None
         try:
-            return [problem for entry in reversed(entries) if (problem := _stop_bounded(entry)) is not None]
+            for entry in reversed(entries):
+                try:
+                    problem = _stop_bounded(entry, inline)
+                except KeyboardInterrupt as exc:  # (a second Ctrl-C at exit: the rest are still stopped)
+                    interrupted, problem = exc, f"stopping {_describe(entry.obj)} was interrupted"
+                if problem is not None:
+                    problems.append(problem)
+            if interrupted is not None:
+                raise interrupted
+            return problems
         finally:
             if kind is not None:
                 with self._lock:
@@ -174,9 +197,27 @@ def exiting() -> bool:
     return REAPER.exiting()
 
 
-def reap(kind: Kind = None) -> list[str]:
+def reap(kind: Kind = None, *, inline: bool = False) -> list[str]:
     """`REAPER.reap`: stop what is registered (of `kind`; None: the exit), last registered first, each bounded."""
-    return REAPER.reap(kind)
+    return REAPER.reap(kind, inline=inline)
+
+
+def kill_process(proc: Any, wait: float = 5.0) -> None:
+    """Kill a started `multiprocessing.Process` (if it still runs), join it (at most `wait` s), unregister it."""
+    if proc.is_alive():
+        proc.kill()
+    proc.join(wait)
+    unregister(proc)
+
+
+def own_process(proc: Any) -> None:
+    """Register a started `multiprocessing.Process` to be killed at exit (`kill_process`); once the exit began, it is
+    killed at once and `Exiting` raised."""
+    try:
+        register(proc, lambda: kill_process(proc))
+    except Exiting:
+        kill_process(proc)
+        raise
 
 
 def _at_exit() -> None:

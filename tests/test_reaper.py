@@ -221,3 +221,56 @@ def test_a_registered_process_is_gone_once_the_interpreter_exits(how: str):
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("shardcheck: at exit")]
     assert lines == ["shardcheck: at exit, stopping ValueError raised ZeroDivisionError('division by zero')",
                      "shardcheck: at exit, stopping object did not end within 0.5 s (left behind)"], done.stderr
+
+
+def test_an_interrupted_stop_does_not_skip_the_others():
+    """A Ctrl-C during one stop at exit: every other is still stopped, then the interrupt is raised."""
+    r, log = Reaper(), []
+    first, last = Server(r, "first", log), Server(r, "last", log)
+    r.register(first, first.stop)
+    middle = object()
+
+    def interrupted() -> None:
+        log.append("middle")
+        raise KeyboardInterrupt
+
+    r.register(middle, interrupted)
+    r.register(last, last.stop)
+    with pytest.raises(KeyboardInterrupt):
+        r.reap(inline=True)
+    assert log == ["last", "middle", "first"] and r.live() == [middle]
+
+
+def test_an_inline_reap_stops_on_this_thread_what_waits_for_a_lock_it_holds():
+    """A fatal signal's reap runs each stop on the interrupted thread: a stop that takes a lock the interrupted code
+    holds (a server's, in a respawn's wait) re-enters it instead of waiting for it out of bound."""
+    r, log = Reaper(), []
+    lock = threading.RLock()
+
+    class Held(Server):
+        def stop(self) -> None:
+            with lock:
+                super().stop()
+
+    held = Held(r, "held", log)
+    r.register(held, held.stop, bound=0.2)
+    with lock:  # (what the interrupted thread held)
+        assert r.reap(inline=True) == []
+    assert log == ["held"] and r.live() == []
+
+
+def test_own_process_kills_it_at_exit_and_refuses_it_once_the_exit_began(monkeypatch):
+    import multiprocessing
+    r = Reaper()
+    monkeypatch.setattr(reaper, "REAPER", r)
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+    proc.start()
+    reaper.own_process(proc)
+    assert r.live() == [proc]
+    assert r.reap() == [] and not proc.is_alive() and r.live() == []
+    late = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+    late.start()
+    with pytest.raises(Exiting):
+        reaper.own_process(late)
+    assert not late.is_alive()

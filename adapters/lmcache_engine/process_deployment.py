@@ -11,7 +11,6 @@ none starts once the exit began).
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import multiprocessing
 import signal
@@ -37,13 +36,6 @@ def _context() -> Any:
     return _CTX
 
 
-def _kill(proc: Any) -> None:
-    if proc.is_alive():
-        proc.kill()
-    proc.join(5.0)
-    reaper.unregister(proc)
-
-
 class RankProxy:
     """`RankSide`'s calls on a rank process (see the module docstring)."""
 
@@ -56,11 +48,7 @@ class RankProxy:
         self.proc = ctx.Process(target=rank_process_main.main, args=(child, spec), name=f"shardcheck-rank-{rank}",
                                 daemon=True)
         self.proc.start()
-        try:
-            reaper.register(self.proc, functools.partial(_kill, self.proc))
-        except reaper.Exiting:
-            _kill(self.proc)
-            raise
+        reaper.own_process(self.proc)
         child.close()
         self.lock = threading.Lock()
         self.ids = itertools.count()
@@ -128,4 +116,4 @@ class ProcessDeployment(LMCacheDeployment):
     def _after_close(self) -> None:
         for side in list(getattr(self, "_sides_so_far", [])) + list(self.rank_sides):
             if isinstance(side, RankProxy):
-                _kill(side.proc)
+                reaper.kill_process(side.proc)

@@ -158,7 +158,7 @@ class HiCacheStack:
         self.start_timeout, self.host_tokens, self.backup_wait = start_timeout, host_tokens, backup_wait
         self.patches = tuple(patches)
         self.links: list[_Link] = []
-        reaper.register(self, self._kill_all)  # (its rank processes killed at exit; none starts once it began)
+        reaper.register(self, self._at_exit)  # (its rank processes killed at exit; none starts once it began)
         self.tmp = Path(tempfile.mkdtemp(prefix="shardcheck-sglang-"))
         self.state = ["up"] * n_ranks
         self.waiting: list[_Req] = []
@@ -254,6 +254,16 @@ class HiCacheStack:
     def _call(self, rank: int, name: str, *args: Any, **kwargs: Any) -> Any:
         ln = self.links[rank]
         return ln.recv(ln.send(name, args, kwargs), name, time.monotonic() + self.call_timeout)
+
+    def _at_exit(self) -> None:
+        """The exit's stop (`runtime.reaper`): every rank process killed, the run dir removed; what did not end
+        raised, for the exit to report."""
+        problems = self._kill_all()
+        tmp = getattr(self, "tmp", None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if problems:
+            raise RuntimeError("; ".join(problems))
 
     def _kill_all(self) -> list[str]:
         problems = []
