@@ -1,8 +1,7 @@
 """What the tests share: the repository root, the command line in a subprocess (`run_cli`), the real Valkey
 server fixtures (`shardcheck_servers`, `shardcheck_server_factory`), and the `--runner sim|processes` option with
-its `shardcheck_run` fixture (`adapters.pytest_runner`). A run started where Ctrl-C and hang-ups are ignored (in the
-background of a shell without job control, or under nohup) gets them back: the tests that send SIGINT or SIGHUP to a
-child they start would otherwise see it ignore them (a child inherits an ignored signal)."""
+its `shardcheck_run` fixture (`adapters.pytest_runner`), and `default_signals` for the children a test sends Ctrl-C or
+a hang-up to."""
 from __future__ import annotations
 
 import os
@@ -16,9 +15,12 @@ from adapters.pytest_runner import pytest_addoption, shardcheck_run  # noqa: F40
 
 ROOT = Path(__file__).resolve().parents[1]
 
-if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+
+def default_signals() -> None:
+    """`preexec_fn` of a child a test sends SIGINT or SIGHUP to: their default actions, whatever the test run
+    inherited (started in the background of a shell without job control, or under nohup, it ignores both, and so
+    would the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 

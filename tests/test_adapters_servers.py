@@ -24,6 +24,7 @@ from adapters.valkey_servers import (
     valkey_servers,
 )
 from runtime import reaper
+from tests.conftest import default_signals
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def test_no_orphan_servers_when_the_owner_dies(mode: str, tmp_path):
     test's: a SIGKILLed owner cannot remove its servers' directories.)"""
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), mode=mode)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "TMPDIR": str(tmp_path)})
+                             env={**os.environ, "TMPDIR": str(tmp_path)}, preexec_fn=default_signals)
     try:
         line = child.stdout.readline()
         assert line, child.stderr.read()

@@ -88,9 +88,9 @@ def test_a_strategy_is_its_module_and_one_catalogue_entry(monkeypatch, tmp_path)
     saves its finding."""
     from shardcheck.check_cmd import run_check
     module = types.ModuleType("toy_strategy_module")
-    module.ToyEngine = _ToyStrategy
+    module.ToyStrategy = _ToyStrategy
     monkeypatch.setitem(sys.modules, "toy_strategy_module", module)
-    monkeypatch.setitem(STRATEGIES, "toy", "toy_strategy_module:ToyEngine")
+    monkeypatch.setitem(STRATEGIES, "toy", "toy_strategy_module:ToyStrategy")
     monkeypatch.setitem(CHECK_SCHEDULE, "in-memory", (("toy", "rest"),))
     result = run_check(None, None, budget=2.0, out_dir=str(tmp_path))
     assert result["verdict"] == "violated" and result["stats"]["counterexample"]["strategy"] == "toy"

@@ -40,12 +40,12 @@ def clock(monkeypatch):
     return c
 
 
-#: What each fake engine saw and did: (name, phase_end - now at its start, deadline, when it returned).
+#: What each fake strategy saw and did: (name, phase_end - now at its start, deadline, when it returned).
 SEEN: list[tuple[str, float, float, float]] = []
 
 
 def _engine(name: str, unit: float, *, units: int | None = None, finds: bool = False) -> type:
-    """A fake engine: units of work of `unit` seconds until its phase says stop (or `units` of them, ignoring the
+    """A fake strategy: units of work of `unit` seconds until its phase says stop (or `units` of them, ignoring the
     stop: a phase with no share runs to its end); `finds`: a finding when it stops."""
     def search(self, ctx):
         start = CLOCK[0].monotonic()
@@ -68,13 +68,13 @@ CLOCK: list[Clock] = []
 
 @pytest.fixture
 def fake_schedule(monkeypatch, clock):
-    """A real-client schedule of fake engines: `setup` (no share, 3 s), `a` (share 0.5, 1 s units), `b` (the rest,
+    """A real-client schedule of fake strategies: `setup` (no share, 3 s), `a` (share 0.5, 1 s units), `b` (the rest,
     3 s units)."""
     SEEN.clear()
     CLOCK[:] = [clock]
-    module = types.ModuleType("fake_engines")
+    module = types.ModuleType("fake_strategies")
     module.Setup, module.A, module.B = _engine("setup", 3.0, units=1), _engine("a", 1.0), _engine("b", 3.0)
-    monkeypatch.setitem(sys.modules, "fake_engines", module)
+    monkeypatch.setitem(sys.modules, "fake_strategies", module)
     monkeypatch.setitem(CHECK_SCHEDULE, "real", (("setup", None), ("a", 0.5), ("b", "rest")))
     return module
 
@@ -84,8 +84,8 @@ def _target() -> Target:
                   client=resolve_client("properties.bad_stores:jitter_factory", CLIENTS))
 
 
-#: The table of strategies the check is handed: the fake engines.
-FAKE_STRATEGIES = {name: f"fake_engines:{attr}" for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B"))}
+#: The table of strategies the check is handed: the fake strategies.
+FAKE_STRATEGIES = {name: f"fake_strategies:{attr}" for name, attr in (("setup", "Setup"), ("a", "A"), ("b", "B"))}
 
 
 def _run(clock: Clock, budget: float, started: float) -> check.CheckResult:

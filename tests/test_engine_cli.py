@@ -7,7 +7,7 @@ import pytest
 from checking.layers import ReplayOn
 from checking.replay import ENGINE_MAX_RUNS, clean_runs
 from model.trace import Trace
-from tests.conftest import run_cli
+from tests.conftest import default_signals, run_cli
 
 
 @pytest.mark.parametrize("args, says", [
@@ -105,7 +105,7 @@ def test_ctrl_c_during_check_engine_leaves_nothing_behind(tmp_path, runner, pres
             "--out", str(tmp_path / "found")] + (["--runner", "processes"] if runner == "processes" else [])
     p = subprocess.Popen(args, cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "TMPDIR": str(tmp), "SHARDCHECK_ENGINE_TRACE": "1"},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=default_signals)
     try:
         said = []
         for line in p.stderr:  # the first case ran: servers, engines and sockets exist

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardcheck.cli import main
+from tests.conftest import default_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +114,8 @@ def test_ctrl_c_leaves_no_process_behind():
     """SIGINT during a 2-worker run ends the command (exit 130) and every worker process it started."""
     proc = subprocess.Popen([sys.executable, "-m", "shardcheck", "explore", "--protocol", "paper", "--ranks", "8",
                              "--chunks", "16", "--workers", "2"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=default_signals)
     try:
         workers: set[int] = set()
         deadline = time.monotonic() + 60

@@ -20,6 +20,7 @@ from adapters.valkey_servers import ping, valkey_servers
 from checking.nemesis_strategy import run_nemesis_scenarios
 from model.faults import SERVER_KIND_NAMES, SERVER_KINDS
 from runtime.registry import resolve_client
+from tests.conftest import default_signals
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +130,7 @@ def test_nothing_is_left_paused_or_running(mode: str):
     """A process in the middle of a nemesis step (one server paused, one down for a restart) that fails, times out
     or gets Ctrl-C leaves no server behind: the paused one was resumed and stopped, the other never comes back."""
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), mode=mode)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         line = child.stdout.readline()
         assert line, child.stderr.read()

@@ -13,6 +13,7 @@ from model.outcome import Case
 from model.protocols import REFERENCE_PROTOCOLS, PaperProtocol
 from model.trace import Trace
 from model.variants import EarlyExitOnMiss, SkipEmptyGather
+from tests.conftest import default_signals
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +156,7 @@ def test_ctrl_c_leaves_no_rank_process_behind():
     root = Path(__file__).resolve().parents[1]
     p = subprocess.Popen([sys.executable, "-m", "shardcheck", "check", "--runner", "processes", "--budget", "60"],
                          cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         text=True, preexec_fn=default_signals)
     try:
         for line in p.stderr:  # the first progress line: rank processes have been running for a while
             if "cases" in line:

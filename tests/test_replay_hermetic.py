@@ -23,6 +23,7 @@ from model.engine_case import case_from_json
 from runtime.registry import ResolveError
 from runtime.serving import apply_engine_patches
 from shardcheck.replay_cmd import run_replay
+from tests.conftest import default_signals
 from tests.engine_forks import FORK_ANSWERS, fork_async_client, max_answer_loop
 
 pytestmark = pytest.mark.real
@@ -119,7 +120,7 @@ def test_ctrl_c_during_a_replay_with_a_patched_arm_leaves_nothing_behind(tmp_pat
     p = subprocess.Popen([sys.executable, "-m", "shardcheck", "replay", path, "--engine", "lmcache-patched"],
                          cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "TMPDIR": str(tmp)},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=default_signals)
 
     def group() -> list[str]:
         """The command lines of the replay's process group."""
