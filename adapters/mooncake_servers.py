@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from adapters.process_signals import continue_process, stop_process
+from adapters.process_signals import continue_process, pause_process
 from adapters.spawning import SPAWNER, kill_spawned
 from runtime import reaper
 
@@ -282,8 +282,12 @@ class MooncakeMaster:
         """SIGSTOP the master, back once it is stopped (`adapters.process_signals`)."""
         with self._lock:
             if self.running():
-                self.paused = True
-                stop_process(self.proc.pid)  # type: ignore[union-attr]
+                self.paused = True  # (first: a SIGSTOP that lands late is still resumed by `stop`)
+                try:
+                    pause_process(self.proc.pid, "a Mooncake master")  # type: ignore[union-attr]
+                except BaseException:  # (not paused: `pause_process` resumed it)
+                    self.paused = False
+                    raise
 
     def resume(self) -> None:
         """SIGCONT a paused master (a no-op otherwise)."""

@@ -2,8 +2,9 @@
 
 SIGSTOP is delivered asynchronously: `kill` returns before the process stops, so a caller that goes on at once (a
 PING that should time out, a client call that should meet a paused server) may still be answered. `stop_process`
-waits, bounded, until the process is in state `T` (/proc/PID/stat); `continue_process` resumes it, a process already
-gone being no error. `ValkeyServer.pause`/`resume`, `MooncakeMaster.pause`/`resume` and so the nemesis (timed and
+waits, bounded, until the process is in state `T` (/proc/PID/stat), and `pause_process` (a fault's) says when it was
+not: `HarnessStarved`, the fault not struck, never judged as the subject's; `continue_process` resumes it, a process
+already gone being no error. `ValkeyServer.pause`/`resume`, `MooncakeMaster.pause`/`resume` and so the nemesis (timed and
 held faults alike) all go through here; a timed pause is also ended by a small process of its own that sends SIGCONT
 (`adapters.nemesis.pause`: a client holding the GIL while it waits on the paused server would starve a thread).
 """
@@ -14,7 +15,9 @@ import os
 import signal
 import time
 
-__all__ = ["STOP_WAIT", "process_state", "until_state", "stop_process", "continue_process"]
+from model.timing import HarnessStarved
+
+__all__ = ["STOP_WAIT", "process_state", "until_state", "stop_process", "continue_process", "pause_process"]
 
 #: How long `stop_process` waits for the stop to land, at most (seconds).
 STOP_WAIT = 1.0
@@ -48,6 +51,15 @@ def stop_process(pid: int, limit: float = STOP_WAIT) -> bool:
     except ProcessLookupError:
         return False
     return until_state(pid, "T", limit)
+
+
+def pause_process(pid: int, what: str, limit: float = STOP_WAIT) -> None:
+    """`stop_process`, for a fault: a process still running but not stopped within `limit` s is resumed and the
+    machine's doing (`model.timing.HarnessStarved`: the fault did not strike, so nothing about the subject may be
+    judged); one that is gone is left to its owner (it died: what follows meets a dead process)."""
+    if not stop_process(pid, limit) and process_state(pid) not in (None, "Z"):
+        continue_process(pid)  # (left as found: a SIGSTOP that lands late is ended)
+        raise HarnessStarved(f"{what} (pid {pid}) was not stopped within {limit:g} s of its SIGSTOP")
 
 
 def continue_process(pid: int) -> None:

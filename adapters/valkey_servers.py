@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from adapters.process_signals import continue_process, stop_process
+from adapters.process_signals import continue_process, pause_process
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 from adapters.spawning import SPAWNER, kill_spawned, spawn_tied  # (spawn_tied re-exported)
 from runtime import reaper
@@ -229,8 +229,12 @@ class ValkeyServer:
         `resume()` (`adapters.process_signals`)."""
         with self._lock:
             if self.running():
-                self.paused = True
-                stop_process(self.proc.pid)  # type: ignore[union-attr]
+                self.paused = True  # (first: a SIGSTOP that lands late is still resumed by `stop`)
+                try:
+                    pause_process(self.proc.pid, f"valkey-server on {HOST}:{self.port}")  # type: ignore[union-attr]
+                except BaseException:  # (not paused: `pause_process` resumed it)
+                    self.paused = False
+                    raise
 
     def resume(self) -> None:
         """SIGCONT a paused server (a no-op otherwise)."""

@@ -36,7 +36,7 @@ from model.contract import StoreCallTimeout
 from model.outcome import Violation
 from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
 from model.recovery import default_recovery_seconds, probe
-from model.timing import allowance, over_text, overran, stolen
+from model.timing import HarnessOutcome, allowance, over_text, overran, stolen
 
 __all__ = ["Layout", "Run", "Measurement", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
            "thread_safe"]
@@ -197,6 +197,7 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
     deadline = [0.0]
     due = {f.step: (kind, f) for kind, f in strikes}
     struck: list[dict] = []
+    harness: list[HarnessOutcome] = []  # (a fault the machine kept from striking: the run judges nothing)
 
     def strike(op_id: int) -> None:
         kind, f = due.pop(op_id)
@@ -233,7 +234,11 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
             if clock() > deadline[0]:
                 return
             if op.id in due:
-                strike(op.id)
+                try:
+                    strike(op.id)
+                except HarnessOutcome as exc:
+                    harness.append(exc)
+                    return
             with lock:
                 op.invoked = clock()
                 started.append(op)
@@ -265,6 +270,10 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
     for w in workers:
         w.join(max(0.0, deadline[0] - clock()))
     _await_in_flight(started, lock, bound, start, clock)
+    if harness:  # (the servers left as found first: a pause that landed late is ended)
+        if struck and control is not None:
+            control.healed(max(f["seconds"] for f in struck) + 10.0)
+        raise harness[0]
     with lock:  # ops never invoked (a caller stuck before them) are not part of the history
         ids = {op.id for op in started}
         history = History([attrs.evolve(op) for op in ops if op.id in ids], [dict(f) for f in struck])

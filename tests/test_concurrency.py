@@ -157,3 +157,32 @@ def test_crossed_replies_are_wrong_caller_naming_the_other_read():
     rate = measure(store, layout, runs=RUNS, bound=1.0)
     assert rate.properties.get("wrong-caller"), rate.properties
     assert "was answered with the reply to op" in rate.first.violations[0].summary
+
+
+def test_a_fault_the_machine_kept_from_striking_judges_nothing():
+    """A strike that raises `HarnessOutcome` (a SIGSTOP that did not land in time) ends the run with it, after the
+    servers are healed: no history of a fault that never struck is judged."""
+    from model.fault_items import ServerFault
+    from model.timing import HarnessStarved
+
+    class Kind:
+        field, loses = "pause", "nothing"
+
+        @staticmethod
+        def strike(control, fault):
+            raise HarnessStarved("the server was not stopped within 1 s of its SIGSTOP")
+
+    class Control:
+        healed_for: list[float] = []
+
+        def healed(self, timeout):
+            self.healed_for.append(timeout)
+            return 0.0
+
+    layout = Layout([[{"path": "put", "keys": ["k0"], "pad": 1}, {"path": "get", "keys": ["k0"]}],
+                     [{"path": "get", "keys": ["k0"]}]])
+    control = Control()
+    with pytest.raises(HarnessStarved, match="not stopped"):
+        run_layout(MemoryStore(), layout, bound=1.0, strikes=[(Kind, ServerFault(0, at="run", step=1, seconds=0.2))],
+                   control=control)
+    assert control.healed_for == [10.2]

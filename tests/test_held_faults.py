@@ -5,6 +5,8 @@ the LMCache engine deployment and the vLLM stacks use) pauses, resumes, kills an
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -108,6 +110,25 @@ def test_the_sigstop_primitive_stops_and_resumes_a_process():
     assert process_state(child.pid) is None
     assert stop_process(child.pid) is False  # a process gone: no error, not stopped
     continue_process(child.pid)  # (ProcessLookupError suppressed)
+
+
+def test_a_pause_that_did_not_land_is_the_machines_not_the_subjects(monkeypatch):
+    """A fault's SIGSTOP not landed in time (a starved machine) is `HarnessStarved`: the fault did not strike, so no
+    verdict may rest on it, and the process is resumed (a late SIGSTOP ended); a process gone is left to its owner."""
+    from adapters import process_signals
+    from model.timing import HarnessStarved
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        monkeypatch.setattr(process_signals, "stop_process", lambda pid, limit=1.0: False)  # (never landed)
+        os.kill(child.pid, signal.SIGSTOP)  # (as if the SIGSTOP landed only after the wait gave up)
+        assert process_signals.until_state(child.pid, "T", 2.0)
+        with pytest.raises(HarnessStarved, match=f"a sleeper \\(pid {child.pid}\\) was not stopped within 0.5 s"):
+            process_signals.pause_process(child.pid, "a sleeper", 0.5)
+        assert process_signals.until_state(child.pid, "S", 2.0)  # left as found: resumed
+    finally:
+        child.kill()
+        child.wait()
+    process_signals.pause_process(child.pid, "a sleeper", 0.5)  # gone: nothing raised
 
 
 # -- the nemesis's held form on a real server -----------------------------------------------------------------------
