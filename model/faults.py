@@ -332,13 +332,17 @@ def check_held(action: str) -> str:
 class HeldControl(typing.Protocol):
     """What a serving layer's held faults act through, rank by rank (`adapters.nemesis.Nemesis`): `hold(rank,
     action)` (one of `HELD_ACTIONS`, in place when it returns), `reachable(rank)` (neither paused nor down),
-    `resume_all()` (every paused server resumed: on every exit path, a paused server never outlives a case)."""
+    `resume_all()` (every paused server resumed: on every exit path, a paused server never outlives a case) and
+    `restore_all()` (every server back, a killed one started again empty: a stack reused for the next case).
+    The deployment and the stacks hold theirs as this type."""
 
     def hold(self, rank: int, action: str) -> None: ...
 
     def reachable(self, rank: int) -> bool: ...
 
     def resume_all(self) -> None: ...
+
+    def restore_all(self) -> None: ...
 
 
 def _server_kind(field: str, what: str, strike: Callable[[Any, ServerFault], None], *, seconds: float,

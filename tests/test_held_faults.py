@@ -226,3 +226,16 @@ def test_the_engine_deployment_holds_its_faults_through_the_nemesis():
     finally:
         dep.close()
     assert time.monotonic() - t0 < 30 and set(live_pids()) == before
+
+
+def test_the_nemesis_is_the_held_control_the_serving_layers_hold():
+    """`HeldControl`'s every member is the nemesis's: the deployment and the stacks hold a `Nemesis` as one."""
+    import inspect
+
+    from adapters.nemesis import Nemesis
+    from model.faults import HeldControl
+    members = {n for n, v in vars(HeldControl).items() if not n.startswith("_") and callable(v)}
+    assert members == {"hold", "reachable", "resume_all", "restore_all"}
+    for name in members:
+        assert list(inspect.signature(getattr(Nemesis, name)).parameters) == \
+            list(inspect.signature(getattr(HeldControl, name)).parameters), name

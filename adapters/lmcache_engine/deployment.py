@@ -39,6 +39,7 @@ from adapters.lmcache_engine.zmq_paths import own_context, remove_case_sockets, 
 from adapters.nemesis import Nemesis
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from model.contract import EngineRequest, EngineRetrieve
+from model.faults import HeldControl
 
 __all__ = ["LMCacheDeployment", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS"]
 
@@ -78,7 +79,7 @@ class LMCacheDeployment:
         self.close_errors: list[str] = []
         self._closed = False
         self.owned: ServerSet | None = None
-        self.faults: Nemesis | None = None  # servers shardcheck did not start are never paused or killed
+        self.faults: HeldControl | None = None  # servers shardcheck did not start are never paused or killed
         self.engine_ids = [f"sc{uuid.uuid4().hex[:10]}" for _ in self.models]
         self.rank_sides: list[Any] = []
         self.clients: list[Any] = []

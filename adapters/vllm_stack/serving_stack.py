@@ -32,6 +32,7 @@ from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
 #: vLLM's own `MooncakeStoreConnector` (`adapters.vllm_stack.mooncake_stack`).
 MOONCAKE = "mooncake"
 from model.contract import StackRequest, StackResult
+from model.faults import HeldControl
 
 __all__ = ["VllmStack", "vllm_stack", "BLOCK_SIZE", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS", "CONNECTORS"]
 
@@ -92,7 +93,7 @@ class VllmStack:
         self.lookup_timeout = lookup_timeout_ms / 1000.0
         self.chunk_bytes = chunk_size * _KV_BYTES_PER_TOKEN // tp
         self.owned: ServerSet | None = None
-        self.held: Nemesis | None = None  # (the servers' held faults: `fault`, `reachable`; none on the user's urls)
+        self.held: HeldControl | None = None  # (the servers' held faults: `fault`, `reachable`; none on the user's urls)
         self.child: StackChild | None = None
         self.last_reset: dict = {}
         self._closed = False
