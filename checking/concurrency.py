@@ -1,20 +1,13 @@
-"""The concurrent driver: many store-client calls at once, recorded as a history and judged.
+"""The concurrent driver: many store-client calls at once, recorded as a history (judged by
+`checking.concurrency_judge`).
 
 A `Layout` says which caller thread issues which ops, in order (seeded by `make_layout`, so a run is
 reproducible in its op layout). `run_layout` starts every caller at one barrier; a caller issues its sync ops
 one after the other and fires its `get_async` ops without waiting, so sync lookups from foreign threads run
 while async reads are in flight on the client's own loop, and puts and deletes race the reads. Every wait is
 bounded by `bound` seconds for the whole run; an op still pending then (or a call the client bounded itself,
-`StoreCallTimeout`) never completed. `judge` then checks, in this order:
-
-- `lost-completion`: an op never completed (named);
-- `double-completion`: an op's completion was delivered more than once;
-- `wrong-caller`, `wrong-key`, `store-roundtrip`: a read answered with a value not its key's (every put writes
-  a value tagged with its key, caller and position): the reply to another caller's concurrent read of the key
-  that value was put for (a crossed reply), a value put for another key that no other caller was reading
-  (a deterministic wrong key), or bytes no put wrote;
-- `store-error`: a call raised;
-- `linearizability`: the history is not linearizable against the key-value register (`checking.linearizability`).
+`StoreCallTimeout`) never completed. A fault the machine kept from striking (`model.timing.HarnessOutcome`) ends
+the run with it: nothing is judged.
 
 `measure` repeats a layout and counts the runs that show a violation: races are judged by their rate.
 """
@@ -29,16 +22,15 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from checking.linearizability import check
+from checking.concurrency_judge import judge
 from runtime.bounded import call_bounded
-from model.codec import preview
 from model.contract import StoreCallTimeout
 from model.outcome import Violation
-from model.history import KV_MODEL, LOSSY_KV_MODEL, MULTI_KEY_READS, VALUE_READS, WRITE_PATHS, History, Op, read_args
+from model.history import MULTI_KEY_READS, NEMESIS_CALLER, WRITE_PATHS, History, Op, read_args
 from model.recovery import default_recovery_seconds, probe
-from model.timing import HarnessOutcome, allowance, over_text, overran, stolen
+from model.timing import HarnessOutcome, overran, stolen
 
-__all__ = ["Layout", "Run", "Measurement", "ServerClients", "make_layout", "run_layout", "judge", "measure", "tag_value",
+__all__ = ["Layout", "Run", "Measurement", "ServerClients", "make_layout", "run_layout", "measure", "tag_value",
            "thread_safe"]
 
 _nonce = itertools.count()
@@ -204,6 +196,8 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         t0 = clock()
         try:
             kind.strike(control, f)
+        except HarnessOutcome as exc:  # (the process was resumed: `adapters.process_signals.pause_process`)
+            harness.append(exc)
         finally:
             with lock:
                 struck.append({"fault": kind.field, "rank": f.rank, "seconds": f.seconds, "step": f.step,
@@ -234,28 +228,13 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
             if clock() > deadline[0]:
                 return
             if op.id in due:
-                try:
-                    strike(op.id)
-                except HarnessOutcome as exc:
-                    harness.append(exc)
-                    return
+                strike(op.id)
+            if harness:
+                return
             with lock:
                 op.invoked = clock()
                 started.append(op)
-            if op.path == "get_async":
-                try:
-                    fut = target.clients[op.client].get_async(op.key)
-                except BaseException as exc:
-                    complete(op, error=exc)
-                    continue
-                fut.add_done_callback(lambda f, op=op: complete(op, *_outcome(f)))
-                continue
-            try:
-                result = _call(target, op)
-            except BaseException as exc:
-                complete(op, error=exc)
-                continue
-            complete(op, None if op.path in WRITE_PATHS else result)
+            _invoke(target, op, complete)
 
     workers = [threading.Thread(target=caller, args=(p,), name=f"shardcheck-caller-t{i}", daemon=True)
                for i, p in enumerate(plans)]
@@ -270,9 +249,7 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
     for w in workers:
         w.join(max(0.0, deadline[0] - clock()))
     _await_in_flight(started, lock, bound, start, clock)
-    if harness:  # (the servers left as found first: a pause that landed late is ended)
-        if struck and control is not None:
-            control.healed(max(f["seconds"] for f in struck) + 10.0)
+    if harness:
         raise harness[0]
     with lock:  # ops never invoked (a caller stuck before them) are not part of the history
         ids = {op.id for op in started}
@@ -284,6 +261,20 @@ def run_layout(store: Any, layout: Layout, *, bound: float = 2.0, prefix: str | 
         _after_faults(target.clients[0], history, sorted({k for op in ops for k in op.keys}), control, clock,
                       recovery_seconds if recovery_seconds is not None else default_recovery_seconds(op_timeout))
     return history
+
+
+def _invoke(target: ServerClients, op: Op, complete: Callable[..., None]) -> None:
+    """Call `op` on its client; `complete(op, result)` or `complete(op, error=...)` when it ends (a `get_async`'s
+    when its future does)."""
+    try:
+        if op.path == "get_async":
+            target.clients[op.client].get_async(op.key).add_done_callback(lambda f: complete(op, *_outcome(f)))
+            return
+        result = _call(target, op)
+    except BaseException as exc:
+        complete(op, error=exc)
+        return
+    complete(op, None if op.path in WRITE_PATHS else result)
 
 
 def _await_in_flight(started: list[Op], lock: threading.Lock, bound: float, start: float,
@@ -315,7 +306,7 @@ def _after_faults(store: Any, history: History, keys: list[str], control: Any, c
                  "any": [("fault-lose", f["struck"], f["struck_end"])]}.get(f["loses"], [])
         for path, start, end in paths:
             for key in keys:
-                history.ops.append(Op(n, "nemesis", path, (key,), invoked=start, completed=end, completions=1))
+                history.ops.append(Op(n, NEMESIS_CALLER, path, (key,), invoked=start, completed=end, completions=1))
                 n += 1
 
 
@@ -324,118 +315,6 @@ def _outcome(fut: cf.Future) -> tuple[Any, BaseException | None]:
         return None, cf.CancelledError("the future was cancelled")
     exc = fut.exception()
     return (None, exc) if exc is not None else (fut.result(), None)
-
-
-def _violation(prop: str, op: int | None, summary: str) -> Violation:
-    return Violation(prop, summary, {"op": op})  # (about op `op`, its id in the history; None: about the run)
-
-
-def judge(history: History, *, max_states: int = 500_000) -> tuple[list[Violation], dict]:
-    """The violations of a history (see the module docstring) and the linearizability verdict as data. Through
-    real-server faults (`History.faults`): an op never completed, or one that took longer than its bound, is
-    `fault-hang`; an error or a miss while a fault lasted or within the recovery bound after it is fine (it
-    constrains nothing), an error after that is `recovery`, as is a failed recovery probe; a wrong answer is
-    `fault-integrity`, judged against the register the faults allow (`model.history.LOSSY_KV_MODEL`)."""
-    out: list[Violation] = []
-    faults = history.faults
-    window = (min(f["struck"] for f in faults), max(f["healed"] for f in faults),
-              max(f["healed"] + f["recovery_seconds"] for f in faults)) if faults else None
-    for op in history.ops:
-        if op.pending:
-            why = op.error or "no completion within the run's bound"
-            out.append(_violation("fault-hang" if faults else "lost-completion", op.id,
-                                  f"{op.label()} never completed ({why})" + _during(faults)))
-        elif faults and op.caller != "nemesis" and \
-                op.completed - op.invoked - op.stolen > allowance(faults[0]["op_timeout"]):
-            took = op.completed - op.invoked
-            out.append(_violation("fault-hang", op.id,
-                                  f"{op.label()} did not return within "
-                                  f"{over_text(faults[0]['op_timeout'], took, op.stolen)}" + _during(faults)))
-    for op in history.ops:
-        if op.completions > 1:
-            out.append(_violation("double-completion", op.id, f"{op.label()} was completed {op.completions} times"))
-    for v in _foreign_values(history):  # through faults every wrong value is the one property
-        out.append(_violation("fault-integrity", v.detail["op"], f"{v.summary} ({v.property})" + _during(faults))
-                   if faults else v)
-    for f in faults:
-        if "not_recovered" in f:
-            out.append(_violation("recovery", None,
-                                  f"{f['recovery_seconds']:g} s after the server was back from {f['fault']} the client "
-                                  f"still fails: {f['not_recovered']}"))
-            break
-    for op in history.ops:
-        if op.error and not op.pending:
-            if window is not None and op.invoked <= window[2]:
-                continue  # an error while a fault lasts, or before the client had its bound to recover, is fine
-            out.append(_violation("recovery" if faults else "store-error", op.id,
-                                  f"{op.label()} raised {op.error}"
-                                  + (" after the client should have recovered" if faults else "")))
-    ops = [_unconstrained_miss(op) if window and op.invoked <= window[2] else op for op in history.ops]
-    verdict = check(ops, LOSSY_KV_MODEL if faults else KV_MODEL, max_states=max_states).to_json()
-    if verdict["linearizable"] is False:
-        bad = next(o for o in history.ops if o.id == verdict["unplaceable"])
-        out.append(_violation("fault-integrity" if faults else "linearizability", bad.id,
-                              f"not linearizable on {', '.join(verdict['keys'])}: after {len(verdict['prefix'])} "
-                              f"op(s) in order, {bad.label()} -> {preview(bad.result, 24)} cannot be placed"
-                              + _during(faults)))
-    return out, verdict
-
-
-def _during(faults: list[dict]) -> str:
-    return f" (through {', '.join(sorted({f['fault'] for f in faults}))})" if faults else ""
-
-
-def _unconstrained_miss(op: Op) -> Op:
-    """A read invoked while a fault lasted (or within the recovery bound after it) that answered a miss (any part of
-    it): it constrains nothing."""
-    res = op.result
-    missed = (res is None or res is False or (isinstance(res, list) and (None in res or len(res) < len(op.keys)))
-              or (isinstance(res, int) and not isinstance(res, bool) and res < len(op.keys)))
-    if op.path in WRITE_PATHS or op.pending or op.error or not missed:
-        return op
-    return attrs.evolve(op, error="a miss while a fault lasted")
-
-
-def _overlap(a: Op, b: Op) -> bool:
-    """Whether two ops' intervals overlap (a pending op never ends)."""
-    a_end = float("inf") if a.completed is None else a.completed
-    b_end = float("inf") if b.completed is None else b.completed
-    return a.invoked <= b_end and b.invoked <= a_end
-
-
-def _foreign_values(history: History) -> list[Violation]:
-    """Reads answered with a value that is not their key's: bytes no put wrote (`store-roundtrip`), the reply to
-    another caller's concurrent read of the key that value was put for (`wrong-caller`), or else a value put for
-    another key (`wrong-key`: no other caller was reading that key, so no reply was crossed)."""
-    puts = {bytes(op.value): op for op in history.ops if op.path == "put" and op.value is not None}
-    out = []
-    for op in history.ops:
-        if op.pending or op.error or op.path not in VALUE_READS:
-            continue
-        values = op.result if isinstance(op.result, list) else [op.result]
-        for key, value in zip(op.keys, values):
-            if not isinstance(value, (bytes, bytearray)):
-                continue
-            put = puts.get(bytes(value))
-            if put is None:
-                out.append(_violation("store-roundtrip", op.id,
-                                      f"{op.label()} answered {key} with {len(value)} bytes that no put wrote "
-                                      f"({preview(value, 24)})"))
-                break
-            if put.key == key:
-                continue
-            crossed = next((o for o in history.ops if o.caller != op.caller and o.path in VALUE_READS
-                            and put.key in o.keys and _overlap(o, op)), None)
-            if crossed is not None:
-                out.append(_violation("wrong-caller", op.id,
-                                      f"{op.label()} was answered with the reply to {crossed.label()} (a value put "
-                                      f"for {put.key} by op {put.id})"))
-            else:
-                out.append(_violation("wrong-key", op.id,
-                                      f"{op.label()} answered {key} with the value put for {put.key} "
-                                      f"({put.label()}); no other caller was reading {put.key} meanwhile"))
-            break
-    return out
 
 
 @attrs.define

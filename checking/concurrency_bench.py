@@ -11,7 +11,8 @@ import random
 import time
 from typing import Iterable
 
-from checking.concurrency import judge, make_layout, run_layout
+from checking.concurrency import make_layout, run_layout
+from checking.concurrency_judge import judge
 from checking.linearizability import check
 from model.history import History, Op
 from model.store import MemoryStore

@@ -16,7 +16,10 @@ import attrs
 
 __all__ = ["Op", "History", "KVModel", "Model", "KV_MODEL", "LOSSY_KV_MODEL", "split_per_key", "WRITE_PATHS",
            "SINGLE_KEY_READS", "MULTI_KEY_READS", "READ_PATHS", "READ_ANY", "VALUE_READS", "FAULT_PATHS", "lanes",
-           "read_args", "answer", "wrong_key", "short_value"]
+           "read_args", "answer", "wrong_key", "short_value", "NEMESIS_CALLER"]
+
+#: The caller of a history's fault ops (what each real-server fault did to every key, `History.faults`).
+NEMESIS_CALLER = "nemesis"
 
 #: Paths that change the register (the server's own eviction of a key is a delete no client made: `Op.server`).
 WRITE_PATHS = ("put", "delete")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from checking.concurrency import Layout, ServerClients, judge, measure, run_layout, thread_safe
+from checking.concurrency import Layout, ServerClients, measure, run_layout, thread_safe
+from checking.concurrency_judge import judge
 from checking.nemesis_strategy import nemesis_layout
 from checking.concurrency_strategy import to_trace
 from model.contract import declared_paths

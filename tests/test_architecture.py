@@ -267,7 +267,6 @@ def test_a_client_is_named_in_the_catalogue_and_its_adapter():
 #: shrinks).
 STRATEGY_NAME_USES = {
     "nemesis": {"checking/check.py": "real faults asked for explicitly go first in the schedule",
-                "checking/concurrency.py": "the nemesis as a caller of a concurrent history",
                 "checking/search.py": "the enumeration level of the real-server kinds",
                 "shardcheck/verify_nemesis.py": "the nemesis coverage in verify's table"},
     "retention": {"checking/storeops.py": "the retention property", "shardcheck/verify.py": "the retention property"},

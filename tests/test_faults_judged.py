@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from checking.concurrency import judge
+from checking.concurrency_judge import judge
 from checking.faulted import fault_op
 from checking.linearizability import check
 from checking.storeops import run_ops

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.catalogue import CLIENTS
-from checking.concurrency import Layout, ServerClients, judge, measure, run_layout
+from checking.concurrency import Layout, ServerClients, measure, run_layout
+from checking.concurrency_judge import judge
 from model.store import MemoryStore, MemoryTier, memory_factory
 from runtime.registry import resolve_client
 from runtime.tier import NotShared, open_shared
