@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from adapters.process_signals import continue_process, pause_process
 from adapters.spawning import SPAWNER, kill_spawned
+from model.timing import HarnessStarved
 from runtime import reaper
 
 __all__ = ["MooncakeNet", "MooncakeMaster", "MasterSet", "start_masters", "shared_net", "shutdown", "mooncake_masters", "unavailable",
@@ -285,7 +286,7 @@ class MooncakeMaster:
                 self.paused = True  # (first: a SIGSTOP that lands late is still resumed by `stop`)
                 try:
                     pause_process(self.proc.pid, "a Mooncake master")  # type: ignore[union-attr]
-                except BaseException:  # (not paused: `pause_process` resumed it)
+                except HarnessStarved:  # (not paused: `pause_process` resumed it)
                     self.paused = False
                     raise
 

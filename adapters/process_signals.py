@@ -4,8 +4,8 @@ SIGSTOP is delivered asynchronously: `kill` returns before the process stops, so
 PING that should time out, a client call that should meet a paused server) may still be answered. `stop_process`
 waits, bounded, until the process is in state `T` (/proc/PID/stat), and `pause_process` (a fault's) says when it was
 not: `HarnessStarved`, the fault not struck, never judged as the subject's; `continue_process` resumes it, a process
-already gone being no error. `ValkeyServer.pause`/`resume`, `MooncakeMaster.pause`/`resume` and so the nemesis (timed and
-held faults alike) all go through here; a timed pause is also ended by a small process of its own that sends SIGCONT
+already gone being no error. `ValkeyServer.pause`/`resume`, `MooncakeMaster.pause`/`resume` and so the nemesis
+(timed and held faults alike) all go through here; a timed pause is also ended by a small process of its own that sends SIGCONT
 (`adapters.nemesis.pause`: a client holding the GIL while it waits on the paused server would starve a thread).
 """
 from __future__ import annotations

@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 from adapters.process_signals import continue_process, pause_process
 from adapters.resp import HOST, free_port, ping, resp_command  # (re-exported: the servers' own RESP API)
 from adapters.spawning import SPAWNER, kill_spawned, spawn_tied  # (spawn_tied re-exported)
+from model.timing import HarnessStarved
 from runtime import reaper
 
 __all__ = ["ServerStartError", "ValkeyServer", "ServerSet", "valkey_server_binary", "start_servers",
@@ -232,7 +233,7 @@ class ValkeyServer:
                 self.paused = True  # (first: a SIGSTOP that lands late is still resumed by `stop`)
                 try:
                     pause_process(self.proc.pid, f"valkey-server on {HOST}:{self.port}")  # type: ignore[union-attr]
-                except BaseException:  # (not paused: `pause_process` resumed it)
+                except HarnessStarved:  # (not paused: `pause_process` resumed it)
                     self.paused = False
                     raise
 

@@ -131,6 +131,20 @@ def test_a_pause_that_did_not_land_is_the_machines_not_the_subjects(monkeypatch)
     process_signals.pause_process(child.pid, "a sleeper", 0.5)  # gone: nothing raised
 
 
+def test_a_server_whose_pause_did_not_land_is_not_taken_as_paused(monkeypatch):
+    """`ValkeyServer.pause` through a SIGSTOP that did not land: `HarnessStarved`, the server running and not marked
+    paused (so nothing after it believes a fault struck)."""
+    from adapters import process_signals
+    from adapters.valkey_servers import valkey_servers
+    from model.timing import HarnessStarved
+    with valkey_servers(1) as ss:
+        server = ss.servers[0]
+        monkeypatch.setattr(process_signals, "stop_process", lambda pid, limit=1.0: False)
+        with pytest.raises(HarnessStarved, match=f"valkey-server on 127.0.0.1:{server.port}"):
+            server.pause()
+        assert not server.paused and process_signals.process_state(server.pid) != "T"
+
+
 # -- the nemesis's held form on a real server -----------------------------------------------------------------------
 def _cmd(port: int, *args: str, timeout: float = 2.0) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
