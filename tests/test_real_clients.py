@@ -88,14 +88,22 @@ def test_check_patched_client_holds(tmp_path):
     assert data["stats"]["coverage"]["hypothesis"]["rule_steps"] > 0 and data["stats"]["cases"] > 0
 
 
+def _failures(out: str, limit: int = 6000) -> str:
+    """The failures section of a pytest run's output (each failing test's own assertion first), at most `limit`
+    characters of it, and the summary's FAILED lines."""
+    start = out.find("= FAILURES =")
+    failed = "\n".join(line for line in out.splitlines() if line.startswith("FAILED "))
+    return (out[start:start + limit] if start >= 0 else out[-limit:]) + "\n...\n" + failed
+
+
 def _pytest_properties(found_dir, *args):
     return run("-m", "pytest", "properties/", "-p", "no:cacheprovider", "-q", "--found-dir", str(found_dir), *args)
 
 
 def test_pytest_properties_pass_on_the_patched_client(tmp_path):
     """`pytest properties/ --client lmcache-patched` passes."""
-    patched = _pytest_properties(tmp_path, "--client", "lmcache-patched")
-    assert patched.returncode == 0, patched.stdout[-3000:]
+    patched = _pytest_properties(tmp_path, "--client", "lmcache-patched", "--tb=short")
+    assert patched.returncode == 0, _failures(patched.stdout)
 
 
 def test_pytest_properties_fail_on_stock_lmcache_with_minimal_traces(tmp_path):
