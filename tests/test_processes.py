@@ -177,7 +177,9 @@ def test_ctrl_c_leaves_no_rank_process_behind():
         if not group():
             break
         time.sleep(0.1)
-    assert group() == []
+    rows = subprocess.run(["ps", "-eo", "pgid=,pid=,ppid=,stat=,etime=,args="], capture_output=True, text=True).stdout
+    left = "\n".join(r for r in rows.splitlines() if r.split() and r.split()[0] == str(p.pid))
+    assert group() == [], f"left in the command's process group 30 s after Ctrl-C:\n{left}"
 
 
 def test_check_replay_show_with_runner_processes(tmp_path, capsys):
