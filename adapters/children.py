@@ -7,11 +7,16 @@ import threading
 import time
 from typing import Any, Sequence
 
+from runtime.tie import tie_to_parent
+
 __all__ = ["die_with_parent", "reap"]
 
 
 def die_with_parent(parent_pid: int, *, every: float = 0.5, exit_code: int = 3) -> None:
-    """In a child: a daemon thread that ends this process (`exit_code`) once `parent_pid` is gone."""
+    """In a child: the kernel's tie to its parent (`runtime.tie`), and a daemon thread that ends this process
+    (`exit_code`) once `parent_pid` is gone (where the kernel offers no tie, or a parent that is not `parent_pid`
+    lives on)."""
+    tie_to_parent(exit_code)
     def watch() -> None:
         while True:
             time.sleep(every)

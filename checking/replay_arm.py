@@ -18,13 +18,13 @@ registered with `runtime.reaper`, whose `atexit` hook kills any left (none start
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
 from typing import Any, Callable, Iterator
 
 from runtime import reaper
+from runtime.tie import tie_to_parent
 
 __all__ = ["arm_session", "arm_spec", "START_SECONDS", "RUN_SECONDS", "STOP_SECONDS"]
 
@@ -94,18 +94,12 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
         conn.close()
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort: the pipe's end also ends the loop
-        pass
-
 
 def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> None:
     """The fresh process: build the engine (its patches are applied by its first deployment, here only), say
     `("ready", None)` or `("failed", why)`, then answer each "run" with `("ok", (violations as JSON, note))` or
     `("err", why)` until "stop" or the pipe's end."""
-    _die_with_parent()
+    tie_to_parent()
     from checking.serving.engine_search import engine_session, engine_target
     from model.trace import Trace
     try:

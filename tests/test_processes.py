@@ -182,6 +182,54 @@ def test_ctrl_c_leaves_no_rank_process_behind():
     assert group() == [], f"left in the command's process group 30 s after Ctrl-C:\n{left}"
 
 
+def test_a_forkserver_child_in_native_code_holding_the_gil_ends_with_its_harness(tmp_path):
+    """`runtime.tie`: a rank process (a forkserver's child) inside native code that holds the GIL, so that its watch
+    thread cannot run (torch's FileStore retried an open in a removed rendezvous directory for 300 s so after a
+    Ctrl-C), is gone within moments of its harness: the kernel kills it once the forkserver, which no child keeps
+    alive, has ended with the harness."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    (tmp_path / "gil_holder.py").write_text(textwrap.dedent("""
+        import ctypes
+        from adapters.children import die_with_parent
+
+        def hold(parent_pid):
+            die_with_parent(parent_pid)
+            ctypes.PyDLL(None).sleep(120)  # native code that keeps the GIL
+        """))
+    harness = textwrap.dedent(f"""
+        import multiprocessing, os, sys, time
+        sys.path[:0] = [{str(tmp_path)!r}, {str(Path(__file__).resolve().parents[1])!r}]
+        import gil_holder
+        p = multiprocessing.get_context("forkserver").Process(target=gil_holder.hold, args=(os.getpid(),))
+        p.start()
+        open({str(tmp_path / "pid")!r}, "w").write(str(p.pid))
+        time.sleep(1.0)
+        os._exit(0)  # gone without reaping it
+        """)
+    # (no pipes: the forkserver and its child would hold them open)
+    assert subprocess.run([sys.executable, "-c", harness], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=60).returncode == 0
+    pid = int((tmp_path / "pid").read_text())
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    for _ in range(200):  # bounded: 20 s (the GIL holder sleeps 120 s)
+        if not alive():
+            break
+        time.sleep(0.1)
+    gone = not alive()
+    if not gone:
+        os.kill(pid, 9)
+    assert gone, f"the forkserver's child {pid} outlived its harness by 20 s"
+
+
 def test_check_replay_show_with_runner_processes(tmp_path, capsys):
     """`check --runner processes` saves the deadlock; `replay --runner processes` reproduces it; `show` draws it."""
     import json

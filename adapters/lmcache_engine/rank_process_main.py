@@ -9,9 +9,7 @@ torch and LMCache (the forkserver preloads it, so each rank process starts in mo
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 from typing import Any
 
 os.environ["LMCACHE_TRACK_USAGE"] = "false"
@@ -22,20 +20,14 @@ import torch  # noqa: E402,F401  (preloaded by the forkserver)
 from lmcache.v1 import cache_engine  # noqa: E402,F401
 
 from adapters.lmcache_engine.rank_side import RankSide  # noqa: E402
+from runtime.tie import tie_to_parent  # noqa: E402
 
 __all__ = ["main"]
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort: the pipe's end also ends the loop
-        pass
-
-
 def main(conn: Any, spec: dict) -> None:
     """Build the rank, report `("ready", None)` or `("failed", text)`, then serve calls (see the module docstring)."""
-    _die_with_parent()
+    tie_to_parent()
     from adapters.lmcache_engine.zmq_paths import DIR_ENV
     os.environ[DIR_ENV] = spec.pop("rpc_dir")
     try:
