@@ -37,6 +37,8 @@ class GuardedConnector:
     get_timeout: float = 1.0
     _auth: tuple[str, str] = ("", "")
     recycled: int = 0
+    #: The last error a renewal met (the server still down, or the native client not built): None while none did.
+    renew_error: BaseException | None = None
     _renewed_at: float = float("-inf")
 
     def adopt(self, get_timeout: float, auth: tuple[str, str], timeout: float = 10.0) -> None:
@@ -64,7 +66,8 @@ class GuardedConnector:
         self._renewed_at = now
         try:
             self.client = self.client_class(self.host, self.port, self.num_threads, self.loop, *self._auth)
-        except Exception:  # the server is still down: the next failure tries again
+        except Exception as exc:  # the server is still down: the next failure tries again
+            self.renew_error = exc
             return
         self.recycled += 1
         # fix 5: other callers' ops may still be in flight on the old client; closing it at once failed
