@@ -12,7 +12,7 @@ stopped; it answers what went wrong, a line each. A stop that failed leaves its 
 
 - `reap()`, every kind, is the exit: this module's `atexit` hook (which writes what went wrong to stderr), and a fatal
   signal's (`adapters.valkey_servers`: `inline`, each stop on the interrupted thread itself, which may hold a lock the
-  stop takes). From its start `exiting()` is true and `register` refuses anything new
+  stop takes). From its start `REAPER.exiting()` is true and `register` refuses anything new
   (`Exiting`, a RuntimeError): a daemon thread still starting a server would leave it behind. What is registered
   already may register again (a no-op): a server respawned while the exit stops the others is still stopped.
 - `reap(kind)` stops that kind only (`adapters.mooncake_servers.shutdown()`), refusing it while it runs.
@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar, Union, overload
 
 import attrs
 
-__all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "exiting", "live", "reap", "register", "unregister",
+__all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "live", "reap", "register", "unregister",
            "own_process", "kill_process"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
@@ -190,11 +190,6 @@ def live(kind: tuple[type, ...] | None = None) -> list[Any]: ...
 def live(kind: Kind = None) -> list[Any]:
     """`REAPER.live`: what is registered (of `kind`), oldest first."""
     return REAPER.live(kind)
-
-
-def exiting() -> bool:
-    """`REAPER.exiting`: whether the exit began."""
-    return REAPER.exiting()
 
 
 def reap(kind: Kind = None, *, inline: bool = False) -> list[str]:

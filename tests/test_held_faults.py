@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.resp import HOST, resp_command
 from model.engine_case import CaseError, EngineCase, EnginePrompt, Step, case_from_json
 from model.faults import HELD_ACTIONS, HELD_MEANINGS, SERVER_KINDS, check_held, held_kind
 from model.stack_case import StackCase, StackStep, stack_case_from_json
@@ -147,10 +148,7 @@ def test_a_server_whose_pause_did_not_land_is_not_taken_as_paused(monkeypatch):
 
 # -- the nemesis's held form on a real server -----------------------------------------------------------------------
 def _cmd(port: int, *args: str, timeout: float = 2.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        s.sendall(b"".join([b"*%d\r\n" % len(args)] + [b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args]))
-        return s.recv(4096)
+    return resp_command(HOST, port, None, *args, timeout=timeout)
 
 
 def _answers(port: int, timeout: float = 0.3) -> bool:

@@ -15,6 +15,8 @@ import pytest
 
 from adapters import nemesis
 from adapters.catalogue import CLIENTS
+from adapters.process_signals import process_state
+from adapters.resp import HOST, resp_command
 from adapters.valkey_clients import NEMESIS_DEMOS, reference_factory
 from adapters.valkey_servers import ping, valkey_servers
 from checking.nemesis_strategy import run_nemesis_scenarios
@@ -26,19 +28,8 @@ pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _state(pid: int) -> str | None:
-    """The process state letter of `pid` (R, S, T for stopped, Z...), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
 def _cmd(port: int, *args: str, timeout: float = 2.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.settimeout(timeout)
-        s.sendall(b"".join([b"*%d\r\n" % len(args)] + [b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args]))
-        return s.recv(4096)
+    return resp_command(HOST, port, None, *args, timeout=timeout)
 
 
 def test_every_fault_strikes_and_ends():
@@ -48,8 +39,8 @@ def test_every_fault_strikes_and_ends():
         server, port = ss.servers[0], ss.ports[0]
         _cmd(port, "SET", "k", "v")
         s = nemesis.pause(server, 0.6)
-        assert _state(server.pid) == "T" and not ping(port, timeout=0.2)
-        assert s.wait(5) and ping(port) and _state(server.pid) != "T"
+        assert process_state(server.pid) == "T" and not ping(port, timeout=0.2)
+        assert s.wait(5) and ping(port) and process_state(server.pid) != "T"
         for fault in (nemesis.debug_sleep, nemesis.client_pause):
             strike = fault(server, 0.6)
             with pytest.raises(socket.timeout):  # (PING is exempt from CLIENT PAUSE: a GET is held)
@@ -61,7 +52,7 @@ def test_every_fault_strikes_and_ends():
             assert held.recv(16) == b""  # the server closed it
         pid = server.pid
         s = nemesis.kill_restart(server, keep_data=True, seconds=0.2)
-        assert _state(pid) is None and not ping(port, timeout=0.2)
+        assert process_state(pid) is None and not ping(port, timeout=0.2)
         assert s.wait(15) and not s.error and server.pid != pid and _cmd(port, "GET", "k") == b"$1\r\nv\r\n"
         assert nemesis.kill_restart(server, keep_data=False, seconds=0.1).wait(15)
         assert _cmd(port, "EXISTS", "k") == b":0\r\n"
@@ -82,7 +73,7 @@ def test_stop_resumes_a_paused_server_and_a_killed_one_stays_down():
         nemesis.pause(paused, 60)
         restart = nemesis.kill_restart(down, seconds=0.3)
         port = down.port
-    assert _state(pid) is None
+    assert process_state(pid) is None
     restart.wait(5)
     time.sleep(0.5)
     assert not ping(port, timeout=0.2) and down.proc is None
@@ -150,15 +141,15 @@ def test_nothing_is_left_paused_or_running(mode: str):
     assert child.returncode != 0
     assert {"exception": "boom", "timeout": "StoreCallTimeout", "SIGINT": "KeyboardInterrupt"}[mode] in err
     deadline = time.monotonic() + 5
-    while _state(info["pids"][0]) not in (None, "Z") and time.monotonic() < deadline:
+    while process_state(info["pids"][0]) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _state(info["pids"][0]) in (None, "Z"), f"valkey-server left behind after {mode}"
+    assert process_state(info["pids"][0]) in (None, "Z"), f"valkey-server left behind after {mode}"
     assert not any(ping(p, timeout=0.2) for p in info["ports"])
     assert info["helpers"], "the pause's resumer process was not found"
     deadline = time.monotonic() + 5
-    while any(_state(p) not in (None, "Z") for p in info["helpers"]) and time.monotonic() < deadline:
+    while any(process_state(p) not in (None, "Z") for p in info["helpers"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(_state(p) in (None, "Z") for p in info["helpers"]), f"helper process left behind after {mode}"
+    assert all(process_state(p) in (None, "Z") for p in info["helpers"]), f"helper process left behind after {mode}"
 
 
 def _control(stores, kind):

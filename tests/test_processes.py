@@ -191,6 +191,8 @@ def test_a_forkserver_child_in_native_code_holding_the_gil_ends_with_its_harness
     import sys
     import textwrap
     from pathlib import Path
+
+    from adapters.process_signals import process_state
     (tmp_path / "gil_holder.py").write_text(textwrap.dedent("""
         import ctypes
         from adapters.children import die_with_parent
@@ -215,11 +217,7 @@ def test_a_forkserver_child_in_native_code_holding_the_gil_ends_with_its_harness
     pid = int((tmp_path / "pid").read_text())
 
     def alive() -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+        return process_state(pid) not in (None, "Z")
     for _ in range(200):  # bounded: 20 s (the GIL holder sleeps 120 s)
         if not alive():
             break

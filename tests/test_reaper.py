@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.process_signals import process_state
 from runtime import reaper
 from runtime.reaper import Exiting, Reaper
 
@@ -164,8 +165,8 @@ def test_the_module_functions_use_this_process_registry(monkeypatch):
     monkeypatch.setattr(reaper, "REAPER", fresh)
     obj, log = object(), []
     reaper.register(obj, lambda: log.append("stopped"), bound=1.0)
-    assert reaper.live() == [obj] == fresh.live() and reaper.live(int) == [] and not reaper.exiting()
-    assert reaper.reap() == [] and log == ["stopped"] and reaper.exiting()
+    assert reaper.live() == [obj] == fresh.live() and reaper.live(int) == [] and not reaper.REAPER.exiting()
+    assert reaper.reap() == [] and log == ["stopped"] and reaper.REAPER.exiting()
     reaper.unregister(obj)
     assert fresh.live() == []
 
@@ -196,11 +197,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
 
 
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 @pytest.mark.parametrize("how", ["return", "raise"])

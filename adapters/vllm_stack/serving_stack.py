@@ -28,13 +28,13 @@ from adapters.nemesis import Nemesis
 from adapters.valkey_servers import ServerSet, resp_command, start_servers
 from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, V3_APPLIED
 from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
-
-#: vLLM's own `MooncakeStoreConnector` (`adapters.vllm_stack.mooncake_stack`).
-MOONCAKE = "mooncake"
 from model.contract import StackRequest, StackResult
 from model.faults import HeldControl
 
 __all__ = ["VllmStack", "vllm_stack", "BLOCK_SIZE", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS", "CONNECTORS"]
+
+#: vLLM's own `MooncakeStoreConnector` (`adapters.vllm_stack.mooncake_stack`).
+MOONCAKE = "mooncake"
 
 #: vLLM's KV block (tokens); vLLM-CPU takes multiples of 32 only.
 BLOCK_SIZE = 32
