@@ -1,5 +1,6 @@
-"""The concurrent layer's strategy of `check` (`Concurrency`): racy findings searched for, minimised and written as
-`concurrent` traces with their measured rate (the runs themselves: `checking.concurrency`).
+"""The concurrent layer's strategy of `check` (`Concurrency`): racy findings searched for and written as `concurrent`
+traces with their measured rate, and their minimiser (`minimised`, which the layer's row runs: `checking.layers`; the
+runs themselves: `checking.concurrency`).
 
 A race shows in some runs of a layout and not in others, so a finding records `k` of `n` runs on fresh stores
 (`model.finding.Rate`); its replay is judged by that rate (`checking.replay.judge`).
@@ -23,7 +24,7 @@ from model.outcome import Violation
 from model.trace import Trace, violations_of
 from runtime.tier import SHARED_CLIENTS, NotShared, open_shared
 
-__all__ = ["minimise", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
+__all__ = ["minimise", "minimised", "to_trace", "strikes_of", "layout_runs", "search", "Concurrency",
            "ConcurrencyCoverage", "CONCURRENT_BOUND", "CONCURRENT_OP_TIMEOUT", "fresh_target", "needs_shared",
            "targets"]
 
@@ -206,11 +207,12 @@ class ConcurrencyCoverage:
 
 def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool], bound: float,
            coverage: ConcurrencyCoverage | None = None, runs_per_layout: int = 3, measure_runs: int = 20,
-           minimise_stop: Callable[[], bool] | None = None, fresh: Callable[[], list] | None = None) -> Trace | None:
+           confirm_stop: Callable[[], bool] | None = None, fresh: Callable[[], list] | None = None) -> Trace | None:
     """Seeded layouts over the store's declared paths, growing in threads and ops, until a run shows a
     violation or `should_stop()`. With `fresh` (a maker of fresh stores), a finding must show again on a fresh
-    store (else the search goes on: it came from what earlier layouts left behind), and is minimised and
-    measured on fresh stores, as a replay runs it; it is returned as a trace."""
+    store (else the search goes on: it came from what earlier layouts left behind), measured there in up to
+    `measure_runs` runs (until `confirm_stop()`), as a replay runs it; it is returned as a trace, unminimised
+    (`minimised` shrinks it: the layer's minimiser, `checking.layers`)."""
     cov = coverage if coverage is not None else ConcurrencyCoverage()
     target = ServerClients.of(store)
     if not thread_safe(target.clients[0]):
@@ -231,28 +233,48 @@ def search(store: Any, *, client: str, seed: int, should_stop: Callable[[], bool
         cov.ops += rate.n * layout.n_ops
         if not rate.k:
             continue
-        # the property most of its failing runs lead with (a race shows several: a crossed reply that carried a miss
-        # is only `linearizability`, one that carried another key's bytes `wrong-caller`)
-        want = max(rate.properties, key=rate.properties.get)
-        stop = minimise_stop or should_stop
         if fresh is not None:
-            rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=want, should_stop=stop)
+            rate = _on(store, fresh, layout, runs=measure_runs, bound=bound, want=_leading(rate),
+                       should_stop=confirm_stop or should_stop)
             if not rate.k:
                 cov.not_on_a_fresh_store += 1
                 continue
-        small = minimise(store, layout, want, rate, bound=bound, should_stop=stop, fresh=fresh)
-        final = _on(store, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=stop)
-        if not final.k:  # the minimised layout lost its rate before we could measure it: keep the original
-            small, final = layout, rate
-        return to_trace(small, final, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency",
+        return to_trace(layout, rate, client=client, bound=bound, seeds=[layout.seed], origin="check:concurrency",
                         clients=len(target.clients))
     return None
 
 
+def _leading(rate: Measurement) -> str:
+    """The property most of the failing runs lead with (a race shows several: a crossed reply that carried a miss
+    is only `linearizability`, one that carried another key's bytes `wrong-caller`)."""
+    return max(rate.properties, key=rate.properties.get)
+
+
+def minimised(trace: Trace, fresh: Callable[[], Any], *, should_stop: Callable[[], bool],
+              measure_stop: Callable[[], bool], measure_runs: int = 20) -> Trace:
+    """A concurrent trace's layout minimised (`minimise`, until `should_stop()`) and measured again (until
+    `measure_stop()`), each run on a fresh target of `fresh()`; the trace as it was when the smaller layout lost its
+    rate before it could be measured."""
+    bound, want = float(trace.config["bound"]), trace.property
+    seeds = list(trace.config["rate"].get("seeds", [0]))
+    layout = Layout.from_ops(trace.ops, seed=int(seeds[0]) if seeds else 0)
+    rate = Rate.from_json(trace.config["rate"])
+    small = minimise(None, layout, want, rate, bound=bound, should_stop=should_stop, fresh=fresh)
+    if small == layout:
+        return trace
+    final = _on(None, fresh, small, runs=measure_runs, bound=bound, want=want, should_stop=measure_stop)
+    if not final.k:
+        return trace
+    out = to_trace(small, final, client=trace.client or "", bound=bound, seeds=seeds, origin=trace.origin,
+                   clients=int(trace.config.get("clients", 1)))
+    out.config.update({k: v for k, v in trace.config.items() if k not in out.config})  # (the client's options)
+    return out
+
+
 class Concurrency:
     """`check`'s concurrent layer: many ops at once on one fresh server of the client (two clients of it when the
-    client can share servers, and the server's own evictions); a finding comes minimised and measured on fresh
-    stores. A run is never cut short (a pending op would read as lost): one starts only when its
+    client can share servers, and the server's own evictions); a finding comes measured on fresh stores (its layer's
+    row minimises it: `checking.layers`). A run is never cut short (a pending op would read as lost): one starts only when its
     whole bound fits in the phase."""
 
     name = "concurrency"
@@ -270,7 +292,7 @@ class Concurrency:
         try:
             trace = search(target, client=client.name, seed=ctx.seed, bound=bound,
                            should_stop=lambda: phase_stop() or time.monotonic() + bound >= ctx.phase_end,
-                           coverage=coverage, minimise_stop=lambda: time.monotonic() >= whole_stop, fresh=fresh)
+                           coverage=coverage, confirm_stop=lambda: time.monotonic() >= whole_stop, fresh=fresh)
         finally:
             target.close()
         if trace is None:

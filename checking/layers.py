@@ -12,6 +12,7 @@ A new layer is a trace kind (`model.trace.KINDS`) and one row here (tests/test_l
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, ContextManager, Iterator
 
 import attrs
@@ -217,6 +218,28 @@ def _concurrent_session(trace: Trace, on: ReplayOn) -> Iterator[Once]:
         yield once
 
 
+def _concurrent_minimise(ctx: SearchContext, finding: Finding, stop: Callable[[], bool]) -> Finding:
+    """Fewest threads, ops and shortest values, each candidate on fresh stores, then measured again until `ctx`'s
+    finish (`checking.concurrency_strategy.minimised`). A trace whose runs strike real faults is left as found."""
+    from checking.concurrency_strategy import minimised, strikes_of, targets
+    from model.finding import Rate
+    from model.trace import violations_of
+    trace = finding.trace
+    if strikes_of(trace.config):
+        finding.notes.append("not minimised: its runs strike real faults")
+        return finding
+    options = ctx.target.store_options(**{k: trace.config[k] for k in ("op_timeout",) if k in trace.config})
+    fresh, _ = targets(ctx.target.client, **options)
+    bound = float(trace.config["bound"])
+    small = minimised(trace, fresh, should_stop=stop, measure_stop=lambda: time.monotonic() + bound >= ctx.finish_by)
+    if small is trace:
+        finding.notes.append("not minimised: no smaller layout kept its rate")
+        return finding
+    finding.notes.append(f"minimised from {len(trace.ops)} to {len(small.ops)} ops")
+    return attrs.evolve(finding, trace=small, violations=violations_of(small), rate=Rate.from_json(small.config["rate"]),
+                        notes=list(finding.notes))
+
+
 # -- serving engines and stacks ---------------------------------------------------------------------------------------
 def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
     """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on; in a fresh
@@ -242,7 +265,7 @@ def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
 
 
 #: Every layer, by its trace kind (`model.trace.KINDS`, in that order). The serving layers' strategy minimises and
-#: measures its own findings (`checking.serving.serving_minimise`), as the concurrent layer's does.
+#: measures its own findings (`checking.serving.serving_minimise`), on the deployment it searched.
 LAYERS: dict[str, Layer] = {layer.kind: layer for layer in (
     Layer(kind="protocol", what="a protocol's rank programs over a client's stores, faults injected",
           subject="protocol", session=_protocol_session, minimise=_protocol_minimise, stats=_protocol_stats,
@@ -251,7 +274,7 @@ LAYERS: dict[str, Layer] = {layer.kind: layer for layer in (
           subject="client", session=_store_ops_session, minimise=_store_ops_minimise, stats=_ops_stats,
           in_memory_deterministic=True),
     Layer(kind="concurrent", what="a client's calls from several threads, judged linearizable or not",
-          subject="client", session=_concurrent_session, stats=_ops_stats),
+          subject="client", session=_concurrent_session, minimise=_concurrent_minimise, stats=_ops_stats),
     Layer(kind="engine", what="a serving engine's own lookup-and-load path, called in vLLM's order",
           subject="engine", session=_engine_session),
     Layer(kind="stack", what="a whole serving stack: requests in, observations out",

@@ -13,7 +13,7 @@ import pytest
 from adapters.catalogue import CLIENTS
 from checking.concurrency import make_layout, measure
 from model.contract import declared_paths
-from checking.concurrency_strategy import ConcurrencyCoverage, minimise, search
+from checking.concurrency_strategy import ConcurrencyCoverage, minimise, minimised, search
 from checking.layers import ReplayOn
 from checking.replay import DETERMINISTIC_RUNS, clean_runs, judge
 from model.finding import RATE_DRIFT, Rate, lower_bound, runs_within
@@ -56,12 +56,13 @@ def found_stale_trace():
     store = stale_cache_factory(1)[0]
     try:
         cov = ConcurrencyCoverage()
-        trace = search(store, client="properties.bad_stores:stale_cache_factory", seed=0, bound=0.5, coverage=cov,
-                       should_stop=lambda: cov.runs > 200, minimise_stop=lambda: False,
+        found = search(store, client="properties.bad_stores:stale_cache_factory", seed=0, bound=0.5, coverage=cov,
+                       should_stop=lambda: cov.runs > 200, confirm_stop=lambda: False,
                        fresh=lambda: stale_cache_factory(1))
     finally:
         store.close()
-    return trace
+    assert found is not None
+    return minimised(found, lambda: stale_cache_factory(1), should_stop=lambda: False, measure_stop=lambda: False)
 
 
 def test_search_minimises_and_writes_a_valid_concurrent_trace(tmp_path):
