@@ -1,7 +1,7 @@
 """What the tests share: the repository root, the command line in a subprocess (`run_cli`), the real Valkey
 server fixtures (`shardcheck_servers`, `shardcheck_server_factory`), and the `--runner sim|processes` option with
-its `shardcheck_run` fixture (`adapters.pytest_runner`), and `default_signals` for the children a test sends Ctrl-C or
-a hang-up to."""
+its `shardcheck_run` fixture (`adapters.pytest_runner`), `default_signals` for the children a test sends Ctrl-C or
+a hang-up to; a test the machine starved is skipped as undecided (`adapters.pytest_runner.pytest_runtest_call`)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from adapters.pytest_fixtures import shardcheck_server_factory, shardcheck_servers  # noqa: F401  (fixtures)
-from adapters.pytest_runner import pytest_addoption, shardcheck_run  # noqa: F401  (option and fixture)
+from adapters.pytest_runner import pytest_addoption, pytest_runtest_call, shardcheck_run  # noqa: F401  (option, hook, fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -149,3 +149,19 @@ def test_a_subjects_own_timeout_on_a_starved_machine_runs_again(machine):
     with pytest.raises(HarnessStarved) as exc:
         call_bounded(1.0, "get", "k", own_timeout)
     assert "gave up at its own timeout" in exc.value.reason
+
+
+def test_a_test_the_machine_starved_is_skipped_as_undecided_and_a_real_failure_still_fails(tmp_path):
+    """`adapters.pytest_runner.pytest_runtest_call`: a `HarnessOutcome` escaping a test is a skip naming the reason;
+    an assertion beside it still fails."""
+    from pathlib import Path
+    (tmp_path / "test_starved.py").write_text(
+        "from model.timing import HarnessStarved\n\n"
+        "def test_starved():\n    raise HarnessStarved('the machine kept it from running')\n\n"
+        "def test_wrong():\n    assert 1 == 2\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "adapters.pytest_runner", "-p",
+                          "no:cacheprovider", str(tmp_path / "test_starved.py")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert "undecided: the machine kept it from running" in out.stdout, out.stdout[-2000:]
+    assert "1 failed, 1 skipped" in out.stdout, out.stdout[-2000:]

@@ -30,7 +30,8 @@ from model.engine_oracle import RankView, prefix
 from model.outcome import Violation
 from model.stack_case import StackCase, StackStep, request_tokens
 from model.stack_oracle import check_hit, check_leaks, check_output, check_returned
-from model.timing import HarnessOutcome, SetupTimeout, allowance, had, over_text, overran, starved_timeout
+from model.timing import (HarnessOutcome, SetupTimeout, allowance, had, over_text, overran, rerun_starved,
+                          starved_timeout)
 from runtime import starvation
 from runtime.bounded import call_bounded
 
@@ -388,9 +389,21 @@ def reset_stack(stack: Any) -> None:
 def run_stack_case(stack: Any, case: StackCase, *, bounds: StackBounds = StackBounds(), salt: str | None = None,
                    references: References | None = None, stop_at_first: bool = True) -> EngineOutcome:
     """The whole case on `stack`, emptied first: every step, then `finish`. With `stop_at_first`, the steps stop at
-    the first violation. `salt` (default: a fresh one) gives the run its own token space and request ids."""
-    t0 = time.monotonic()
+    the first violation. `salt` (default: a fresh one) gives the run its own token space and request ids. A run the
+    machine starved (`model.timing.HarnessOutcome`) runs again, under a salt of its own, and the last one propagates."""
     salt = f"{uuid.uuid4().hex[:8]}-" if salt is None else salt
+    attempt = [0]
+
+    def once() -> EngineOutcome:
+        attempt[0] += 1
+        return _run_stack_once(stack, case, bounds, salt if attempt[0] == 1 else f"{salt}a{attempt[0]}-", references,
+                               stop_at_first)
+    return rerun_starved(once)
+
+
+def _run_stack_once(stack: Any, case: StackCase, bounds: StackBounds, salt: str, references: References | None,
+                    stop_at_first: bool) -> EngineOutcome:
+    t0 = time.monotonic()
     reset_stack(stack)
     run = StackRun(stack, case, bounds, salt, references)
     try:
