@@ -274,8 +274,8 @@ def minimised(trace: Trace, fresh: Callable[[], Any], *, should_stop: Callable[[
 class Concurrency:
     """`check`'s concurrent layer: many ops at once on one fresh server of the client (two clients of it when the
     client can share servers, and the server's own evictions); a finding comes measured on fresh stores (its layer's
-    row minimises it: `checking.layers`). A run is never cut short (a pending op would read as lost): one starts only when its
-    whole bound fits in the phase."""
+    row minimises it: `checking.layers`). A run is never cut short (a pending op would read as lost): one starts only
+    when its whole bound fits in the phase."""
 
     name = "concurrency"
 

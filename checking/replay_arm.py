@@ -94,7 +94,6 @@ def arm_session(trace: Any, target: Any, error: type[Exception]) -> Iterator[Cal
         conn.close()
 
 
-
 def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> None:
     """The fresh process: build the engine (its patches are applied by its first deployment, here only), say
     `("ready", None)` or `("failed", why)`, then answer each "run" with `("ok", (violations as JSON, note))` or

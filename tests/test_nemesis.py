@@ -278,7 +278,7 @@ def test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_t
     client that had just lost its connection, as the renewal was held back for half a GET bound: the put raised
     "did not land (lost: ...)", store-error in the store machine, and the read answered a miss). A read that gave up
     at the connector's own GET bound while the machine kept it from running is no verdict: the rounds run again
-    (`model.timing.rerun_starved`), and a machine starved throughout skips the test as undecided (tests/conftest.py)."""
+    (`model.timing.rerun_starved`), and a machine starved throughout skips the test as undecided (`adapters.pytest_runner`)."""
     from model import timing
     timing.rerun_starved(_drop_read_write_rounds)
 
