@@ -33,7 +33,6 @@ import select
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -238,7 +237,7 @@ class MooncakeMaster:
         except reaper.Exiting:
             raise RuntimeError("mooncake_master not started: the process is exiting") from None
         try:
-            self.dir = tempfile.mkdtemp(prefix="shardcheck-mooncake-")
+            self.dir = reaper.temp_dir("shardcheck-mooncake-")
             self.port, self.metrics_port = self.net.free_port(), self.net.free_port()
             self._spawn(timeout)
         except BaseException:
@@ -325,7 +324,7 @@ class MooncakeMaster:
             self.paused = False
         kill_spawned(proc, fresh)  # SIGKILL: a paused master or one busy in its shutdown never lingers
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            reaper.remove_dir(self.dir)
             self.dir = None
         reaper.unregister(self)
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection as mpc
 import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -32,7 +30,7 @@ from model.checks import check_outcome
 from model.harness import chunk_hashes, kv_bytes
 from model.outcome import Case, Event, Outcome, SimResult, Violation, leading_run
 from model.timing import SetupTimeout, overran
-from runtime import starvation
+from runtime import reaper, starvation
 
 __all__ = ["ProcessRunner", "RunnerError", "DEFAULT_TIMEOUT"]
 
@@ -89,13 +87,13 @@ class ProcessRunner:
             case = attrs.evolve(case, salt=f"proc{os.getpid()}-{self.runs}-{case.salt}")
         self.runs += 1
         if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="shardcheck-ranks-")
+            self._dir = reaper.temp_dir("shardcheck-ranks-")
         return _Case(self, protocol, case, os.path.join(self._dir, f"case{self.runs}")).run()
 
     def close(self) -> None:
         """Remove the rendezvous files (each case starts and reaps its own processes)."""
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            reaper.remove_dir(self._dir)
             self._dir = None
 
     def __enter__(self) -> "ProcessRunner":

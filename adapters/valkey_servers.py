@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -172,9 +170,12 @@ class ValkeyServer:
             self.port = free_port()
         self._stopped = False
         self._register()  # registered before its dir exists: every stop path (atexit too) removes the dir
-        self.dir = tempfile.mkdtemp(prefix=f"shardcheck-valkey-{self.port}-")
         try:
+            self.dir = reaper.temp_dir(f"shardcheck-valkey-{self.port}-")  # (the exit removes it at the latest)
             self._spawn(self._write_config(), timeout)
+        except reaper.Exiting:  # (the exit began between the registration and the dir)
+            self.stop()
+            raise ServerStartError(f"valkey-server on {HOST}:{self.port} not started: the process is exiting") from None
         except BaseException:  # Ctrl-C or a failure at any point of the start: nothing of it stays
             self.stop()
             raise
@@ -287,7 +288,7 @@ class ValkeyServer:
             finally:  # killed if it did not end in time, and reaped whatever interrupts the stop
                 kill_spawned(proc)
         if self.dir is not None:  # (removed before it is unregistered: interrupted here, atexit removes it)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            reaper.remove_dir(self.dir)
             self.dir = None
         reaper.unregister(self)
 

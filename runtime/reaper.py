@@ -21,20 +21,28 @@ stopped; it answers what went wrong, a line each. A stop that failed leaves its 
 A second Ctrl-C while the exit stops things does not skip the rest: each is still stopped, and the interrupt raised
 after. `own_process(proc)` and `kill_process(proc)` do this for a started `multiprocessing.Process`.
 A forked child owns nothing of its parent's: the registry is emptied in it.
+
+Temp dirs are registered the same way: `temp_dir(prefix)` makes one, `remove_dir(path)` removes it, and the exit
+removes every one still there, after the stops. None is made once the exit began (`Exiting`), and the exit's list is
+taken under the same lock a dir is made under: a daemon thread making one while the process exits (a deployment's
+build, cut off by `os._exit`) can never leave it behind.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 import threading
 from typing import Any, Callable, TypeVar, Union, overload
 
 import attrs
 
 __all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "live", "reap", "register", "unregister",
-           "own_process", "kill_process"]
+           "own_process", "kill_process", "temp_dir", "remove_dir"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
 STOP_SECONDS = 10.0
@@ -99,6 +107,27 @@ class Reaper:
         self._entries: dict[int, _Entry] = {}  # by id: the entry holds its object, so the id is not reused
         self._exiting = False
         self._closing: list[type | tuple[type, ...]] = []
+        self._dirs: set[str] = set()
+
+    def temp_dir(self, prefix: str) -> str:
+        """A new private dir in the temp dir, removed at exit if `remove_dir` did not remove it; `Exiting` once the exit
+        began. (Its path is registered before it exists: a KeyboardInterrupt in between leaves nothing.)"""
+        with self._lock:
+            if self._exiting:
+                raise Exiting(f"no temp dir {prefix}* made: the process is exiting")
+            while True:
+                path = os.path.join(tempfile.gettempdir(), prefix + secrets.token_hex(4))
+                self._dirs.add(path)
+                try:
+                    os.mkdir(path, 0o700)
+                    return path
+                except FileExistsError:
+                    self._dirs.discard(path)
+
+    def remove_dir(self, path: str) -> None:
+        """Remove a dir `temp_dir` made (and all in it); nothing to do for it at exit."""
+        shutil.rmtree(path, ignore_errors=True)
+        self._dirs.discard(path)
 
     def register(self, obj: Any, stop: Callable[[], object], *, bound: float = STOP_SECONDS) -> None:
         """`stop()` stops `obj` at exit (at most `bound` s); `Exiting` once the exit began (or `obj`'s kind is being
@@ -143,6 +172,7 @@ class Reaper:
             else:
                 self._closing.append(kind)
             entries = [e for e in list(self._entries.values()) if kind is None or isinstance(e.obj, kind)]
+            dirs = sorted(self._dirs) if kind is None else []  # (none is made from here on: `temp_dir`)
         problems: list[str] = []
         interrupted: KeyboardInterrupt | None = None
         try:
@@ -153,6 +183,8 @@ class Reaper:
                     interrupted, problem = exc, f"stopping {_describe(entry.obj)} was interrupted"
                 if problem is not None:
                     problems.append(problem)
+            for path in dirs:  # (after the stops: a server's dir outlives its process)
+                self.remove_dir(path)
             if interrupted is not None:
                 raise interrupted
             return problems
@@ -166,6 +198,7 @@ class Reaper:
         self._lock = threading.RLock()
         self._entries = {}
         self._closing = []
+        self._dirs = set()
 
 
 REAPER = Reaper()
@@ -195,6 +228,16 @@ def live(kind: Kind = None) -> list[Any]:
 def reap(kind: Kind = None, *, inline: bool = False) -> list[str]:
     """`REAPER.reap`: stop what is registered (of `kind`; None: the exit), last registered first, each bounded."""
     return REAPER.reap(kind, inline=inline)
+
+
+def temp_dir(prefix: str) -> str:
+    """`REAPER.temp_dir`: a new private temp dir, removed at exit at the latest; `Exiting` once the exit began."""
+    return REAPER.temp_dir(prefix)
+
+
+def remove_dir(path: str) -> None:
+    """`REAPER.remove_dir`: remove a dir `temp_dir` made."""
+    REAPER.remove_dir(path)
 
 
 def kill_process(proc: Any, wait: float = 5.0) -> None:

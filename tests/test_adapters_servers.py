@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -211,7 +212,7 @@ def test_ctrl_c_at_any_point_of_a_start_leaves_nothing(point: str, tmp_path, mon
     import threading
 
     from adapters import spawning, valkey_servers as vs
-    monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     spawned: list[subprocess.Popen] = []
     real_popen, real_ping, real_config = vs.subprocess.Popen, vs.ping, vs.ValkeyServer._write_config
     main = threading.get_ident()
@@ -322,8 +323,9 @@ def test_no_server_starts_once_the_exit_stopped_them(when: str, tmp_path, monkey
     """After the exit's stop of every server (atexit, a fatal signal), a start on a thread still running (a
     deployment's build on a bounded-call thread, when Ctrl-C ended the main one) raises and leaves no process or dir:
     it left a server dir behind the exit's clean-up (`check --engine` interrupted, 3 of 10 loaded runs)."""
+
     from adapters import spawning, valkey_servers as vs
-    monkeypatch.setattr(vs.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     exiting = reaper.Reaper()
     monkeypatch.setattr(reaper, "REAPER", exiting)  # (the real one's exit would stop this worker's other servers)
     server = vs.ValkeyServer()
@@ -343,3 +345,65 @@ def test_no_server_starts_once_the_exit_stopped_them(when: str, tmp_path, monkey
         server.start()
     assert all(p.poll() is not None for p in spawned) and len(spawned) == (when != "before")
     assert list(tmp_path.iterdir()) == [] and exiting.live() == [] and exiting.exiting()
+
+
+def test_a_start_the_exit_overtakes_between_its_registration_and_its_dir_makes_no_dir(tmp_path, monkeypatch):
+    """The exit's stop of a server whose start (on a deployment's build thread) registered it and had not made its
+    dir yet: the start must not make the dir afterwards. `os._exit` (`shardcheck.supervise.quick_exit`) cut such a
+    thread off before its own clean-up, and an empty `shardcheck-valkey-*` dir stayed (CI, `check --engine` with two
+    Ctrl-Cs). Now the dir comes from `reaper.temp_dir`, which the exit closes under the lock it lists dirs under."""
+    import threading
+
+    from adapters import valkey_servers as vs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    exiting = reaper.Reaper()
+    monkeypatch.setattr(reaper, "REAPER", exiting)
+    registered, go, configs, raised = threading.Event(), threading.Event(), [], []
+    real_register = vs.ValkeyServer._register
+
+    def register(self):
+        real_register(self)
+        if not registered.is_set():
+            registered.set()
+            go.wait(30)
+
+    def config(self):  # reached only with a dir: what an `os._exit` now would leave behind
+        configs.append(sorted(q.name for q in tmp_path.iterdir()))
+        raise RuntimeError("held")
+
+    monkeypatch.setattr(vs.ValkeyServer, "_register", register)
+    monkeypatch.setattr(vs.ValkeyServer, "_write_config", config)
+    server = vs.ValkeyServer()
+
+    def start():
+        try:
+            server.start()
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=start, daemon=True)
+    t.start()
+    assert registered.wait(30)
+    assert exiting.reap() == []  # the exit stops the server: registered, no dir yet
+    go.set()
+    t.join(30)
+    assert configs == [], f"a dir was made after the exit: {configs}"
+    assert len(raised) == 1 and isinstance(raised[0], vs.ServerStartError) and "exiting" in str(raised[0])
+    assert list(tmp_path.iterdir()) == [] and exiting.live() == []
+
+
+def test_the_exit_removes_a_temp_dir_left_by_its_maker(tmp_path, monkeypatch):
+    """`reaper.temp_dir`: a dir whose maker never removed it (a thread cut off) is removed by the exit, after the
+    stops; none is made once the exit began."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = reaper.Reaper()
+    kept, removed = r.temp_dir("kept-"), r.temp_dir("removed-")
+    order: list[str] = []
+    r.register(object(), lambda: order.append(",".join(sorted(q.name[:4] for q in tmp_path.iterdir()))))
+    r.remove_dir(removed)
+    (Path(kept) / "file").write_text("x")
+    assert r.reap() == [] and list(tmp_path.iterdir()) == []
+    assert order == ["kept"]  # (the dirs go after the stops)
+    with pytest.raises(reaper.Exiting, match="exiting"):
+        r.temp_dir("late-")
+    assert list(tmp_path.iterdir()) == []

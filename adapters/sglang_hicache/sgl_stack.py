@@ -35,10 +35,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from multiprocessing.connection import Listener
@@ -159,7 +157,7 @@ class HiCacheStack:
         self.patches = tuple(patches)
         self.links: list[_Link] = []
         reaper.register(self, self._at_exit)  # (its rank processes killed at exit; none starts once it began)
-        self.tmp = Path(tempfile.mkdtemp(prefix="shardcheck-sglang-"))
+        self.tmp = Path(reaper.temp_dir("shardcheck-sglang-"))
         self.state = ["up"] * n_ranks
         self.waiting: list[_Req] = []
         self.running: dict[str, _Req] = {}
@@ -261,7 +259,7 @@ class HiCacheStack:
         problems = self._kill_all()
         tmp = getattr(self, "tmp", None)
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            reaper.remove_dir(tmp)
         if problems:
             raise RuntimeError("; ".join(problems))
 
@@ -449,7 +447,7 @@ class HiCacheStack:
 
     def close(self) -> list[str]:
         problems = self._stop_ranks()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        reaper.remove_dir(self.tmp)
         reaper.unregister(self)
         return problems
 

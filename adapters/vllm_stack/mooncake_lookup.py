@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 import threading
 import time
 import warnings
@@ -39,6 +38,7 @@ from model.contract import StackResult
 from model.engine_oracle import RankView, prefix
 from model.outcome import Violation
 from model.stack_oracle import check_hit
+from runtime import reaper
 
 __all__ = ["MooncakeLookup", "BLOCK", "MODEL", "lookup_search"]
 
@@ -53,7 +53,7 @@ class MooncakeLookup:
 
     def __init__(self, n_ranks: int, *, op_timeout: float = 2.0) -> None:
         self.n_ranks = n_ranks
-        self._rpc_dir = tempfile.mkdtemp(prefix="shardcheck-vllm-rpc-")
+        self._rpc_dir = reaper.temp_dir("shardcheck-vllm-rpc-")
         os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(int(op_timeout * 1000)))
         self.masters = start_masters(1)
@@ -181,9 +181,7 @@ class MooncakeLookup:
         for w in self.writers:
             w.close()
         self.masters.stop()
-        import shutil
-
-        shutil.rmtree(self._rpc_dir, ignore_errors=True)
+        reaper.remove_dir(self._rpc_dir)
 
     def __enter__(self) -> "MooncakeLookup":
         return self

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from typing import Any, Sequence
 
 from adapters.mooncake_servers import MasterSet, start_masters, unavailable
 from adapters.nemesis import Nemesis
 from adapters.vllm_stack.serving_stack import BLOCK_SIZE, _KV_BYTES_PER_TOKEN, _KV_CACHE_BYTES, MOONCAKE, VllmStack
+from runtime import reaper
 
 __all__ = ["MooncakeVllmStack", "LOOKUP_TIMEOUT_MS", "RECOVERY_SECONDS", "STORE_LAG"]
 
@@ -90,7 +90,7 @@ class MooncakeVllmStack(VllmStack):
         self.child = None
         self.last_reset: dict = {}
         self._closed = False
-        self._config_dir = tempfile.mkdtemp(prefix="shardcheck-mooncake-conf-")
+        self._config_dir = reaper.temp_dir("shardcheck-mooncake-conf-")
         try:
             self.masters = start_masters(1)
             self.master = self.masters.masters[0]

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Sequence
 
 from adapters.nemesis import Nemesis
@@ -30,6 +28,7 @@ from adapters.vllm_stack.lmcache_fixes import CONNECTORS, PATCHED, STOCK, V3_APP
 from adapters.vllm_stack.stack_rpc import StackChild, StackChildError
 from model.contract import StackRequest, StackResult
 from model.faults import HeldControl
+from runtime import reaper
 
 __all__ = ["VllmStack", "vllm_stack", "BLOCK_SIZE", "CHUNK_SIZE", "LOOKUP_TIMEOUT_MS", "CONNECTORS"]
 
@@ -97,7 +96,7 @@ class VllmStack:
         self.child: StackChild | None = None
         self.last_reset: dict = {}
         self._closed = False
-        self._config_dir = tempfile.mkdtemp(prefix="shardcheck-lmcache-conf-")
+        self._config_dir = reaper.temp_dir("shardcheck-lmcache-conf-")
         try:
             if urls is None:
                 self.owned = start_servers(n_ranks)
@@ -262,7 +261,7 @@ class VllmStack:
                 left = self.child.close()
         finally:
             self._stop_servers()
-            shutil.rmtree(self._config_dir, ignore_errors=True)
+            reaper.remove_dir(self._config_dir)
         return left
 
     def _resume_servers(self) -> None:

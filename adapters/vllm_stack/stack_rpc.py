@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -80,7 +78,7 @@ class StackChild:
     def __init__(self, spec: dict, *, env: dict[str, str], start_timeout: float, call_timeout: float,
                  close_timeout: float, argv_prefix: list[str] | None = None) -> None:
         self.marker = uuid.uuid4().hex[:12]
-        self.run_dir = tempfile.mkdtemp(prefix="shardcheck-vllm-")
+        self.run_dir = reaper.temp_dir("shardcheck-vllm-")
         self.log_path = os.path.join(self.run_dir, "vllm.log")
         self.call_timeout, self.close_timeout = call_timeout, close_timeout
         self.close_notes: list[str] = []
@@ -94,7 +92,7 @@ class StackChild:
         try:
             reaper.register(self, self._reap)
         except reaper.Exiting:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            reaper.remove_dir(self.run_dir)
             raise
         try:
             self._start({**spec, "run_dir": self.run_dir}, env, start_timeout)
@@ -201,7 +199,7 @@ class StackChild:
     def _reap(self) -> None:
         """At exit (`runtime.reaper`): kill it and whatever carries its marker, remove its run dir."""
         self._kill()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        reaper.remove_dir(self.run_dir)
 
     def close(self) -> list[str]:
         """Stop the child (see the module docstring); what was still running afterwards."""
@@ -221,6 +219,6 @@ class StackChild:
             time.sleep(0.1)
             left = marked_pids(self.marker)
         reaper.unregister(self)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        reaper.remove_dir(self.run_dir)
         return [f"process {pid} of the vLLM run {self.marker} is still running" for pid in left]
 
