@@ -131,7 +131,7 @@ def run_check(target: Target, *, budget: float, run: Runner | None = None,
               nemesis: Any = None, started: float | None = None, strategies: Mapping[str, str]) -> CheckResult:
     """Search `target` within `budget` seconds of `started` (monotonic; default: now), see the module doc. `run` runs
     a protocol case over the target's client (kept for the whole check); `fresh_runner()` a context giving one over
-    fresh stores (the measurement); both None for a serving engine (its strategies measure their own findings)."""
+    fresh stores (the measurement); both None for a serving engine (its rows measure what they minimise)."""
     if target.engine is None and (run is None or fresh_runner is None):
         raise ValueError("a protocol-and-client target needs run and fresh_runner")
     t0 = time.monotonic() if started is None else min(started, time.monotonic())
@@ -271,8 +271,7 @@ def _exhaust(ctx: SearchContext, size: tuple[int, int], on_progress: Callable[[C
 
 def _minimised(ctx: SearchContext, finding: Finding, finish_by: float) -> Finding:
     """The finding shrunk by its layer's minimiser (`checking.layers.Layer.minimise`), until `finish_by`."""
-    minimise = layer_of(finding.trace).minimise
-    return finding if minimise is None else minimise(ctx, finding, lambda: time.monotonic() >= finish_by)
+    return layer_of(finding.trace).minimise(ctx, finding, lambda: time.monotonic() >= finish_by)
 
 
 def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], ContextManager[Runner]] | None,

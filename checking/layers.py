@@ -4,7 +4,7 @@ differently per layer, written here once and read by both.
 A `Layer` says what its subject is (`subject`: the part of a `checking.api.Target` its traces are saved under and
 replayed on: a protocol over a client, a client, or a serving engine), how a trace of it runs on fresh stores or a
 fresh deployment (`session`), when one run is the verdict (`deterministic`), how `check` minimises a finding of it
-(`minimise`; None: its strategy hands over a minimised finding already) and what a finding adds to the verdict's
+(`minimise`: each row has one) and what a finding adds to the verdict's
 `stats.counterexample` (`stats`). `checking.replay` judges any trace through its row; `checking.check` minimises,
 measures and saves any finding through it; `shardcheck.replay_cmd` picks what a trace replays on by its `subject`.
 A new layer is a trace kind (`model.trace.KINDS`) and one row here (tests/test_layers.py holds every kind to one).
@@ -78,7 +78,7 @@ class Layer:
     what: str
     subject: str = attrs.field(validator=attrs.validators.in_(SUBJECTS))
     session: Callable[[Trace, ReplayOn], ContextManager[Once]]
-    minimise: Callable[[SearchContext, Finding, Callable[[], bool]], Finding] | None = None
+    minimise: Callable[[SearchContext, Finding, Callable[[], bool]], Finding]
     stats: Callable[[Finding], dict] = lambda finding: {}
     in_memory_deterministic: bool = False
 
@@ -241,6 +241,19 @@ def _concurrent_minimise(ctx: SearchContext, finding: Finding, stop: Callable[[]
 
 
 # -- serving engines and stacks ---------------------------------------------------------------------------------------
+def _serving_minimise(ctx: SearchContext, finding: Finding, stop: Callable[[], bool]) -> Finding:
+    """Run again to tell a race from a deterministic finding, minimised (`checking.serving.serving_minimise`) on the
+    target's deployments or its stack, then measured until `ctx`'s finish; no run is started that the cases so far
+    say would end past it. A finding its strategy measured already (the engine machine's) is left as it is."""
+    if finding.rate is not None:
+        return finding
+    from checking.serving.engine_search import EngineCasesCoverage, serving_minimised
+    stats = ctx.coverage.of(finding.strategy, EngineCasesCoverage).stats
+    ahead = lambda: time.monotonic() + stats.seconds_per_case >= ctx.finish_by  # noqa: E731
+    return serving_minimised(ctx.target.engine.source(), finding, stats=stats, stop=lambda: stop() or ahead(),
+                             measure_stop=ahead)
+
+
 def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
     """Runs of an engine trace's case, each on a fresh deployment of the serving engine replayed on; in a fresh
     process (`checking.replay_arm`) when that engine has patches or this process has applied some already (a patch
@@ -255,6 +268,11 @@ def _engine_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
     return engine_session(trace, on.engine.make)
 
 
+def _serving_stats(finding: Finding) -> dict:
+    c = finding.case
+    return {} if c is None else {"n_ranks": c.n_ranks, "steps": len(c.steps)}
+
+
 def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
     """Runs of a stack trace's case on the serving stack replayed on (`checking.serving.stack_search.StackTarget`),
     emptied before each."""
@@ -264,8 +282,7 @@ def _stack_session(trace: Trace, on: ReplayOn) -> ContextManager[Once]:
     return stack_session(trace, on.engine)
 
 
-#: Every layer, by its trace kind (`model.trace.KINDS`, in that order). The serving layers' strategy minimises and
-#: measures its own findings (`checking.serving.serving_minimise`), on the deployment it searched.
+#: Every layer, by its trace kind (`model.trace.KINDS`, in that order).
 LAYERS: dict[str, Layer] = {layer.kind: layer for layer in (
     Layer(kind="protocol", what="a protocol's rank programs over a client's stores, faults injected",
           subject="protocol", session=_protocol_session, minimise=_protocol_minimise, stats=_protocol_stats,
@@ -276,7 +293,7 @@ LAYERS: dict[str, Layer] = {layer.kind: layer for layer in (
     Layer(kind="concurrent", what="a client's calls from several threads, judged linearizable or not",
           subject="client", session=_concurrent_session, minimise=_concurrent_minimise, stats=_ops_stats),
     Layer(kind="engine", what="a serving engine's own lookup-and-load path, called in vLLM's order",
-          subject="engine", session=_engine_session),
+          subject="engine", session=_engine_session, minimise=_serving_minimise, stats=_serving_stats),
     Layer(kind="stack", what="a whole serving stack: requests in, observations out",
-          subject="engine", session=_stack_session),
+          subject="engine", session=_stack_session, minimise=_serving_minimise, stats=_serving_stats),
 )}

@@ -23,8 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from checking.api import SearchContext
 from checking.serving.engine_run import Bounds, EngineRun, build_deployment
-from checking.serving.engine_search import call_of, engine_finding, leading, measure_rate, shows
-from checking.serving.serving_minimise import minimise_case
+from checking.serving.engine_search import call_of, engine_finding, leading
 from model.engine_case import EngineCase, EnginePrompt, Step
 from model.faults import HELD_ACTIONS
 from model.finding import Finding
@@ -113,26 +112,22 @@ class EngineMachine(RuleBasedStateMachine):
         raise_violations(violations, "engine")
 
     def _write(self, violations: list) -> Path | str:
-        """The trace of the steps so far, cut down on fresh deployments first (within `--minimise-seconds`)."""
-        assert self.case is not None
+        """The trace of the steps so far, cut down on fresh deployments first (within `--minimise-seconds`, half of
+        what is left at most) and measured: the engine row's minimiser (`checking.layers`)."""
+        from checking.serving.engine_run import EngineOutcome
+        from checking.serving.engine_search import EngineStats, serving_minimised
+        assert self.case is not None and self.run is not None
         case = attrs.evolve(self.case, steps=tuple(self.steps))
         prop, call = violations[0].property, call_of(violations[0])
+        found = engine_finding(self.target.subject, "engine-machine", case,
+                               EngineOutcome(case, list(violations), list(self.run.events), 0.0),
+                               leading(violations, prop, call), None, "pytest properties/ (EngineMachine)")
         now = time.monotonic()
         stop_at = min(now + self.cfg.minimise_seconds, (now + self.cfg.finish_by) / 2)  # (half what is left at most)
-        stop = lambda: time.monotonic() >= stop_at  # noqa: E731
-        make, bounds = self.target.make, Bounds(close=0.3)
-        small = minimise_case(lambda c: shows(_run(make, c, bounds).violations, prop, call), case, stop) \
-            if self.cfg.minimise_seconds > 0 else case
-        measured_by = min(stop_at + self.cfg.minimise_seconds, self.cfg.finish_by)  # (one run at least)
-        k, n, first = measure_rate(lambda c: _run(make, c, bounds), small, prop, 3, call=call,
-                                   stop=lambda: time.monotonic() >= measured_by)
-        if first is None:
-            from checking.serving.engine_run import EngineOutcome
-            small, k, n, first = case, 1, 1, EngineOutcome(case, list(violations), list(self.run.events), 0.0)
-        from model.finding import Rate
-        finding = engine_finding(self.target.subject, "engine-machine", small, first,
-                                 leading(first.violations, prop, call), Rate.now(k, n),
-                                 "pytest properties/ (EngineMachine)")
+        measured_by = min(stop_at + self.cfg.minimise_seconds, self.cfg.finish_by)  # (3 runs at least)
+        finding = serving_minimised(self.target.source(), found, stats=EngineStats(), measure_runs=3,
+                                    stop=lambda: time.monotonic() >= stop_at,
+                                    measure_stop=lambda: time.monotonic() >= measured_by)
         return write_found(finding.trace, self.cfg, self.target.name, prop)
 
     # -- rules --------------------------------------------------------------------------------------------------
@@ -212,11 +207,6 @@ class EngineMachine(RuleBasedStateMachine):
         found = self.run.finish()
         if found and not self.run.violations[:-len(found)]:
             self._fail(found)
-
-
-def _run(make: Callable, case: EngineCase, bounds: Bounds) -> Any:
-    from checking.serving.engine_run import run_engine_case
-    return run_engine_case(make, case, bounds=bounds)
 
 
 @attrs.define

@@ -152,3 +152,25 @@ def test_a_temp_dir_too_long_for_zmq_sockets_is_one_line_and_exit_2(tmp_path):
                        capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(deep)})
     assert r.returncode == 2, r.stderr[-2000:]
     assert "TMPDIR" in r.stderr and "too long" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.real
+def test_pytest_properties_engine_writes_a_minimised_measured_trace(tmp_path):
+    """`pytest properties/ --engine lmcache`: the engine machine's failure is written as a trace cut down and measured
+    on fresh deployments by the engine row's minimiser (`checking.serving.engine_search.serving_minimised`). Stock
+    LMCache's close never returns on any deployment: the trace is cut to no steps and shows in every run measured."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "properties/test_engine_layer.py", "--engine", "lmcache", "--found-dir", str(tmp_path),
+                          "--minimise-seconds", "20"], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HYPOTHESIS_PROFILE": "dev"})
+    assert got.returncode == 1, got.stdout[-2000:] + got.stderr[-2000:]
+    (path,) = tmp_path.glob("*.json")
+    trace = Trace.load(str(path))
+    assert trace.kind == "engine" and trace.property == "engine-returns", trace.summary
+    rate = trace.config["rate"]
+    assert trace.config["case"]["steps"] == [] and rate["k"] == rate["n"] >= 3, (trace.config["case"], rate)

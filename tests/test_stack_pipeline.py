@@ -25,6 +25,9 @@ def test_a_max_over_ranks_lookup_is_found_saved_replayed_and_drawn(tmp_path):
     trace = next(tmp_path.glob("*.json"))
     saved = json.loads(trace.read_text())
     assert saved["kind"] == "stack" and saved["config"]["patches"] == [PATCH]
+    ce = report["stats"]["counterexample"]  # minimised and measured by the stack's row (`checking.layers`)
+    assert ce["strategy"] == "stack-cases" and ce["notes"][0].startswith("minimised from"), ce
+    assert ce["rate"]["n"] >= 3 and ce["steps"] == len(saved["config"]["case"]["steps"]), ce
     replayed = _cli("replay", str(trace), "--json")
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
     assert json.loads(replayed.stdout)["results"][0]["outcome"] == "reproduces"

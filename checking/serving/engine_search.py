@@ -37,12 +37,13 @@ from checking.serving.engine_run import Bounds, EngineOutcome, run_engine_case
 from checking.serving.serving_minimise import minimise_case
 from model.engine_case import EngineCase, case_from_json
 from model.finding import Finding, Rate
+from model.timing import HarnessOutcome
 from model.outcome import Violation
 from model.trace import Trace, encode, subject_key
 
 __all__ = ["CaseSource", "TraceSubject", "deployment_source", "finding_key", "call_of", "shows", "leading",
            "EngineStats", "ServingTarget", "EngineTarget", "EngineCases", "engine_target", "engine_search",
-           "facts_of", "facts_note", "measure_rate", "engine_finding", "engine_session"]
+           "facts_of", "facts_note", "measure_rate", "engine_finding", "engine_session", "serving_minimised"]
 
 Make = Callable[[EngineCase], Any]
 
@@ -123,7 +124,7 @@ def deployment_source(make: Make, *, subject: TraceSubject, lookups: tuple[str, 
 
 
 def engine_search(source: CaseSource, *, strategy: str, seed: int, should_stop: Callable[[], bool],
-                  stats: EngineStats,
+                  stats: EngineStats, minimise: bool = True,
                   minimise_stop: Callable[[], bool] | None = None, measure_runs: int = 4,
                   random_after: Callable[[], bool] | None = None, faults: bool = True,
                   one: bool = False, minimise_seconds: float = 30.0,
@@ -131,7 +132,8 @@ def engine_search(source: CaseSource, *, strategy: str, seed: int, should_stop: 
     """Run the source's cases until `should_stop()`; one finding per property (just the first with `one`).
     `random_after()` true ends the enumeration early (random cases take the rest); `faults=False` leaves out the cases
     that pause, kill or restart a server (servers shardcheck did not start). Each finding is minimised and measured
-    for at most `minimise_seconds` (and never past `minimise_stop()`). `by_origin`: `pins` and `engine-completeness`
+    for at most `minimise_seconds` (and never past `minimise_stop()`); with `minimise=False` it is returned as found,
+    unmeasured (`check`'s row minimises it: `serving_minimised`). `by_origin`: `pins` and `engine-completeness`
     once per kind of case (recurring, pause, again, ..., random), `engine-returns` once per call, the others once."""
     findings: list[Finding] = []
     enumerated = source.cases()
@@ -161,16 +163,34 @@ def engine_search(source: CaseSource, *, strategy: str, seed: int, should_stop: 
         new = [v for v in out.violations if finding_key(v, kind) not in stats.found]
         if not new:
             continue
-        prop = new[0].property
+        prop, call = new[0].property, call_of(new[0])
         stats.found.append(finding_key(new[0], kind))
-        outer = minimise_stop or should_stop
-        call = call_of(new[0])
-        finding = _finding(source, strategy, case, out, prop, origin, outer=outer, seconds=minimise_seconds,
-                           measure_runs=measure_runs, stats=stats, call=call)
+        if minimise:
+            outer = minimise_stop or should_stop
+            t0 = time.monotonic()
+            finding = _finding(source, strategy, case, out, prop, origin, call=call, stats=stats,
+                               stop=lambda: outer() or time.monotonic() >= t0 + 0.7 * minimise_seconds,
+                               measure_stop=lambda: outer() or time.monotonic() >= t0 + minimise_seconds,
+                               measure_runs=measure_runs)
+        else:
+            finding = engine_finding(source.subject, strategy, case, out, leading(out.violations, prop, call), None,
+                                     origin)
         findings.append(finding)
         if one:
             break
     return findings
+
+
+def serving_minimised(source: CaseSource, finding: Finding, *, stop: Callable[[], bool],
+                      measure_stop: Callable[[], bool], stats: EngineStats, measure_runs: int = 4) -> Finding:
+    """A serving layer's finding as found (its case, the run that showed it) told a race from a deterministic one and
+    minimised until `stop()`, then its rate measured until `measure_stop()` (`MIN_MEASURE_RUNS` at least): what
+    `check`'s engine and stack rows do (`checking.layers`)."""
+    assert finding.case is not None and isinstance(finding.outcome, EngineOutcome)
+    origin = finding.trace.origin.removeprefix("check:engine:")
+    return _finding(source, finding.strategy, finding.case, finding.outcome, finding.property, origin,
+                    call=call_of(finding.violations[0]), stats=stats, stop=stop, measure_stop=measure_stop,
+                    measure_runs=measure_runs)
 
 
 def _about(source: CaseSource, call: str | None) -> Callable[..., EngineOutcome]:
@@ -222,29 +242,33 @@ def _shows(run: Callable[..., EngineOutcome], case: Any, prop: str, call: str | 
 
 
 def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, prop: str, origin: str, *,
-             outer: Callable[[], bool], seconds: float, measure_runs: int, stats: EngineStats,
+             stop: Callable[[], bool], measure_stop: Callable[[], bool], measure_runs: int, stats: EngineStats,
              call: str | None = None) -> Finding:
-    """Tell a race from a deterministic finding, minimise it (70% of `seconds`), measure its rate (the rest). An
-    `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is another finding)."""
+    """Tell a race from a deterministic finding and minimise it until `stop()`, measure its rate until
+    `measure_stop()`. An `engine-returns` finding stays about its `call` (a case cut down to one whose close hangs is
+    another finding). The harness starved meanwhile: the case as found, the runs made so far, and a note."""
     run = _about(source, call)
-    t0 = time.monotonic()
-    stop = lambda: outer() or time.monotonic() >= t0 + 0.7 * seconds  # noqa: E731
-    again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
-    runs = runs_per_candidate(source.subject.kind, 1 + again, 3)
-    small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
-                          ranks=source.shrink_ranks)
-    left = lambda: outer() or time.monotonic() >= t0 + seconds  # noqa: E731
-    k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
-    if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
-        small = case
-        k, n, first = measure_rate(run, small, prop, measure_runs, stop=left, call=call)
+    notes: list[str] = []
+    again, small = 0, case
+    try:
+        again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
+        runs = runs_per_candidate(source.subject.kind, 1 + again, 3)
+        small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
+                              ranks=source.shrink_ranks)
+        k, n, first = measure_rate(run, small, prop, measure_runs, stop=measure_stop, call=call)
+        if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
+            small = case
+            k, n, first = measure_rate(run, small, prop, measure_runs, stop=measure_stop, call=call)
+    except HarnessOutcome as exc:  # (it was judged when found; only its minimising and measuring stopped)
+        notes.append(f"minimising and measuring stopped: {exc.reason}")
+        small, first = case, None
     if first is None:  # no time left to measure: the runs made so far
         k, n, first = 1 + again, 3 if again or not stop() else 1, out
     ranks = f"{case.n_ranks} ranks, " if source.shrink_ranks else ""
     small_ranks = f"{small.n_ranks} ranks, " if source.shrink_ranks else ""
-    note = f"minimised from {ranks}{len(case.steps)} steps to {small_ranks}{len(small.steps)} steps"
+    notes.insert(0, f"minimised from {ranks}{len(case.steps)} steps to {small_ranks}{len(small.steps)} steps")
     return engine_finding(source.subject, strategy, small, first, leading(first.violations, prop, call),
-                          Rate.now(k, n), origin, notes=[note])
+                          Rate.now(k, n), origin, notes=notes)
 
 
 def _quick_bounds(bounds: Bounds, call: str | None) -> Bounds:
@@ -274,13 +298,14 @@ def measure_rate(run: Callable[..., EngineOutcome], case: Any, prop: str, runs: 
 
 # -- traces ----------------------------------------------------------------------------------------------------------
 def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: EngineOutcome,
-                   violations: list[Violation], rate: Rate, origin: str, *, notes: list[str] = ()) -> Finding:
+                   violations: list[Violation], rate: Rate | None, origin: str, *, notes: list[str] = ()) -> Finding:
     """The `Finding` of a serving layer's `case` whose run `outcome` showed `violations` (the first names it) in
-    `rate`: with its `engine` trace, or the `stack` trace of a serving stack's (its `connector` named; see
-    `counterexamples/README.md`)."""
-    rated = f"{rate.k} of {rate.n} runs" if rate.k < rate.n else f"every one of {rate.n} runs"
+    `rate` (None: not measured yet): with its `engine` trace, or the `stack` trace of a serving stack's (its
+    `connector` named; see `counterexamples/README.md`)."""
     how = f"{case.lookup} lookup" if subject.connector is None else f"connector {subject.connector}"
-    summary = f"{violations[0].summary} -- {case.n_ranks} rank(s), {how}, {len(case.steps)} steps; in {rated}"
+    summary = f"{violations[0].summary} -- {case.n_ranks} rank(s), {how}, {len(case.steps)} steps"
+    if rate is not None:
+        summary += "; in " + (f"{rate.k} of {rate.n} runs" if rate.k < rate.n else f"every one of {rate.n} runs")
     stack = {} if subject.connector is None else {"connector": subject.connector}
     trace = Trace.of(subject.kind, violations, summary=summary, client="-",
                      config={"engine": subject.engine, **stack, "case": case.to_json(),
@@ -289,8 +314,9 @@ def engine_finding(subject: TraceSubject, strategy: str, case: Any, outcome: Eng
                      events=[{k: encode(v) for k, v in e.items()} for e in outcome.events],
                      expect=dict(subject.expect or {subject_key(subject.engine, subject.patches): "reproduces"}),
                      origin=f"check:engine:{origin}")
-    return Finding(strategy=strategy, violations=violations, trace=trace, case=case, outcome=outcome,
-                   notes=list(notes)).measured(rate)
+    found = Finding(strategy=strategy, violations=violations, trace=trace, case=case, outcome=outcome,
+                    notes=list(notes))
+    return found if rate is None else found.measured(rate)
 
 
 class ServingTarget:
@@ -398,8 +424,8 @@ class EngineCasesCoverage:
 
 
 class EngineCases:
-    """`check`'s engine for a serving engine under test: engine cases on fresh deployments (see the module doc);
-    the first finding, minimised and measured within the phase."""
+    """`check`'s strategy for a serving engine under test: engine cases on fresh deployments (see the module doc);
+    the first finding, as found (its row minimises and measures it: `checking.layers`)."""
 
     name = "engine-cases"
 
@@ -407,10 +433,8 @@ class EngineCases:
         target: EngineTarget = ctx.target.engine
         cov = ctx.coverage.of(self.name, EngineCasesCoverage)
         findings = engine_search(target.source(), strategy=self.name, seed=ctx.seed, should_stop=ctx.should_stop,
-                                 stats=cov.stats, faults=target.faults, one=True,
-                                 # (no run is started that the cases so far say would end past finish_by)
-                                 minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
-                                 minimise_seconds=float("inf"), stop_before=ctx.phase_end)
+                                 stats=cov.stats, faults=target.faults, one=True, minimise=False,
+                                 stop_before=ctx.phase_end)
         return findings[0] if findings else None
 
 

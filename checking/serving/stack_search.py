@@ -10,7 +10,6 @@ so every case of a check runs on it, emptied between cases) and closes at the en
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -67,6 +66,10 @@ class StackTarget(ServingTarget):
             self._stack = made
         return self._stack
 
+    def source(self) -> CaseSource:
+        """Its stack cases, on its one stack (`stack_source`)."""
+        return stack_source(self)
+
     def close(self) -> list[str]:
         """Close the stack, if it was started (bounded); what did not close."""
         stack, self._stack = self._stack, None
@@ -96,18 +99,17 @@ class StackCasesCoverage(EngineCasesCoverage):
 
 
 class StackCases:
-    """`check`'s engine for a serving stack under test: stack cases on its stack (see the module doc); the first
-    finding, minimised and measured within the phase."""
+    """`check`'s strategy for a serving stack under test: stack cases on its stack (see the module doc); the first
+    finding, as found (its row minimises and measures it: `checking.layers`)."""
 
     name = "stack-cases"
 
     def search(self, ctx: SearchContext) -> Finding | None:
         target: StackTarget = ctx.target.engine
         cov = ctx.coverage.of(self.name, StackCasesCoverage)
-        findings = engine_search(stack_source(target), strategy=self.name, seed=ctx.seed,
+        findings = engine_search(target.source(), strategy=self.name, seed=ctx.seed,
                                  should_stop=ctx.should_stop, stats=cov.stats, faults=target.faults, one=True,
-                                 minimise_stop=lambda: time.monotonic() + cov.stats.seconds_per_case >= ctx.finish_by,
-                                 minimise_seconds=float("inf"), stop_before=ctx.phase_end)
+                                 minimise=False, stop_before=ctx.phase_end)
         return findings[0] if findings else None
 
 
