@@ -39,6 +39,7 @@ import attrs
 from adapters.valkey_servers import HOST, ValkeyServer, resp_command, server_on, spawn_tied
 from adapters.resp import command as _cmd
 from model.faults import check_held
+from model.timing import FaultNotEnded
 
 __all__ = ["Endpoint", "Strike", "pause", "kill_restart", "kill_connections", "debug_sleep", "client_pause",
            "evict_by_policy", "Nemesis", "NemesisUnavailable", "endpoint_of", "control_maker"]
@@ -348,11 +349,16 @@ class Nemesis:
 
     def healed(self, timeout: float) -> float | None:
         """Wait (at most `timeout` s) until every fault struck so far is over: the time the last one ended
-        (monotonic), or None when one still lasts."""
+        (monotonic), or None when one still lasts. `FaultNotEnded` when one could not be ended (a server that did not
+        come back): no client is judged on recovering from a server that is not there."""
         deadline = time.monotonic() + timeout
         for s in self.strikes:
             if not s.wait(max(0.0, deadline - time.monotonic())):
                 return None
+        failed = [s for s in self.strikes if s.error is not None]
+        if failed:
+            raise FaultNotEnded(f"the harness could not end its {failed[0].kind} on port {failed[0].port}: "
+                                f"{failed[0].error}")
         return max((s.healed_at or 0.0 for s in self.strikes), default=time.monotonic())
 
     def record(self) -> list[dict]:

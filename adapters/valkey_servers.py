@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -124,6 +125,7 @@ class ValkeyServer:
         self.paused = False
         self._stopped = False
         self._lock = threading.RLock()
+        self._hold: socket.socket | None = None  # its port, kept while it is killed (`_hold_port`)
 
     @property
     def pid(self) -> int | None:
@@ -197,6 +199,7 @@ class ValkeyServer:
         while True:
             if ping(int(self.port), self.password, timeout=0.5):  # type: ignore[arg-type]
                 self.start_seconds = time.monotonic() - t0
+                self._release_port()
                 return
             current = self.proc  # (None: stopped meanwhile, from another thread)
             code = current.poll() if current is not None else "stopped"
@@ -257,8 +260,30 @@ class ValkeyServer:
             (proc, self.proc), (fresh, self.fresh) = (self.proc, None), (self.fresh, None)
             self.paused = False
             kill_spawned(proc, fresh)
+            self._hold_port()
             if not keep_data and self.dump_path and os.path.exists(self.dump_path):
                 os.unlink(self.dump_path)
+
+    def _hold_port(self) -> None:
+        """While the server is down, a socket bound to its port keeps it (not listening: a client is refused, as by a
+        down server), so that no connection's ephemeral port and no other server takes it before `respawn()`: a
+        respawn that found its port taken left the client judged on recovering from a server that never came back.
+        (SO_REUSEADDR: the respawned server binds beside it; released once that server answers, or at `stop()`.)"""
+        if self._hold is not None or self.port is None:
+            return
+        hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            hold.bind((HOST, int(self.port)))
+        except OSError:  # taken already: the respawn says so
+            hold.close()
+            return
+        self._hold = hold
+
+    def _release_port(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.close()
 
     def respawn(self, timeout: float = READY_TIMEOUT) -> bool:
         """Start a killed server again on its port with its dir (it loads the dump file, if any); False when the
@@ -287,6 +312,7 @@ class ValkeyServer:
                         proc.wait(timeout)
             finally:  # killed if it did not end in time, and reaped whatever interrupts the stop
                 kill_spawned(proc)
+        self._release_port()
         if self.dir is not None:  # (removed before it is unregistered: interrupted here, atexit removes it)
             reaper.remove_dir(self.dir)
             self.dir = None

@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 
 __all__ = ["GRACE_FRACTION", "GRACE_MIN", "STARVED_FACTOR", "RERUNS", "grace", "allowance", "stolen", "had",
            "measure_with", "over_text", "overran", "starved_error", "wait_judged", "HarnessOutcome", "HarnessStarved", "SetupTimeout",
-           "rerun_starved", "starved_timeout"]
+           "FaultNotEnded", "rerun_starved", "starved_timeout"]
 
 #: The grace on a bound: this fraction of it, and at least `GRACE_MIN` seconds.
 GRACE_FRACTION = 0.25
@@ -85,6 +85,11 @@ class HarnessStarved(HarnessOutcome):
 
 class SetupTimeout(HarnessOutcome):
     """The harness's own set-up (a deployment, servers, processes) did not finish within `--setup-timeout`."""
+
+
+class FaultNotEnded(HarnessOutcome):
+    """The harness could not end a fault it struck (a server it killed did not start again on its port): the client
+    cannot be judged on recovering from it."""
 
 
 def overran(bound: float, t0: float, t1: float, what: str, *, ended: bool = False) -> str | None:

@@ -79,6 +79,45 @@ def test_stop_resumes_a_paused_server_and_a_killed_one_stays_down():
     assert not ping(port, timeout=0.2) and down.proc is None
 
 
+def test_a_killed_servers_port_is_kept_until_it_is_back():
+    """While a server is down (killed, its restart not due yet) its port stays its own: no other bind and no
+    connection's ephemeral port can take it (a respawn found it taken, and the client was judged on recovering from
+    a server that never came back); a client is refused as by a down server; once back, the port is free to leave."""
+    with valkey_servers(1) as ss:
+        server, port = ss.servers[0], ss.ports[0]
+        s = nemesis.kill_restart(server, seconds=1.0)
+        other = socket.socket()
+        with pytest.raises(OSError):  # (a plain bind, as `free_port` and every server's first bind do)
+            other.bind((HOST, port))
+        other.close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((HOST, port), timeout=1).close()
+        assert s.wait(15) and not s.error and ping(port)
+    again = socket.socket()
+    again.bind((HOST, port))  # stopped: nothing holds it
+    again.close()
+
+
+def test_a_fault_the_harness_could_not_end_is_its_own_outcome(monkeypatch):
+    """A killed server that could not be started again (its end failed) makes `healed` raise `FaultNotEnded`, a
+    harness outcome: no client is judged on recovering from a server that is not there."""
+    from adapters.valkey_servers import ServerStartError
+    from model.timing import FaultNotEnded, HarnessOutcome
+    with valkey_servers(1) as ss:
+        server = ss.servers[0]
+
+        def respawn(*args, **kw):
+            raise ServerStartError(f"valkey-server on {HOST}:{server.port} exited with code 1 (Address in use)")
+
+        monkeypatch.setattr(server, "respawn", respawn)
+        control = nemesis.Nemesis([server])
+        control.kill_restart(0, keep_data=False, seconds=0.1)
+        with pytest.raises(FaultNotEnded, match="could not end its restart-empty on port .*Address in use") as got:
+            control.healed(5)
+        assert isinstance(got.value, HarnessOutcome)
+        monkeypatch.undo()
+
+
 CHILD = textwrap.dedent("""
     import json, socket, sys, time
     sys.path.insert(0, {root!r})
