@@ -37,8 +37,8 @@ from checking.serving.engine_run import Bounds, EngineOutcome, run_engine_case
 from checking.serving.serving_minimise import minimise_case
 from model.engine_case import EngineCase, case_from_json
 from model.finding import Finding, Rate
-from model.timing import HarnessOutcome
 from model.outcome import Violation
+from model.timing import HarnessOutcome
 from model.trace import Trace, encode, subject_key
 
 __all__ = ["CaseSource", "TraceSubject", "deployment_source", "finding_key", "call_of", "shows", "leading",
@@ -249,10 +249,15 @@ def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, p
     another finding). The harness starved meanwhile: the case as found, the runs made so far, and a note."""
     run = _about(source, call)
     notes: list[str] = []
-    again, small = 0, case
+    again = tried = 0  # (of the runs made again of the case as found: how many showed it, how many were made)
+    small = case
     try:
-        again = sum(1 for _ in range(2) if not stop() and _shows(run, case, prop, call, 1, stop, stats))
-        runs = runs_per_candidate(source.subject.kind, 1 + again, 3)
+        for _ in range(2):
+            if stop():
+                break
+            tried += 1
+            again += _shows(run, case, prop, call, 1, stop, stats) is not None
+        runs = runs_per_candidate(source.subject.kind, 1 + again, 1 + tried)
         small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
                               ranks=source.shrink_ranks)
         k, n, first = measure_rate(run, small, prop, measure_runs, stop=measure_stop, call=call)
@@ -263,7 +268,7 @@ def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, p
         notes.append(f"minimising and measuring stopped: {exc.reason}")
         small, first = case, None
     if first is None:  # no time left to measure: the runs made so far
-        k, n, first = 1 + again, 3 if again or not stop() else 1, out
+        k, n, first = 1 + again, 1 + tried, out
     ranks = f"{case.n_ranks} ranks, " if source.shrink_ranks else ""
     small_ranks = f"{small.n_ranks} ranks, " if source.shrink_ranks else ""
     notes.insert(0, f"minimised from {ranks}{len(case.steps)} steps to {small_ranks}{len(small.steps)} steps")
