@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 
 __all__ = ["GRACE_FRACTION", "GRACE_MIN", "STARVED_FACTOR", "RERUNS", "grace", "allowance", "stolen", "had",
            "measure_with", "over_text", "overran", "starved_error", "wait_judged", "HarnessOutcome", "HarnessStarved", "SetupTimeout",
-           "FaultNotEnded", "rerun_starved", "starved_timeout"]
+           "FaultNotEnded", "rerun_starved", "settle_judged", "starved_timeout"]
 
 #: The grace on a bound: this fraction of it, and at least `GRACE_MIN` seconds.
 GRACE_FRACTION = 0.25
@@ -147,6 +147,23 @@ def wait_judged(wait: Callable[[float], bool], bound: float, what: str, *, t0: f
         got = now - t0 if now - t0 < limit else had(t0, now)
         if wait(max(0.001, min(limit - got, STARVED_FACTOR * limit - (now - t0)))):
             return None
+
+
+def settle_judged(settled: Callable[[], bool], bound: float, what: str, *, t0: float | None = None,
+                  step: float = 0.05) -> bool:
+    """Poll `settled()` until it holds, or until the subject had its `allowance(bound)` of the machine's time since
+    `t0` (default now): whether it held (`wait_judged`: `HarnessStarved` when the machine kept it from having that).
+    What must settle within a bound after the last request (pins released, leaks gone) is judged so, never by the
+    wall clock of a loaded machine."""
+    def wait(seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while not settled():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(step, left))
+        return True
+    return wait_judged(wait, bound, what, t0=t0) is None
 
 
 def rerun_starved(run: Callable[[], T], *, attempts: int = RERUNS, on_rerun: Callable[[HarnessOutcome], None] =

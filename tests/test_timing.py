@@ -69,6 +69,22 @@ def test_wait_judged_answers_none_once_done_and_the_wait_once_over(machine):
     assert waited is not None and waited >= allowance(0.05)
 
 
+def test_what_must_settle_is_judged_in_the_machines_time(machine):
+    """`settle_judged` (the ranks' pins after the last request, a stack's leaks): true once it settles; false once the
+    subject had its whole allowance and it did not; with most of the window stolen it is still waited for (a loaded
+    machine gave a patched engine's queued lookup no time to release its pin within 3 s of wall time, and the engine
+    was judged to leak it); with all of it stolen, `HarnessStarved`."""
+    t0 = time.monotonic()
+    assert timing.settle_judged(lambda: time.monotonic() - t0 >= 0.1, 1.0, "x")
+    assert not timing.settle_judged(lambda: False, 0.1, "x")
+    machine[0] = 0.8  # allowance 0.3 s: 1.5 s of wall time before it had that
+    t0 = time.monotonic()
+    assert timing.settle_judged(lambda: time.monotonic() - t0 >= 0.6, 0.1, "x")
+    machine[0] = 1.0
+    with pytest.raises(HarnessStarved):
+        timing.settle_judged(lambda: False, 0.1, "the pins to be released")
+
+
 def test_rerun_starved_runs_again_and_lets_the_last_outcome_through():
     calls = []
 

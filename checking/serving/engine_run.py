@@ -35,7 +35,8 @@ from model.engine_oracle import Ledger, RankView, check_lookup, check_pins, chec
     returns_violation
 from model.faults import held_kind
 from model.outcome import Violation
-from model.timing import HarnessOutcome, SetupTimeout, over_text, overran, rerun_starved, wait_judged
+from model.timing import HarnessOutcome, SetupTimeout, over_text, overran, rerun_starved, settle_judged, \
+    wait_judged
 from runtime import starvation
 from runtime.bounded import call_bounded
 
@@ -354,6 +355,7 @@ class EngineRun:
         self.finished = True
         before = len(self.violations)
         facts: dict[str, int] = {}
+        starved: HarnessOutcome | None = None
         if not self.stuck:
             try:
                 for req in self.requests.values():
@@ -367,15 +369,17 @@ class EngineRun:
                         if not self.dep.reachable(r):
                             self._call(f"restore rank {r}'s server", self.bounds.store, self.dep.fault, r,
                                        "restart" if r in getattr(self.dep.faults, "down", ()) else "resume")
+                t0 = time.monotonic()
                 time.sleep(self.bounds.settle)  # a late lookup still running takes (and should release) its pins
-                deadline = time.monotonic() + self.bounds.settle_max - self.bounds.settle
-                while time.monotonic() < deadline and any(any(self._pins(d)) for d in range(self.dep.deployments)):
-                    time.sleep(0.05)
+                settle_judged(lambda: not any(any(self._pins(d)) for d in range(self.dep.deployments)),
+                              self.bounds.settle_max, "the ranks' pins to be released", t0=t0)
                 self._check_pins(f"{self.bounds.settle_max:g} s after every request had ended and every server "
                                  "was back")
                 facts = self._facts()
             except Stuck:
                 pass
+            except HarnessOutcome as exc:  # (the machine kept the ranks from settling: closed, then not judged)
+                starved = exc
         self._event(None, text="close", **({"facts": facts} if facts else {}))
         try:
             errors = call_bounded(self.bounds.close + 2.0, "close", "", self.dep.close)
@@ -385,6 +389,8 @@ class EngineRun:
             errors = [f"close() raised {type(exc).__name__}: {exc}"]
         for e in errors or []:
             self.violations.append(returns_violation("close", e))
+        if starved is not None:
+            raise starved
         return self.violations[before:]
 
 

@@ -31,7 +31,7 @@ from model.outcome import Violation
 from model.stack_case import StackCase, StackStep, request_tokens
 from model.stack_oracle import check_hit, check_leaks, check_output, check_returned
 from model.timing import (HarnessOutcome, SetupTimeout, allowance, had, over_text, overran, rerun_starved,
-                          starved_timeout)
+                          settle_judged, starved_timeout)
 from runtime import starvation
 from runtime.bounded import call_bounded
 
@@ -364,14 +364,16 @@ class StackRun:
         faulted_at = self._last_fault()
         if faulted_at is not None:  # (work a fault caught, e.g. a save job on a dead server, ends within the window)
             settle = max(settle, recovery_window(self.stack) - (t0 - faulted_at))
-        while True:
-            leaks = self._call("leaks()", self.bounds.call, self.stack.leaks)
-            found = check_leaks(leaks, when=f"{settle:.3g} s after every request had ended" + (
-                "" if settle == self.bounds.settle else
-                f" (the end of the stack's {recovery_window(self.stack):g} s recovery window after a fault)"))
-            if not found or time.monotonic() - t0 >= settle:
-                break
-            time.sleep(0.1)
+        seen: list = []
+
+        def clean() -> bool:
+            seen[:] = [self._call("leaks()", self.bounds.call, self.stack.leaks)]
+            return not check_leaks(seen[0], when="")
+        settle_judged(clean, settle, "the stack's leaks to clear", t0=t0, step=0.1)  # (in the machine's time)
+        leaks = seen[0]
+        found = check_leaks(leaks, when=f"{settle:.3g} s after every request had ended" + (
+            "" if settle == self.bounds.settle else
+            f" (the end of the stack's {recovery_window(self.stack):g} s recovery window after a fault)"))
         self._event(None, text="leaks", leaks=leaks)
         self.violations.extend(found)
 
