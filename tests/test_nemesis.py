@@ -315,8 +315,8 @@ def test_the_patched_client_writes_and_reads_after_its_connections_are_dropped_t
     """Fix 13: a proxy that drops every connection, the patched client renews its native client on the next call,
     and the proxy drops them again at once: the next put and get_async still land (`_again` retried on the very
     client that had just lost its connection, as the renewal was held back for half a GET bound: the put raised
-    "did not land (lost: ...)", store-error in the store machine, and the read answered a miss). A read that gave up
-    at the connector's own GET bound while the machine kept it from running is no verdict: the rounds run again
+    "did not land (lost: ...)", store-error in the store machine, and the read answered a miss). A read or put that
+    gave up at the connector's own bound while the machine kept it from running is no verdict: the rounds run again
     (`model.timing.rerun_starved`), and a machine starved throughout skips the test as undecided (`adapters.pytest_runner`)."""
     from model import timing
     timing.rerun_starved(_drop_read_write_rounds)
@@ -330,26 +330,31 @@ def _drop_read_write_rounds() -> None:
         (store,) = patched_factory(1, urls=list(servers.urls), op_timeout=2.0)
         connector = getattr(store.backend.connection, "_connector", store.backend.connection)
 
-        def judged(what: str, read) -> None:
+        def judged(what: str, call) -> None:
+            """`call()` answers the value (a put: None); a miss, or a put's own timeout, that the machine caused by
+            keeping it from running past its bound is `HarnessStarved`; any other fails, saying why."""
             renewed, t0 = connector.recycled, time.monotonic()
-            value = read()
+            try:
+                value, error = call(), None
+            except TimeoutError as exc:  # (a put that did not land within its own bound)
+                value, error = None, exc
             t1 = time.monotonic()
-            if value == b"v" * 100:
+            if error is None and value == (None if what.startswith("put") else b"v" * 100):
                 return
             starved = timing.starved_timeout(connector.get_timeout, t0, t1, what)
-            if starved is not None:  # it gave up at its own GET bound on a starved machine: not its doing
+            if starved is not None:  # it gave up at its own bound on a starved machine: not its doing
                 raise starved
-            pytest.fail(f"{what} answered {value!r:.30} after {t1 - t0:.3f} s (its GET bound "
-                        f"{connector.get_timeout:g} s; the machine took {timing.stolen(t0, t1):.3f} s of it); "
-                        f"native clients renewed during it: {connector.recycled - renewed}; "
-                        f"the last renewal's error: {connector.renew_error!r}")
+            said = f"raised {error}" if error is not None else f"answered {value!r:.30}"
+            pytest.fail(f"{what} {said} after {t1 - t0:.3f} s (its bound {connector.get_timeout:g} s; the machine "
+                        f"took {timing.stolen(t0, t1):.3f} s of it); native clients renewed during it: "
+                        f"{connector.recycled - renewed}; the last renewal's error: {connector.renew_error!r}")
         try:
             store.put("k", b"v" * 100)
             for attempt in range(3):
                 nemesis.kill_connections(servers.servers[0])
                 judged(f"get, round {attempt}", lambda: store.get("k"))  # lost, renewed, answered
                 nemesis.kill_connections(servers.servers[0])  # the renewed client's connections too
-                store.put("k", b"v" * 100)
+                judged(f"put, round {attempt}", lambda: store.put("k", b"v" * 100))
                 nemesis.kill_connections(servers.servers[0])
                 judged(f"get_async, round {attempt}", lambda: store.get_async("k").result(5))
         finally:
