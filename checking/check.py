@@ -168,8 +168,12 @@ def run_check(target: Target, *, budget: float, run: Runner | None = None,
             finding.notes.append(f"measuring stopped: {exc.reason}")
             if finding.rate is None:
                 finding.measured(Rate(1, 1))
+        layer = layer_of(finding.trace)
+        source = layer.source(target)
+        if source is not None:  # (a replay on the unchanged subject never says `fixed`: checking.replay.judge)
+            finding.trace.config["source"] = source
         try:
-            path = finding.trace.save_unique(out_dir, layer_of(finding.trace).saved_under(target), finding.property)
+            path = finding.trace.save_unique(out_dir, layer.saved_under(target), finding.property)
         except OSError as exc:
             raise SaveError(f"cannot write the counterexample under {out_dir}: {exc}") from None
     return CheckResult(target=target, finding=finding, path=path, coverage=coverage,

@@ -91,6 +91,17 @@ class Layer:
         """The name a finding of this layer on `target` is saved under: its protocol's, client's or engine's."""
         return getattr(target, self.subject).name
 
+    def source(self, on: Target | ReplayOn) -> str | None:
+        """The digest of the source of the subject of `on` (a `Target` or a `ReplayOn`: `runtime.source`), the
+        `config.source` a trace of this layer records; None when it cannot be told."""
+        from runtime.source import source_digest
+        if self.subject == "engine":
+            serving = on.engine.engine
+            connector = getattr(on.engine, "connector", "")
+            return source_digest([serving.factory, *serving.patches, *([connector] if ":" in connector else [])])
+        objs = [on.client.factory] + ([on.protocol.obj] if self.subject == "protocol" else [])
+        return source_digest(objs)
+
 
 def layer_of(trace: Trace) -> Layer:
     """The layer of `trace`'s kind; `ReplayError` for a kind no layer has."""

@@ -13,7 +13,8 @@ A racy trace replayed on another subject than the one it records (a `Control` th
 protocol, engine and patches) is judged against it: the candidate and the control run alternately on fresh stores
 or deployments, and `model.finding.controlled_outcome` decides (`reproduces`, `fixed`, or `undecided` after the
 pairs `model.finding.control_pairs` allows), so the machine's load lowers both arms alike. Without a control (the
-candidate is the recorded subject, or that subject cannot run) the rule above stays, and the verdict says so.
+candidate is the recorded subject, or that subject cannot run) the rule above stays, and the verdict says so; on
+the recorded subject with its source unchanged (`Control.unchanged`: `runtime.source`) clean runs are `undecided`.
 
 An engine trace on an engine with `--engine-patch`es (or in a process where a patch was applied already) runs in a
 fresh process of its own (`checking.replay_arm`): a patch applies to its own trace's runs only.
@@ -51,6 +52,8 @@ class Control:
     subject: str
     on: ReplayOn | None = None
     why: str = ""
+    #: The candidate is the recorded subject, its source the one the trace records (`runtime.source`).
+    unchanged: bool = False
 
 
 @attrs.frozen
@@ -135,6 +138,10 @@ def judge(trace: Trace, on: ReplayOn, progress: Progress = lambda done, need, wh
             if hit is not None:
                 where = f"run {i + 1} of up to {need}" if need > 1 else "one deterministic run"
                 return Verdict("reproduces", f"{hit.summary} ({where}{'; ' + note if note else ''})", i + 1)
+    if control is not None and control.unchanged:  # the same code: what changed is the machine
+        return Verdict("undecided", f"{_others(violations)} in {need} clean run(s) of the recorded subject, its source "
+                                    f"unchanged: the machine does not show the race now, nothing was fixed ({why}"
+                                    f"{load_text(*machine_load(), '; now at ')}{'; ' + note if note else ''})", need)
     return Verdict("fixed", f"{_others(violations)} in {need} clean run(s) ({why}{'; ' + note if note else ''})", need)
 
 

@@ -160,13 +160,29 @@ def _client_arms(trace: Any, row: dict, protocol_spec: str | None, *, options: A
     subject = trace.client + (f" ({recorded})" if recorded else "")
     if row["client"] == trace.client and (spec is None or protocol_spec is None
                                           or protocol_spec in (trace.protocol.get("ref"), trace.protocol["name"])):
-        return on, Control(subject, why="the candidate is the recorded subject")
+        return on, _itself(trace, subject, on)
     try:
         control = _client_on(recorded, trace.client, None, runner=runner, op_timeout=op_timeout, nemesis=nemesis,
                              targets=targets)
     except Exception as exc:  # noqa: BLE001 - a recorded subject that cannot run now: judged without a control
         return on, Control(subject, why=f"the recorded subject {subject} cannot run: {exc}")
     return on, Control(subject, on=control)
+
+
+def _itself(trace: Any, subject: str, on: Any) -> Any:
+    """The `Control` of a racy trace replayed on its recorded subject: none, and whether that subject's source is the
+    one the trace records (`runtime.source`): unchanged, a race it does not show is the machine's, not a fix."""
+    from checking.layers import layer_of
+    from checking.replay import Control
+    recorded, now = trace.config.get("source"), layer_of(trace).source(on)
+    if recorded is None or now is None:
+        told = "the trace records no source" if recorded is None else "its source cannot be told now"
+        return Control(subject, why=f"the candidate is the recorded subject; {told}")
+    if recorded == now:
+        return Control(subject, why=f"the candidate is the recorded subject, its source unchanged ({now})",
+                       unchanged=True)
+    return Control(subject, why=f"the candidate is the recorded subject, its source changed ({recorded} then, {now} "
+                                f"now)")
 
 
 def _client_on(protocol: str | None, client: str, options: Any, *, runner: str, op_timeout: float,
@@ -219,7 +235,7 @@ def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, target
         return on, Control(f"{subject_key(*recorded)} ({trace.config['connector']})", on=recorded_on)
     subject = subject_key(*recorded)
     if recorded == (row["engine"], tuple(row["patches"])):
-        return on, Control(subject, why="the candidate is the recorded subject")
+        return on, _itself(trace, subject, on)
     try:
         return on, Control(subject, on=on_engine(*recorded))
     except Exception as exc:  # noqa: BLE001 - a recorded subject that cannot run now: judged without a control
