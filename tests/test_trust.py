@@ -27,14 +27,20 @@ def sc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchanged_client(tmp_path):
+@pytest.fixture(scope="module")
+def racy_trace(tmp_path_factory) -> str:
+    """The trace `check` saves of the racy client."""
+    out = tmp_path_factory.mktemp("racy")
+    r = sc("check", "--client", RACY, "--budget", "10", "--json", "--out", str(out))
+    assert r.returncode == 1, r.stderr[-2000:]
+    return json.loads(r.stdout)["violations"][0]["counterexample"]
+
+
+def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchanged_client(racy_trace):
     """check measures a racy client's finding on fresh stores before saving it; replayed 10 times on the unchanged
     client it reproduces 10 times, and on the client with the race fixed it is `fixed`, the racy client having shown
     it beside it in the same replay."""
-    r = sc("check", "--client", RACY, "--budget", "10", "--json", "--out", str(tmp_path))
-    assert r.returncode == 1, r.stderr[-2000:]
-    data = json.loads(r.stdout)
-    path = data["violations"][0]["counterexample"]
+    path = racy_trace
     rate = json.loads(Path(path).read_text())["config"]["rate"]
     assert 1 <= rate["k"] <= rate["n"] >= 2 and not rate.get("deterministic"), rate
     assert json.loads(Path(path).read_text())["config"]["source"] == _source(RACY)
@@ -57,13 +63,12 @@ def _source(spec: str) -> str:
 
 
 @pytest.mark.parametrize("source,outcome", [("now", "undecided"), ("edited", "fixed"), (None, "fixed")])
-def test_a_race_the_unchanged_recorded_client_does_not_show_is_undecided_never_fixed(tmp_path, source, outcome):
+def test_a_race_the_unchanged_recorded_client_does_not_show_is_undecided_never_fixed(tmp_path, racy_trace, source,
+                                                                                     outcome):
     """A racy trace replayed on the client it records, which does not show it: with the source the trace records
     still there, the machine is what changed (`undecided`, exit 4); with that source edited since (the user's patch
     made in place), or none recorded, the clean runs its rate asks say `fixed`."""
-    r = sc("check", "--client", RACY, "--budget", "10", "--json", "--out", str(tmp_path / "found"))
-    assert r.returncode == 1, r.stderr[-2000:]
-    trace = json.loads(Path(json.loads(r.stdout)["violations"][0]["counterexample"]).read_text())
+    trace = json.loads(Path(racy_trace).read_text())
     trace["client"] = CORRECT  # (recorded on the correct client: it never shows the race)
     trace["config"]["rate"] = {"k": 1, "n": 2}
     if source is None:
