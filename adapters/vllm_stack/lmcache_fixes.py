@@ -240,6 +240,21 @@ def _pins(engine: Any) -> tuple[int, list[str]]:
     return pins, sorted(getattr(engine, "lookup_pins", {}) or {})
 
 
+def lookups_in_flight(engine: Any) -> int:
+    """How many threads are inside `engine.lookup` now (the worker's lookup server answering a scheduler's count,
+    which pins what it finds: one that ends after a `clear` pins again)."""
+    import sys
+
+    running = 0
+    for frame in list(sys._current_frames().values()):
+        while frame is not None:
+            if frame.f_code.co_name == "lookup" and frame.f_locals.get("self") is engine:
+                running += 1
+                break
+            frame = frame.f_back
+    return running
+
+
 def _release_all(engine: Any) -> None:
     """Every pin this rank holds goes (a fresh case must not inherit an earlier case's leak)."""
     for rid in list(getattr(engine, "lookup_pins", {}) or {}):
@@ -258,7 +273,7 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     """`rank`; `keys(tokens, configs)`: LMCache's key of every full chunk; `local(keys)`: held in LocalCPU;
     `pins`: (pin count summed over LocalCPU, request ids in `lookup_pins`); `evict(key)`: LMCache's own remove from
     LocalCPU; `ended(ids)`: V1 told that these requests ended; `puts`: remote writes in flight; `unstick`: V3's
-    stuck prefix counts completed (`stuck`: counted); `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
+    stuck prefix counts completed (`stuck`: counted); `lookups`: lookups running now; `clear`: every pin released, LocalCPU emptied; `use(name)`: serve through another connector; `facts`;
     `stats` (the CPU paged connector's counters); `has_engine` (whether an LMCache engine runs here)."""
     from adapters.vllm_stack import cpu_paged_connector
 
@@ -278,7 +293,7 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
     if what == "stats":
         return dict(cpu_paged_connector.STATS)
     if engine is None:  # no LMCache engine here (a user's connector, or stock LMCache degraded): it holds nothing
-        idle = {"pins": (0, []), "puts": 0, "unstick": 0, "stuck": 0, "clear": 0, "evict": 0}
+        idle = {"pins": (0, []), "puts": 0, "unstick": 0, "stuck": 0, "clear": 0, "evict": 0, "lookups": 0}
         if what == "local":
             return [False] * len(args[0])
         if what in idle:
@@ -311,6 +326,8 @@ def probe(connector: Any, what: str, *args: Any) -> Any:
         return unstick(engine)
     if what == "stuck":
         return unstick(engine, count_only=True)
+    if what == "lookups":
+        return lookups_in_flight(engine)
     if what == "clear":
         _release_all(engine)
         return engine.clear(locations=["LocalCPUBackend"])

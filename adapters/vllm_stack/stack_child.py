@@ -28,6 +28,8 @@ _WARMUP_TOKENS = 2
 _DRAIN_STEPS = 64
 #: Seconds `reset` steps an idle engine at most while Mooncake's save jobs finish (their block references).
 _SAVES_SECONDS = 30.0
+#: The most a reset waits for the lookups running on the workers to end before it clears their pins.
+_LOOKUPS_SECONDS = 10.0
 
 
 def _internal(rid: str) -> str:
@@ -264,12 +266,24 @@ class Driver:
         for request in held:
             self.scheduler._free_blocks(request)
         if self.connected:
-            self._workers("clear")
+            self._clear_pins()
             for connector in _connectors():
                 connector.forget()
         self.engine.reset_prefix_cache()
         self.requests = {rid: rec for rid, rec in self.requests.items() if not rec.get("done")}
         return {"left": left, "freed": len(held), "unstuck": unstuck, "released_saves": released}
+
+    def _clear_pins(self) -> None:
+        """Every rank's pins released and LocalCPU emptied once no lookup runs (a lookup still answering an ended
+        request's count pins after a clear: seen once, `pinned: ['e2']` after reset), again when one pinned since;
+        each wait at most `_LOOKUPS_SECONDS`."""
+        for _ in range(2):
+            deadline = time.monotonic() + _LOOKUPS_SECONDS
+            while sum(self._workers("lookups")) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self._workers("clear")
+            if not any(ids for _pins, ids in self._workers("pins")):
+                return
 
     def _release_saves(self) -> int:
         """Mooncake: the block references of save jobs that did not finish within `reset`'s wait (their master
