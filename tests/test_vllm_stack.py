@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import threading
 import time
 
 import pytest
@@ -416,3 +417,29 @@ def test_tier_measures_the_cost_model_on_the_stack_and_predicts_beside_it(fresh)
     text = format_stack_tier({**out, "engine": "vllm", "connector": "lmcache-patched"})
     assert "T0+ns/B" in text and "    513 " in text
 
+
+
+def test_a_reset_sees_the_lookups_still_running_on_an_engine():
+    """`lookups_in_flight` counts the threads inside that engine's `lookup` (a reset waits for them before it clears
+    the pins, which such a lookup would set again), not another engine's."""
+    from adapters.vllm_stack.lmcache_fixes import lookups_in_flight
+
+    class Engine:
+        def __init__(self) -> None:
+            self.go = threading.Event()
+
+        def lookup(self) -> None:
+            self.go.wait(30)
+
+    engine, other = Engine(), Engine()
+    thread = threading.Thread(target=engine.lookup, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while lookups_in_flight(engine) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lookups_in_flight(engine) == 1 and lookups_in_flight(other) == 0
+    finally:
+        engine.go.set()
+        thread.join(30)
+    assert lookups_in_flight(engine) == 0
