@@ -100,6 +100,23 @@ def write_found(trace: Trace, cfg: Any, *parts: str) -> Path | str:
     if cfg.found is not None:
         cfg.found.append(trace)
         return "kept in memory"
+    source = _source(trace, cfg)
+    if source is not None:  # (as `check` records it: a replay on the unchanged subject is never `fixed`)
+        trace.config["source"] = source
     return trace.save_unique(cfg.found_dir, *parts)
+
+
+def _source(trace: Trace, cfg: Any) -> str | None:
+    """The digest of the source of the subject `cfg` runs (`checking.layers.Layer.source`), for `trace`'s layer."""
+    from types import SimpleNamespace
+
+    from checking.layers import LAYERS
+    layer = LAYERS.get(trace.kind)
+    if layer is None:
+        return None
+    if layer.subject == "engine":
+        return layer.source(SimpleNamespace(engine=cfg.engine)) if cfg.engine is not None else None
+    protocol = cfg.resolved_protocol() if layer.subject == "protocol" else None
+    return layer.source(SimpleNamespace(client=cfg.resolved_client(), protocol=protocol))
 
 

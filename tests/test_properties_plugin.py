@@ -148,6 +148,11 @@ def test_plugin_finds_bugs_from_another_directory(tmp_path):
     assert "1-minimal" in store.notes and len(store.ops) <= 3, store.ops
     made = bounded_factory(store, resolve_client(store.client, CLIENTS))
     assert replay(store, made)[0] == "reproduces"
+    # (each records its subject's source, as `check` does: a replay on the unchanged subject is never `fixed`)
+    from runtime.source import source_digest
+    from properties import bad_stores
+    assert store.config["source"] == source_digest([bad_stores.async_key_mismatch_factory])
+    assert kinds["protocol"].config["source"] == source_digest([bad_stores.async_key_mismatch_factory, MaxCombine])
 
 
 FIND = settings(max_examples=300, derandomize=True, deadline=None, phases=(Phase.generate, Phase.shrink),
