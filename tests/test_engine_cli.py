@@ -73,6 +73,7 @@ def test_check_engine_lmcache_finds_saves_and_replays(tmp_path):
     assert first["property"].startswith("engine-") or first["property"] == "pins"
     trace = Trace.load(first["counterexample"])
     assert trace.kind == "engine" and trace.config["engine"] == "lmcache" and trace.config["rate"]["k"] >= 1
+    assert len(trace.config["source"]) == 16  # (the engine factory's module: a replay can tell it unchanged)
     shown = run_cli("show", first["counterexample"], "--engine", "lmcache-patched", timeout=60)
     assert shown.returncode == 0 and ">>" in shown.stdout and "engine lmcache" in shown.stdout
     rows = {}
