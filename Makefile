@@ -38,7 +38,7 @@ verify: venv
 # The ci Hypothesis profile is derandomized: the same examples on every run. Four workers on the two cores: most of a
 # test's time is a bound or a budget running out, not CPU. Every timing is judged in the machine's time (docs/timing.md),
 # so the verdicts hold beside each other (three workers once failed tight bounds judged by the wall clock); the main
-# pass went from 9 min 11 s on two workers to 5 min 54 s on four.
+# pass went from 9 min 11 s on two workers to 5 min 54 s on four, and passed whole beside two CPU hogs (8 min 22 s).
 # The load tests (`-m load`) run alone after the rest: their CPU hogs would slow every test beside them. So do the
 # vLLM tests (`-m vllm`, one vLLM process: its start is a minute of both cores; beside the rest, four timing-judged
 # tests were starved in one run), and the SGLang tests (`-m sglang`: rank processes judged against 1-2 s bounds). The
