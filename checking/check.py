@@ -32,7 +32,7 @@ from model.timing import HarnessOutcome
 from runtime.registry import CHECK_SCHEDULE, resolve_strategy
 from runtime.watchdog import forget
 
-__all__ = ["FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
+__all__ = ["ASKED_NEMESIS_SHARE", "FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
            "Deadlines", "CheckResult", "SaveError", "run_check"]
 
 #: The most seconds kept at the end of the budget for minimising and measuring a finding made at the last moment ...
@@ -45,6 +45,9 @@ TEARDOWN_SECONDS = {"in-memory": 0.3, "real": 2.0, "deployment": 1.5, "stack": 1
 #: The least share of the budget the search has after the set-up, however long that took (a machine so slow that
 #: setting up takes more than the rest ends late by the difference, rather than search for nothing).
 MIN_SEARCH_SHARE = 0.5
+#: The share of the budget of the nemesis when real faults were asked for (`--nemesis KINDS`: it runs first); a
+#: quarter (its share in the schedule) left a 15 s check no room for one 0.75 s pause and its three 0.5 s op timeouts.
+ASKED_NEMESIS_SHARE = 0.5
 #: Runs on fresh stores that measure a finding's rate before it is saved (one when deterministic).
 CONFIRM_RUNS = 10
 #: The share of the time left for a finding that minimising may take; measuring it has the rest.
@@ -191,8 +194,9 @@ def _resolved(ctx: SearchContext, strategies: Mapping[str, str]) -> list[tuple[s
     schedule = CHECK_SCHEDULE.get(target_kind(ctx.target))
     if schedule is None:
         raise ValueError(f"no check schedule for a {target_kind(ctx.target)} target")
-    if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first
-        schedule = tuple(sorted(schedule, key=lambda step: step[0] != "nemesis"))
+    if getattr(ctx.nemesis, "first", False):  # real faults asked for explicitly (--nemesis KINDS): they go first,
+        schedule = tuple(sorted(((name, ASKED_NEMESIS_SHARE if name == "nemesis" else share)  # with half the budget
+                                 for name, share in schedule), key=lambda step: step[0] != "nemesis"))
     return [(name, share, resolve_strategy(name, strategies)) for name, share in schedule]
 
 

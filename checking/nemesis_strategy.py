@@ -29,11 +29,12 @@ from checking.storeops import run_ops
 from model.contract import declared_paths
 from model.faults import FAULT_OP_TIMEOUTS, FaultKind, FaultPlan, ServerFault
 from model.finding import Finding, Rate
+from model.timing import HarnessOutcome
 from model.outcome import Case
 from model.trace import Trace, violations_of
 from runtime.bounded import BoundedStore
 
-__all__ = ["NemesisPlan", "NemesisCoverage", "Nemesis", "plan_for", "fault_seconds", "nemesis_ops", "run_nemesis_scenarios",
+__all__ = ["NemesisPlan", "NemesisCoverage", "Nemesis", "NotStruck", "plan_for", "fault_seconds", "nemesis_ops", "run_nemesis_scenarios",
            "nemesis_layout", "nemesis_search", "nemesis_cases", "NEMESIS_RUNS"]
 
 #: Runs of each kind's faulted concurrent layout (each strikes once; a finding is judged by its rate).
@@ -241,12 +242,20 @@ class NemesisCoverage:
         parts = [f"{len(ran)} fault kind(s) in store-ops scenarios",
                  f"{len(self.concurrent)} in concurrent runs ({sum(n for _, n in self.concurrent.values())} runs)",
                  f"{self.cases} protocol case(s) over {len(self.case_kinds)} kind(s)"]
-        unfit = [k for k in dict.fromkeys(self.did_not_fit) if k not in self.scenarios]
+        unfit = self.unfit()
         return ", ".join(parts) + (f"; not on these servers: {', '.join(cannot)}" if cannot else "") + (
             f"; not struck, too long for the strategy's share of the budget: {', '.join(unfit)}" if unfit else "")
 
+    def unfit(self) -> list[str]:
+        """The kinds never struck because they did not fit in the time left."""
+        return [k for k in dict.fromkeys(self.did_not_fit) if k not in self.scenarios]
+
     def to_json(self) -> dict:
         return attrs.asdict(self)
+
+
+class NotStruck(HarnessOutcome):
+    """Faults asked for (`--nemesis KINDS`) that the budget left no time to strike: the check is `undecided`."""
 
 
 class Nemesis:
@@ -257,11 +266,22 @@ class Nemesis:
     name = "nemesis"
 
     def search(self, ctx: SearchContext) -> Finding | None:
+        """The first finding; `NotStruck` when faults asked for (`--nemesis KINDS`) found none and some asked kind
+        was never struck for lack of time: a check that struck none of them has not judged the client under them."""
         cov = ctx.coverage.of(self.name, NemesisCoverage)
         plan = getattr(ctx, "nemesis", None)
         if plan is None or not plan.kinds:
             cov.skipped = "no real faults asked for (--nemesis none, or servers shardcheck did not start)"
             return None
+        finding = self._search(ctx, cov, plan)
+        unfit = cov.unfit()
+        if finding is None and plan.first and unfit:
+            raise NotStruck(f"the faults asked for were not all struck: {', '.join(unfit)} (each takes its length "
+                            f"and three op timeouts) did not fit in the nemesis's share of the budget; give a longer "
+                            f"--budget")
+        return finding
+
+    def _search(self, ctx: SearchContext, cov: NemesisCoverage, plan: Any) -> Finding | None:
         t = ctx.target
 
         def fits(kind: FaultKind, runs: int = 1) -> bool:  # no fault starts that would not end within the phase

@@ -290,6 +290,23 @@ def test_check_with_the_nemesis_finds_a_client_that_never_reconnects_and_the_tra
     assert refused.returncode == 2 and "no servers to fault" in refused.stderr
 
 
+def test_faults_asked_for_that_the_budget_cannot_strike_are_undecided_never_held(tmp_path):
+    """`check --nemesis pause` with a budget too short to strike one pause (its length and three op timeouts) has not
+    judged the client under it: exit 4, `undecided`, the reason naming the fault and what to give; nothing saved.
+    With 15 s (the nemesis's half of it, as asked for) the same pause is struck and the demo caught."""
+    from tests.conftest import run_cli
+    bad = "adapters.valkey_clients:never_reconnect_factory"
+    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "4", "--op-timeout", "0.5",
+                "--out", str(tmp_path / "short"), "--json", timeout=180)
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["verdict"] == "undecided" and not (tmp_path / "short").exists(), result
+    assert any("server_pause" in why and "--budget" in why for why in result["undecided"]), result["undecided"]
+    r = run_cli("check", "--client", bad, "--nemesis", "pause", "--budget", "15", "--op-timeout", "0.5",
+                "--out", str(tmp_path / "enough"), "--json", timeout=180)
+    assert r.returncode == 1 and json.loads(r.stdout)["violations"][0]["property"] == "recovery", r.stderr[-2000:]
+
+
 def test_the_patched_lmcache_client_holds_under_every_fault_kind():
     """lmcache-patched (fixes 9 and 10) passes the nemesis scenario of every kind; stock lmcache fails one."""
     patched = run_nemesis_scenarios(resolve_client("lmcache-patched", CLIENTS), op_timeout=1.0, kinds=SERVER_KINDS,
