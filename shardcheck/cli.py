@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                         "everything, the engine layer on every engine)")
     v.add_argument("--full", action="store_true",
                    help="the full sweep: also every engine demo patched into LMCache and every stack demo connector "
-                        "on vLLM, each in a process of its own (default: off; the newcomer's run)")
+                        "on vLLM, each in a process of its own, and the slow replays (the corpus on the stock clients, "
+                        "the nemesis findings on every LMCache client, the engine corpus) (default: off; the "
+                        "newcomer's run)")
 
     from shardcheck.campaign import add_arguments as campaign_arguments
     campaign_arguments(sub.add_parser("campaign", help="a Hypothesis campaign on xdist workers sharing one example "

@@ -35,8 +35,9 @@ def in_child(*args: str, timeout: float = 900) -> Any:
 
 
 def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None], *, out_dir: str,
-                  budget: float) -> None:
-    """Add the steps through `step(name, expected, fn)`."""
+                  budget: float, full: bool = False) -> None:
+    """Add the steps through `step(name, expected, fn)`: the nemesis findings replayed on the fixed clients (with
+    `full`: on every client they are measured on)."""
     from adapters.nemesis_findings import CLIENTS, OUT_DIR
     from adapters.valkey_clients import NEMESIS_DEMOS
     from runtime.registry import by_verdict
@@ -65,7 +66,10 @@ def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None
     for fixed in by_verdict(registry_clients, "held"):  # the fixed real clients hold through every fault
         step(f"check --nemesis all on {fixed} (real Valkey)", "held", lambda fixed=fixed: patched(fixed))
 
-    for client in CLIENTS:
+    from model.trace import Trace  # (on the clients the findings record an expectation for: LMCache's, over Valkey)
+    expected = {name for path in OUT_DIR.glob("*.json") for name in Trace.load(path).expect}
+    on = [c for c in CLIENTS if c in expected]
+    for client in on if full else by_verdict({c: registry_clients[c] for c in on}, "held"):
         def replay(client: str = client) -> tuple[str, str]:
             res = in_child("replay", str(OUT_DIR), "--client", client)["results"]
             off = [r["path"] for r in res if not r["matches"]]

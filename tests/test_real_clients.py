@@ -43,7 +43,7 @@ PROTOCOL_TRACE = ROOT / "counterexamples" / "demo-give-up-on-local-miss.json"
 def test_corpus_replays_as_expected_on_real_client(client):
     """`shardcheck replay ... --expect` passes for the stock and the patched client on the real-client traces
     (`counterexamples/lmcache-*.json`) and one protocol trace (the command line's path for those on a real client);
-    `make verify` replays the whole corpus on both clients ("replay corpus --expect on ...").
+    `make verify` replays the whole corpus on the fixed client, `verify --full` on both ("replay corpus --expect on ...").
     Less the racy traces `test_racy_counterexample_reproduces_by_its_rate_and_the_patch_fixes_it` already judges by
     their rate on this very client (the one each records, and lmcache-patched): the slowest replays here, as a rate
     needs many runs. A racy trace recorded on another client is replayed here (lmcache-native's, on stock lmcache)."""
