@@ -37,9 +37,10 @@ def racy_trace(tmp_path_factory) -> str:
 
 
 def test_a_racy_finding_records_its_rate_and_never_replays_fixed_on_the_unchanged_client(racy_trace):
-    """check measures a racy client's finding on fresh stores before saving it; replayed 10 times on the unchanged
-    client it reproduces 10 times, and on the client with the race fixed it is `fixed`, the racy client having shown
-    it beside it in the same replay."""
+    """check measures a racy client's finding on fresh stores before saving it, and records the client's source;
+    replayed 10 times on the unchanged client it is never `fixed` (it reproduces, or on a machine loaded enough to
+    hide the race it is `undecided`, saying the source is unchanged), and on the client with the race fixed it is
+    `fixed`, the racy client having shown it beside it in the same replay."""
     path = racy_trace
     rate = json.loads(Path(path).read_text())["config"]["rate"]
     assert 1 <= rate["k"] <= rate["n"] >= 2 and not rate.get("deterministic"), rate
