@@ -5,7 +5,7 @@ LMCache names its lookup sockets `<base>/engine_<engine id>_service_<service>_lm
 from vLLM's `VLLM_RPC_BASE_PATH` or, without vLLM, `/tmp/vllm_rpc`. shardcheck gives the lookup modules a
 `<base>` of its own (a private temp dir, the knob vLLM's variable sets in production): `use_private_rpc_dir()`
 passes it as LMCache's own `base_url` argument in the two modules that name lookup sockets. The files of one
-deployment are removed by `remove_case_sockets(engine_id)`; the directory itself at exit.
+deployment are removed by `remove_case_sockets(engine_id)`; the directory itself at exit (`runtime.reaper`).
 
 LMCache's lookup clients take the process's global ZMQ context (`zmq.Context.instance()`) and terminate it on
 close: in production there is one scheduler per process. A case with two deployments runs two schedulers in one
@@ -15,14 +15,14 @@ would have.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import glob
 import os
-import shutil
 import tempfile
 import threading
+
+from runtime import reaper
 
 __all__ = ["use_private_rpc_dir", "remove_case_sockets", "rpc_dir", "own_context", "DIR_ENV"]
 
@@ -37,31 +37,21 @@ DIR_ENV = "SHARDCHECK_LMCACHE_RPC_DIR"
 
 
 def rpc_dir() -> str:
-    """This process's socket directory (created on first use, removed at exit; a rank process uses its parent's).
-    Once removed at exit it is never made again: an LMCache close still running on a daemon thread names its
-    sockets here after the interpreter's exit began (then they cannot be made, and nothing is left behind)."""
+    """This process's socket directory (a rank process uses its parent's), made on first use by `runtime.reaper`,
+    which removes it at exit (`reap()`, also run by a child that ends with `os._exit`). Once the exit began it is
+    never made again: an LMCache close still running on a daemon thread names its sockets here after the exit began
+    (then they cannot be made, and nothing is left behind)."""
     global _DIR
     with _LOCK:
-        if _REMOVED and _DIR is not None:
+        if reaper.REAPER.exiting() and _DIR is not None:
             return _DIR
         inherited = os.environ.get(DIR_ENV)
         if inherited and os.path.isdir(inherited):
             _DIR = inherited
         if _DIR is None or not os.path.isdir(_DIR):
             _check_short_enough(tempfile.gettempdir())
-            _DIR = tempfile.mkdtemp(prefix="shardcheck-zmq-")
-            atexit.register(_remove_at_exit, _DIR)
+            _DIR = reaper.temp_dir("shardcheck-zmq-")
         return _DIR
-
-
-_REMOVED = False
-
-
-def _remove_at_exit(path: str) -> None:
-    global _REMOVED
-    with _LOCK:
-        _REMOVED = True
-        shutil.rmtree(path, ignore_errors=True)
 
 
 #: The longest socket file name LMCache falls back to (`lmcache_rpc_<16 hex>`), and the temp dir's suffix.
