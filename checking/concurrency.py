@@ -24,6 +24,7 @@ import attrs
 
 from checking.concurrency_judge import judge
 from runtime.bounded import call_bounded
+from model.concurrent_case import Layout
 from model.contract import StoreCallTimeout
 from model.outcome import Violation
 from model.history import MULTI_KEY_READS, NEMESIS_CALLER, WRITE_PATHS, History, Op, read_args
@@ -68,29 +69,6 @@ class ServerClients:
         else:
             for s in self.clients:
                 s.close()
-
-
-@attrs.define
-class Layout:
-    """Per caller thread, its ops in order: `{"path", "keys", "pad"?}` (`pad`: extra value bytes of a put)."""
-
-    threads: list[list[dict]]
-    seed: int = 0
-
-    @property
-    def n_ops(self) -> int:
-        return sum(len(t) for t in self.threads)
-
-    def to_ops(self) -> list[dict]:
-        return [{"thread": t, **op} for t, ops in enumerate(self.threads) for op in ops]
-
-    @classmethod
-    def from_ops(cls, ops: Sequence[dict], *, seed: int = 0) -> "Layout":
-        n = 1 + max((int(o["thread"]) for o in ops), default=-1)
-        threads: list[list[dict]] = [[] for _ in range(n)]
-        for o in ops:
-            threads[int(o["thread"])].append({k: v for k, v in o.items() if k != "thread"})
-        return cls([t for t in threads if t], seed)
 
 
 def make_layout(seed: int, *, threads: int = 4, ops: int = 8, keys: int = 3, paths: Sequence[str] = ("get", "get_async"),

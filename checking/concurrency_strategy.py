@@ -14,7 +14,9 @@ from typing import Any, Callable, Iterator, Sequence
 import attrs
 
 from checking.api import SearchContext
-from checking.concurrency import Layout, Measurement, ServerClients, make_layout, measure, thread_safe
+from checking.concurrency import Measurement, ServerClients, make_layout, measure, thread_safe
+from model.cases import CODECS
+from model.concurrent_case import Layout
 from checking.minimise import ddmin, runs_per_candidate
 from model.contract import declared_paths
 from model.faults import kind_of
@@ -90,10 +92,10 @@ def minimise(store: Any, layout: Layout, want: str, rate: Measurement, *, bound:
             candidate = attrs.evolve(current, threads=current.threads[:t] + current.threads[t + 1:])
             if fails(candidate):
                 current = candidate
-    seed = current.seed
-    ops, _ = ddmin(current.to_ops(), lambda fewer: bool(fewer) and fails(Layout.from_ops(fewer, seed=seed)),
+    codec = CODECS["concurrent"]
+    ops, _ = ddmin(codec.parts(current), lambda fewer: bool(fewer) and fails(codec.rebuild(current, fewer)),
                    should_stop=should_stop)  # fewest ops
-    current = Layout.from_ops(ops, seed=seed)
+    current = codec.rebuild(current, ops)
     if should_stop():
         return current
     pad = max((int(op.get("pad", 0)) for t in current.threads for op in t), default=0)
@@ -152,7 +154,7 @@ def layout_runs(trace: Trace, stores: Any, control: Any = None) -> Iterator[Call
     note. A layout that uses a path the client does not offer cannot run: no violation, and the note says so. A
     trace's real-server faults (`strikes_of`) strike in every run through `control` (closed at the end too)."""
     target = fresh_target(stores)
-    layout = Layout.from_ops(trace.ops)
+    layout = trace.case()
     bound = float(trace.config.get("bound", 2.0))
     missing = sorted({op["path"] for op in trace.ops if op["path"] != "evict"
                       and not callable(getattr(target.clients[int(op.get("client", 0))], op["path"], None))})
@@ -257,7 +259,7 @@ def minimised(trace: Trace, fresh: Callable[[], Any], *, should_stop: Callable[[
     rate before it could be measured."""
     bound, want = float(trace.config["bound"]), trace.property
     seeds = list(trace.config["rate"].get("seeds", [0]))
-    layout = Layout.from_ops(trace.ops, seed=int(seeds[0]) if seeds else 0)
+    layout = trace.case()
     rate = Rate.from_json(trace.config["rate"])
     small = minimise(None, layout, want, rate, bound=bound, should_stop=should_stop, fresh=fresh)
     if small == layout:

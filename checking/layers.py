@@ -3,11 +3,13 @@ differently per layer, written here once and read by both.
 
 A `Layer` says what its subject is (`subject`: the part of a `checking.api.Target` its traces are saved under and
 replayed on: a protocol over a client, a client, or a serving engine), how a trace of it runs on fresh stores or a
-fresh deployment (`session`), when one run is the verdict (`deterministic`), how `check` minimises a finding of it
-(`minimise`: each row has one) and what a finding adds to the verdict's
+fresh deployment (`session`), when one run is the verdict (`deterministic`), its case (`codec`: the typed case a
+trace re-runs and the parts the one delta-debugging shrinker drops), how `check` minimises a finding of it
+(`minimise`: each row has one, over those parts) and what a finding adds to the verdict's
 `stats.counterexample` (`stats`). `checking.replay` judges any trace through its row; `checking.check` minimises,
 measures and saves any finding through it; `shardcheck.replay_cmd` picks what a trace replays on by its `subject`.
-A new layer is a trace kind (`model.trace.KINDS`) and one row here (tests/test_layers.py holds every kind to one).
+A new layer is a trace kind (`model.trace.KINDS`), its case (`model.cases.CODECS`) and one row here
+(tests/test_layers.py holds every kind to one).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import attrs
 
 from checking.api import Runner, SearchContext, Target
 from model.calls import DEFAULT_OP_TIMEOUT
+from model.cases import CODECS, CaseCodec
 from model.finding import Finding
 from model.outcome import Violation
 from model.trace import Trace
@@ -81,6 +84,9 @@ class Layer:
     minimise: Callable[[SearchContext, Finding, Callable[[], bool]], Finding]
     stats: Callable[[Finding], dict] = lambda finding: {}
     in_memory_deterministic: bool = False
+    #: Its case: what a trace of it re-runs and the parts its minimiser drops (default: its kind's,
+    #: `model.cases.CODECS`; None for a kind that has none).
+    codec: CaseCodec | None = attrs.field(default=attrs.Factory(lambda self: CODECS.get(self.kind), takes_self=True))
 
     def deterministic(self, on: ReplayOn) -> bool:
         """Whether one run of a trace of this layer on `on` is the verdict."""

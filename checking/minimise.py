@@ -1,7 +1,8 @@
-"""The minimisers: `ddmin`, delta debugging over any list of reducible parts (the store ops, a concurrent layout's
-ops, a serving case's steps), and `minimise`, which shrinks a protocol `Case` (fewer ranks, chunks and faults,
-simpler faults, no schedule) while it still violates the same property; and how many runs a candidate of a racy
-finding gets (`runs_per_candidate`). Pure: runs come in through callables."""
+"""The minimisers: `ddmin`, delta debugging over the reducible parts of any case (its kind's codec,
+`model.cases.CODECS`: a protocol case's faults, the store ops, a concurrent layout's ops, a serving case's steps),
+and `minimise`, which shrinks a protocol `Case` (its faults by `ddmin`, then fewer ranks and chunks, simpler faults,
+no schedule) while it still violates the same property; and how many runs a candidate of a racy finding gets
+(`runs_per_candidate`). Pure: runs come in through callables."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -9,6 +10,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import attrs
 
 from checking.api import Runner
+from model.cases import CODECS
 from model.faults import FAULT_KINDS, REFITS, Eviction, FaultPlan
 from model.finding import Finding, Rate
 from model.harness import Case, run_case
@@ -121,11 +123,27 @@ def _simpler(other: OtherPrompt) -> Iterator[OtherPrompt]:
 
 def minimise(protocol: Any, found: Finding, *, runner: Runner = run_case, budget_runs: int = 2000,
              should_stop: Callable[[], bool] = lambda: False) -> Finding:
-    """Greedily shrink a protocol finding's case while it still violates the same property (smallest ranks, chunks,
-    faults); the finding of the smallest case, its violation of that property first."""
+    """Shrink a protocol finding's case while it still violates the same property: the fewest of its faults (delta
+    debugging over its codec's parts, `model.cases.CODECS`), then greedily the smallest ranks, chunks, faults; the
+    finding of the smallest case, its violation of that property first."""
     assert found.case is not None, "a protocol finding carries its case"
     target = found.property
     best, runs = found, 0
+    codec = CODECS["protocol"]
+    spent = lambda: should_stop() or runs >= budget_runs  # noqa: E731
+
+    def fewer_faults(parts: list) -> bool:
+        nonlocal best, runs
+        runs += 1
+        smaller = codec.rebuild(best.case, parts)
+        out = runner(protocol, smaller)
+        if target not in out.violated():
+            return False
+        best = best.with_case(smaller, out)
+        return True
+
+    if len(codec.parts(found.case)) > 1:  # the faults it needs first (delta debugging), then the greedy shrinks
+        ddmin(codec.parts(found.case), fewer_faults, should_stop=spent)
     progress = True
     while progress and runs < budget_runs:
         progress = False

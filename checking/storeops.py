@@ -13,6 +13,7 @@ from checking.minimise import ddmin
 from model.calls import DEFAULT_OP_TIMEOUT, wait_future
 from model.checks import STORE_PROPERTIES  # noqa: F401  (the properties an op sequence can violate)
 from model.codec import preview
+from model.cases import CODECS
 from model.contract import RankStore, StoreCallTimeout
 from model.outcome import Violation
 from model.timing import rerun_starved
@@ -380,16 +381,18 @@ def minimise_store_ops(trace: Any, client: Client, *, should_stop: Any, progress
         return trace, False
     runs, seen = [0], [first]
 
+    codec = CODECS["store-ops"]
+
     def still_fails(ops: list[dict]) -> bool:
         runs[0] += 1
-        shorter = attrs.evolve(trace, ops=ops)
+        shorter = attrs.evolve(trace, ops=codec.rebuild(trace.case(), ops))
         violations = run(shorter, bounded, control_for)[1]
         if violation_key(shorter, violations) != want:
             return False
         seen[0] = violations  # the violations of the shortest sequence so far
         return True
 
-    ops, minimal = ddmin(trace.ops, still_fails, should_stop=should_stop)
+    ops, minimal = ddmin(codec.parts(trace.case()), still_fails, should_stop=should_stop)
     if progress:
         progress(f"  minimised the store-ops counterexample from {len(trace.ops)} to {len(ops)} ops in {runs[0]} "
                  f"replays{'' if minimal else ' (stopped before it was 1-minimal)'}")

@@ -21,9 +21,8 @@ import attrs
 from model.codec import TraceError, decode, encode
 from model.engine_case import CaseError, case_from_json
 from model.stack_case import stack_case_from_json
-from model.faults import FaultPlan
-from model.harness import Case, Outcome
-from model.outcome import OtherPrompt
+from model.cases import CODECS, MAX_CHUNKS, MAX_OTHERS, faults_from_json, faults_to_json, others_from_json, others_to_json
+from model.harness import Outcome
 from model.outcome import Violation
 from model.store import MEMORY_CLIENT
 from model.trace_validate import MAX_OPS, MAX_RANKS, need as _need, validate_concurrent, validate_rate, \
@@ -39,7 +38,7 @@ OUTCOMES = ("reproduces", "fixed")
 #: The `protocol` of a trace whose subject is not a protocol (a client's, a serving engine's).
 NO_PROTOCOL = {"name": "-", "ref": None}
 #: Caps on what a trace may claim: a hand-edited or hostile file must not make a replay run for minutes.
-MAX_CHUNKS, MAX_FILE_BYTES, MAX_OTHERS = 1024, 64 * 1024 * 1024, 16
+MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 # -- the trace --------------------------------------------------------------------------------------
@@ -98,13 +97,10 @@ class Trace:
                    client=client, config=config,
                    verdict={"violations": [v.to_json() for v in violations], **(verdict or {})}, **fields)
 
-    def case(self) -> Case:
-        """The `Case` that re-runs this trace (protocol traces only)."""
-        c = self.config
-        return Case(n_ranks=c["n_ranks"], n_chunks=c["n_chunks"], salt=c.get("salt", "s0"),
-                    faults=faults_from_json(self.faults), schedule=tuple(self.schedule), seed=c.get("seed"),
-                    others=tuple(others_from_json(o) for o in c.get("others", [])),
-                    step_bound=c.get("step_bound"))
+    def case(self) -> Any:
+        """The typed case that re-runs this trace (`model.cases.CODECS`: a `Case`, the ops, a `Layout`, an
+        `EngineCase`, a `StackCase`)."""
+        return CODECS[self.kind].read(self)
 
     # -- JSON ---------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -290,40 +286,6 @@ def _validate_protocol(data: dict, path: Any) -> None:
             raise TraceError(path, f"config.others[{i}]", str(exc)) from None
     if not isinstance(data["protocol"].get("name"), str):
         raise TraceError(path, "protocol.name", "expected a string")
-
-
-def others_to_json(other: OtherPrompt) -> dict:
-    """A trace's entry for another prompt in the tier (`config.others`)."""
-    return {"salt": other.salt, "n_chunks": other.n_chunks, "shared": other.shared, "after": other.after,
-            "evicted": list(other.evicted)}
-
-
-def others_from_json(data: Any) -> OtherPrompt:
-    """The other prompt of a `config.others` entry; `ValueError` naming what is wrong."""
-    if not isinstance(data, dict) or set(data) - {"salt", "n_chunks", "shared", "after", "evicted"}:
-        raise ValueError("expected an object with salt, n_chunks, shared, after, evicted")
-    k = data.get("n_chunks")
-    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_CHUNKS:
-        raise ValueError(f"n_chunks: expected an integer in 0..{MAX_CHUNKS}, got {k!r}")
-    shared, evicted = data.get("shared", 0), data.get("evicted", [])
-    if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= k:
-        raise ValueError(f"shared: expected an integer in 0..{k}, got {shared!r}")
-    if not isinstance(evicted, list) or not all(isinstance(c, int) and 0 <= c < k for c in evicted):
-        raise ValueError(f"evicted: expected chunks in 0..{k - 1}")
-    if not isinstance(data.get("salt", "t1"), str) or not isinstance(data.get("after", False), bool):
-        raise ValueError("salt: expected a string; after: expected true or false")
-    return OtherPrompt(salt=data.get("salt", "t1"), n_chunks=k, shared=shared, after=data.get("after", False),
-                       evicted=tuple(evicted))
-
-
-def faults_to_json(plan: FaultPlan) -> dict:
-    """A trace's `faults` object (`FaultPlan.to_json`)."""
-    return plan.to_json()
-
-
-def faults_from_json(data: dict) -> FaultPlan:
-    """The plan of a trace's `faults` object (`FaultPlan.from_json`)."""
-    return FaultPlan.from_json(data)
 
 
 def violations_of(trace: Trace) -> list[Violation]:

@@ -148,7 +148,7 @@ def test_minimise_case_drops_what_is_not_needed():
     def fails(c):  # the 'bug': a retrieve after a store of p0, whatever else
         kinds = [s.kind for s in c.steps]
         return "store" in kinds and "retrieve" in kinds and kinds.index("store") < kinds.index("retrieve")
-    small = minimise_case(fails, case, lambda: False)
+    small = minimise_case(fails, case, lambda: False, kind="engine")
     assert small.n_ranks == 1 and [s.kind for s in small.steps] == ["store", "lookup", "retrieve"]
     assert {p.name for p in small.prompts} == {s.prompt for s in small.steps if s.prompt}
     assert all(p.chunks == 1 for p in small.prompts) and not small.problems()

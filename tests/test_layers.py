@@ -103,3 +103,42 @@ def test_a_new_layer_is_a_kind_and_one_row(toy_layer, tmp_path):
     assert saved.name.startswith("model-")
     assert judge(_toy_trace(3), ReplayOn()).outcome == "reproduces"
     assert judge(_toy_trace(2), ReplayOn()).outcome == "fixed"
+
+
+# -- the case of every layer ------------------------------------------------------------------------------------------
+def _cases() -> list:
+    """(name, kind, case) of every curated corpus trace, and of generated stack cases (the corpus has none)."""
+    import random
+    from pathlib import Path
+    from checking.serving.stack_cases import stack_random_case
+    root = Path(__file__).resolve().parent.parent / "counterexamples"
+    out = [(str(p.relative_to(root)), t.kind, t.case()) for p in sorted(root.rglob("*.json"))
+           if "found" not in p.parts for t in [Trace.load(p)]]
+    rng = random.Random(0)
+    return out + [(f"stack-{i}", "stack", stack_random_case(rng, 2)) for i in range(8)]
+
+
+def test_every_layers_case_is_rebuilt_from_its_parts():
+    """What the one delta-debugging shrinker asks of every layer's case (`Layer.codec`): all its parts rebuild the
+    case itself, and each part fewer a case with one part fewer; every kind is covered."""
+    seen = set()
+    for name, kind, case in _cases():
+        codec = LAYERS[kind].codec
+        assert codec.kind == kind
+        parts = codec.parts(case)
+        assert codec.rebuild(case, parts) == case, name
+        for i in range(len(parts)):
+            assert len(codec.parts(codec.rebuild(case, parts[:i] + parts[i + 1:]))) == len(parts) - 1, (name, i)
+        seen.add(kind)
+    assert seen == set(KINDS)
+
+
+def test_a_trace_reads_its_kinds_case():
+    """`Trace.case()` is the codec's `read`: a typed case for every kind."""
+    from model.concurrent_case import Layout
+    from model.engine_case import EngineCase
+    from model.harness import Case
+    types_of = {"protocol": Case, "store-ops": list, "concurrent": Layout, "engine": EngineCase}
+    for name, kind, case in _cases():
+        if kind in types_of:
+            assert isinstance(case, types_of[kind]), name

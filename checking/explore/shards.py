@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import attrs
 
-from model.trace import others_from_json
+from model.cases import others_from_json
 from model.harness import run_case
 from model.outcome import Case, Violation
 from runtime import registry
@@ -47,7 +47,7 @@ class ShardSpec:
     properties: tuple[str, ...] | None = None
     step_bound: int | None = None
     salt: str = "s0"
-    #: Other prompts in the tier, as `config.others` entries of a trace (`model.trace.others_to_json`).
+    #: Other prompts in the tier, as `config.others` entries of a trace (`model.cases.others_to_json`).
     others: tuple[dict, ...] = ()
 
 

@@ -35,7 +35,7 @@ from checking.minimise import runs_per_candidate
 from checking.serving.engine_cases import FIRST_CASES, enumeration, random_case
 from checking.serving.engine_run import Bounds, EngineOutcome, run_engine_case
 from checking.serving.serving_minimise import minimise_case
-from model.engine_case import EngineCase, case_from_json
+from model.engine_case import EngineCase
 from model.finding import Finding, Rate
 from model.outcome import Violation
 from model.timing import HarnessOutcome
@@ -259,7 +259,7 @@ def _finding(source: CaseSource, strategy: str, case: Any, out: EngineOutcome, p
             again += _shows(run, case, prop, call, 1, stop, stats) is not None
         runs = runs_per_candidate(source.subject.kind, 1 + again, 1 + tried)
         small = minimise_case(lambda c: _shows(run, c, prop, call, runs, stop, stats) is not None, case, stop,
-                              ranks=source.shrink_ranks)
+                              kind=source.subject.kind, ranks=source.shrink_ranks)
         k, n, first = measure_rate(run, small, prop, measure_runs, stop=measure_stop, call=call)
         if first is None and small is not case:  # the minimised case lost its rate: keep the case as found
             small = case
@@ -446,7 +446,7 @@ class EngineCases:
 @contextlib.contextmanager
 def engine_session(trace: Trace, make: Make, bounds: Bounds = Bounds()) -> Iterator[Callable[[], tuple[list, str]]]:
     """Runs of an engine trace's case, each on a fresh deployment of `make` (`checking.layers.LAYERS`)."""
-    case = case_from_json(trace.config["case"])
+    case = trace.case()
     call = _recorded_call(trace)
 
     def once() -> tuple[list, str]:

@@ -8,12 +8,15 @@ from typing import Any, Callable
 import attrs
 
 from checking.minimise import ddmin
+from model.cases import CODECS
 
 __all__ = ["minimise_case"]
 
 
-def minimise_case(fails: Callable[[Any], bool], case: Any, stop: Callable[[], bool], *, ranks: bool = True) -> Any:
-    """Fewest ranks (unless not `ranks`), then fewest steps (delta debugging), then fewest chunks, then fewer prompts
+def minimise_case(fails: Callable[[Any], bool], case: Any, stop: Callable[[], bool], *, kind: str,
+                  ranks: bool = True) -> Any:
+    """Fewest ranks (unless not `ranks`), then fewest steps (delta debugging over the parts of `kind`'s codec,
+    `model.cases.CODECS`), then fewest chunks, then fewer prompts
     and deployments, keeping `fails(candidate)` true; every candidate is a consistent case (an engine or a stack
     case: the same prompts, steps of the same fields)."""
     current = case
@@ -23,12 +26,14 @@ def minimise_case(fails: Callable[[Any], bool], case: Any, stop: Callable[[], bo
             break
         current = smaller
 
+    codec = CODECS[kind]
+
     def still(steps: list) -> bool:
-        candidate = attrs.evolve(current, steps=tuple(steps))
+        candidate = codec.rebuild(current, steps)
         return not candidate.problems() and fails(candidate)
 
-    steps, _ = ddmin(list(current.steps), still, should_stop=stop)
-    current = attrs.evolve(current, steps=tuple(steps))
+    steps, _ = ddmin(codec.parts(current), still, should_stop=stop)
+    current = codec.rebuild(current, steps)
     for i in range(len(current.prompts)):
         while not stop():
             smaller = _fewer_chunks(current, i)

@@ -21,7 +21,7 @@ from checking.serving.stack_cases import stack_enumeration, stack_random_case
 from checking.serving.stack_run import References, StackBounds, run_stack_case
 from model.contract import STACK_METHODS, StoreCallTimeout, missing_members
 from model.finding import Finding
-from model.stack_case import StackCase, stack_case_from_json
+from model.stack_case import StackCase
 from model.timing import SetupTimeout, over_text
 from model.trace import Trace
 from runtime import starvation
@@ -145,7 +145,7 @@ def stack_target(spec: Any, *, connector: str | None = None, options: dict | Non
 @contextlib.contextmanager
 def stack_session(trace: Trace, target: StackTarget) -> Iterator[Callable[[], tuple[list, str]]]:
     """Runs of a stack trace's case, each on the target's stack emptied first (`checking.layers.LAYERS`)."""
-    case = stack_case_from_json(trace.config["case"])
+    case = trace.case()
 
     def once() -> tuple[list, str]:
         return list(run_stack_case(target.stack(), case, references=target.references).violations), ""
