@@ -8,7 +8,7 @@ finding made earlier has all the time up to `Deadlines.finish`), and the strateg
 (but for at least `MIN_SEARCH_SHARE` of the budget once the target is set up: a set-up slower than the rest of the
 budget makes the check end late by the difference).
 The schedule per kind of target is `runtime.registry.CHECK_SCHEDULE`, its names looked up in the table of strategies
-`run_check` is handed (`strategies`: `shardcheck.tables.STRATEGIES`): strategies with no share run first to their end
+`run_check` is handed (its `CheckPlan`'s `strategies`: `shardcheck.tables.STRATEGIES`): strategies with no share run first to their end
 (their time counts in the budget); the others split what is left by their shares, the last taking the rest. No
 strategy starts a unit of its work (a case, a run, a batch) that its longest unit so far says would end past its
 phase (`_stopper`); a finding is measured by `CONFIRM_RUNS` runs on fresh stores (one when the run is
@@ -33,7 +33,7 @@ from runtime.registry import CHECK_SCHEDULE, resolve_strategy
 from runtime.watchdog import forget
 
 __all__ = ["ASKED_NEMESIS_SHARE", "FINISH_GRACE", "FINISH_SHARE", "TEARDOWN_SECONDS", "MIN_SEARCH_SHARE", "CONFIRM_RUNS", "MINIMISE_SHARE",
-           "Deadlines", "CheckResult", "SaveError", "run_check"]
+           "Deadlines", "CheckPlan", "CheckResult", "SaveError", "run_check"]
 
 #: The most seconds kept at the end of the budget for minimising and measuring a finding made at the last moment ...
 FINISH_GRACE = 5.0
@@ -125,30 +125,47 @@ class CheckResult:
         return out
 
 
-def run_check(target: Target, *, budget: float, run: Runner | None = None,
-              fresh_runner: Callable[[], ContextManager[Runner]] | None = None,
-              seed: int = 0, out_dir: str | Path = "counterexamples/found", op_timeout: float = 2.0,
-              explore_workers: int = 1, until_exhausted: tuple[int, int] | None = None,
+@attrs.frozen(kw_only=True)
+class CheckPlan:
+    """What one check is asked (the command line's options): `budget` seconds from `started` (monotonic; default:
+    when `run_check` is called), the table of `strategies` (name -> `MOD:ATTR`, `shardcheck.tables.STRATEGIES`), the
+    `seed`, where a finding is saved (`out_dir`), the store calls' bound (`op_timeout`), the explorer's workers,
+    the enumeration to run first whatever the budget (`until_exhausted`: ranks, chunks) and `--retention`."""
+
+    budget: float
+    strategies: Mapping[str, str]
+    seed: int = 0
+    out_dir: str | Path = "counterexamples/found"
+    op_timeout: float = 2.0
+    explore_workers: int = 1
+    until_exhausted: tuple[int, int] | None = None
+    retention: float = DEFAULT_RETENTION
+    started: float | None = None
+
+
+def run_check(target: Target, plan: CheckPlan, *, run: Runner | None = None,
+              fresh_runner: Callable[[], ContextManager[Runner]] | None = None, nemesis: Any = None,
               on_progress: Callable[[Coverage], None] = lambda coverage: None,
-              note: Callable[[str], None] = lambda text: None, retention: float = DEFAULT_RETENTION,
-              nemesis: Any = None, started: float | None = None, strategies: Mapping[str, str]) -> CheckResult:
-    """Search `target` within `budget` seconds of `started` (monotonic; default: now), see the module doc. `run` runs
-    a protocol case over the target's client (kept for the whole check); `fresh_runner()` a context giving one over
-    fresh stores (the measurement); both None for a serving engine (its rows measure what they minimise)."""
+              note: Callable[[str], None] = lambda text: None) -> CheckResult:
+    """Search `target` as `plan` asks, see the module doc. `run` runs a protocol case over the target's client (kept
+    for the whole check); `fresh_runner()` a context giving one over fresh stores (the measurement); both None for a
+    serving engine (its rows measure what they minimise). `nemesis`: the real faults it strikes
+    (`checking.nemesis_strategy.NemesisPlan`); `on_progress` and `note`: where progress goes."""
     if target.engine is None and (run is None or fresh_runner is None):
         raise ValueError("a protocol-and-client target needs run and fresh_runner")
-    t0 = time.monotonic() if started is None else min(started, time.monotonic())
+    budget, seed, out_dir = plan.budget, plan.seed, plan.out_dir
+    t0 = time.monotonic() if plan.started is None else min(plan.started, time.monotonic())
     forget()  # every stall the strategies find is judged at the full limit (the shortcut serves minimising only)
     coverage = Coverage()
-    ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=op_timeout, coverage=coverage,
-                        explore_workers=explore_workers, note=note, retention=retention, nemesis=nemesis)
-    if until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
-        finding = _exhaust(ctx, until_exhausted, on_progress)
+    ctx = SearchContext(target=target, run=run, seed=seed, op_timeout=plan.op_timeout, coverage=coverage,
+                        explore_workers=plan.explore_workers, note=note, retention=plan.retention, nemesis=nemesis)
+    if plan.until_exhausted is not None:  # the enumeration first, to the size asked, whatever the budget
+        finding = _exhaust(ctx, plan.until_exhausted, on_progress)
         start = time.monotonic()
     else:
         finding, start = None, t0
     # (importing the strategies is set-up too: Hypothesis takes seconds on a loaded machine)
-    schedule = _resolved(ctx, strategies)
+    schedule = _resolved(ctx, plan.strategies)
     ends = Deadlines.of(start, budget, target_kind(target), ready=time.monotonic())
     ctx.deadline, ctx.finish_by = ends.search, ends.finish
     try:

@@ -53,7 +53,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     own lookup-and-load path is what is checked (docs/CONTRACT.md, "Engines"). The budget counts from `started`
     (monotonic seconds; default: now): building the target, its clients and servers, is within it."""
     started = time.monotonic() if started is None else started
-    from checking.check import SaveError, run_check as check
+    from checking.check import CheckPlan, SaveError, run_check as check
     from model.calls import DEFAULT_OP_TIMEOUT
     from shardcheck.progress import Progress
     if not math.isfinite(budget) or budget <= 0:
@@ -83,12 +83,11 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
     bar = Progress(budget, enabled=progress, started=started)
     with case_runner_of(target, op_timeout, plan) as run, bar:
         try:
-            result = check(target, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan), budget=budget,
-                           strategies=STRATEGIES,
-                           seed=seed, out_dir=out_dir, op_timeout=op_timeout, explore_workers=explore_workers,
-                           until_exhausted=until_exhausted, on_progress=bar.update,
-                           note=_err if progress else (lambda text: None), retention=retention, nemesis=plan,
-                           started=started)
+            asked = CheckPlan(budget=budget, strategies=STRATEGIES, seed=seed, out_dir=out_dir,
+                              op_timeout=op_timeout, explore_workers=explore_workers,
+                              until_exhausted=until_exhausted, retention=retention, started=started)
+            result = check(target, asked, run=run, fresh_runner=fresh_runner_of(target, op_timeout, plan),
+                           nemesis=plan, on_progress=bar.update, note=_err if progress else (lambda text: None))
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
     return result.to_json()
@@ -97,7 +96,7 @@ def run_check(protocol_spec: Any, client_spec: Any, *, budget: float, seed: int 
 def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progress: bool, started: float) -> dict:
     """`check --engine`: the deployment schedule of `checking.check.run_check` (no protocol runner: every case runs
     on fresh deployments of the engine)."""
-    from checking.check import SaveError, run_check as check
+    from checking.check import CheckPlan, SaveError, run_check as check
     from shardcheck.progress import Progress
 
     starting = getattr(target.engine, "stack", None)
@@ -111,9 +110,9 @@ def _check_engine(target: Any, *, budget: float, seed: int, out_dir: str, progre
     bar = Progress(budget, enabled=progress, started=started)
     with bar:
         try:
-            result = check(target, budget=budget, strategies=STRATEGIES, seed=seed, out_dir=out_dir,
-                           on_progress=bar.update,
-                           note=_err if progress else (lambda text: None), started=started)
+            result = check(target, CheckPlan(budget=budget, strategies=STRATEGIES, seed=seed, out_dir=out_dir,
+                                             started=started),
+                           on_progress=bar.update, note=_err if progress else (lambda text: None))
         except SaveError as exc:
             raise UsageError(f"--out {out_dir}: {exc}") from None
         finally:  # (a serving stack started once for the whole check: closed with it)

@@ -3,7 +3,7 @@ that name modules of several layers live in this, the composition root; the othe
 that holds them.
 
 - `STRATEGIES`: `check`'s strategies by name (`MOD:ATTR` of the class, in `checking/` and `properties/`), handed to
-  `checking.check.run_check`, which runs them in the order of `runtime.registry.CHECK_SCHEDULE`.
+  `checking.check.run_check` in its `CheckPlan`, which runs them in the order of `runtime.registry.CHECK_SCHEDULE`.
 - `DEMO_MODULES`: where each property layer's demos live (`model.checks.Property.demos` names them in that module:
   `model`, `properties` and `adapters`), for `runtime.registry.demo_refs` and `patch_refs`.
 - `CLIENTS`, `SERVING_ENGINES`, `CATALOGUE` (and its `nemesis`): the named real clients and serving engines,

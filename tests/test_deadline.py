@@ -89,9 +89,9 @@ FAKE_STRATEGIES = {name: f"fake_strategies:{attr}" for name, attr in (("setup", 
 
 
 def _run(clock: Clock, budget: float, started: float) -> check.CheckResult:
-    return check.run_check(_target(), run=lambda protocol, case: None, fresh_runner=lambda: None, budget=budget,
-                           strategies=FAKE_STRATEGIES,
-                           started=started, out_dir="/nonexistent-never-written")
+    plan = check.CheckPlan(budget=budget, strategies=FAKE_STRATEGIES, started=started,
+                           out_dir="/nonexistent-never-written")
+    return check.run_check(_target(), plan, run=lambda protocol, case: None, fresh_runner=lambda: None)
 
 
 def test_the_budget_is_split_from_its_end():
