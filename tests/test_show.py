@@ -352,12 +352,15 @@ def test_every_stored_counterexample_renders():
 
 # -- show_command --------------------------------------------------------------------------------------
 def test_show_command_prints_and_writes(tmp_path, capsys, deadlock):
-    """`show` prints the timeline and writes the SVG, overwriting an existing OUT."""
+    """`show` prints the timeline, its layer in words under the title, and writes the SVG, overwriting an existing
+    OUT."""
     path = deadlock.save(tmp_path / "d.json")
     out = tmp_path / "d.svg"
     out.write_text("old")
     assert show_command(str(path), str(out)) == 0
-    assert capsys.readouterr().out.startswith(timeline(Trace.load(path)))
+    head, _, rest = timeline(Trace.load(path)).partition("\n")
+    layer = "layer    protocol: a protocol's rank programs over a client's stores, faults injected"
+    assert capsys.readouterr().out.startswith(f"{head}\n{layer}\n{rest}")
     assert out.read_text() == svg(Trace.load(path)) and ET.fromstring(out.read_text()) is not None
     assert show_command(str(path), None) == 0
 

@@ -54,7 +54,8 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
                   f"{trace.expected(engine) or 'no expectation recorded'})")
     else:
         text, draw = (history_timeline, history_svg) if concurrent else (timeline, svg)
-    sys.stdout.write(text(trace))
+    head, _, rest = text(trace).partition("\n")
+    sys.stdout.write(f"{head}\n{_layer_line(trace)}\n{rest}")
     if svg_out is not None:
         existed = Path(svg_out).exists()  # (said below: an SVG is a picture of the trace, replaced on purpose)
         try:
@@ -64,3 +65,10 @@ def show_command(path: str, svg_out: str | None, engine: str | None = None) -> i
             return 2
         print(f"{'overwrote' if existed else 'wrote'} {svg_out}")
     return 0
+
+
+def _layer_line(trace: Trace) -> str:
+    """What the trace is of, in words: its layer (`checking.layers.Layer.what`)."""
+    from checking.layers import LAYERS
+    layer = LAYERS.get(trace.kind)
+    return f"layer    {trace.kind}: {layer.what if layer is not None else 'no layer of this shardcheck'}"
