@@ -189,7 +189,7 @@ def run_check(target: Target, plan: CheckPlan, *, run: Runner | None = None,
             if finding.rate is None:
                 finding.measured(Rate(1, 1))
         layer = layer_of(finding.trace)
-        source = layer.source(target)
+        source = layer.source(client=target.client, protocol=target.protocol, engine=target.engine)
         if source is not None:  # (a replay on the unchanged subject never says `fixed`: checking.replay.judge)
             finding.trace.config["source"] = source
         try:

@@ -97,16 +97,21 @@ class Layer:
         """The name a finding of this layer on `target` is saved under: its protocol's, client's or engine's."""
         return getattr(target, self.subject).name
 
-    def source(self, on: Target | ReplayOn) -> str | None:
-        """The digest of the source of the subject of `on` (a `Target` or a `ReplayOn`: `runtime.source`), the
-        `config.source` a trace of this layer records; None when it cannot be told."""
+    def source(self, *, client: Any = None, protocol: Any = None, engine: Any = None) -> str | None:
+        """The digest of the source of this layer's subject (`runtime.source`), the `config.source` a trace of it
+        records: of the `client` (`runtime.registry.Client`) and, for a protocol trace, the `protocol`; or of the
+        serving `engine` (an `EngineTarget` or a `StackTarget`) with its patches and connector. (A `Target` and a
+        `ReplayOn` hand theirs.) None when it cannot be told or the part is missing."""
         from runtime.source import source_digest
         if self.subject == "engine":
-            serving = on.engine.engine
-            connector = getattr(on.engine, "connector", "")
+            if engine is None:
+                return None
+            serving = engine.engine
+            connector = getattr(engine, "connector", None) or ""
             return source_digest([serving.factory, *serving.patches, *([connector] if ":" in connector else [])])
-        objs = [on.client.factory] + ([on.protocol.obj] if self.subject == "protocol" else [])
-        return source_digest(objs)
+        if client is None or (self.subject == "protocol" and protocol is None):
+            return None
+        return source_digest([client.factory] + ([protocol.obj] if self.subject == "protocol" else []))
 
 
 def layer_of(trace: Trace) -> Layer:

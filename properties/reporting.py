@@ -108,15 +108,13 @@ def write_found(trace: Trace, cfg: Any, *parts: str) -> Path | str:
 
 def _source(trace: Trace, cfg: Any) -> str | None:
     """The digest of the source of the subject `cfg` runs (`checking.layers.Layer.source`), for `trace`'s layer."""
-    from types import SimpleNamespace
-
     from checking.layers import LAYERS
     layer = LAYERS.get(trace.kind)
     if layer is None:
         return None
     if layer.subject == "engine":
-        return layer.source(SimpleNamespace(engine=cfg.engine)) if cfg.engine is not None else None
-    protocol = cfg.resolved_protocol() if layer.subject == "protocol" else None
-    return layer.source(SimpleNamespace(client=cfg.resolved_client(), protocol=protocol))
+        return layer.source(engine=cfg.engine)
+    return layer.source(client=cfg.resolved_client(),
+                        protocol=cfg.resolved_protocol() if layer.subject == "protocol" else None)
 
 

@@ -174,7 +174,8 @@ def _itself(trace: Any, subject: str, on: Any) -> Any:
     one the trace records (`runtime.source`): unchanged, a race it does not show is the machine's, not a fix."""
     from checking.layers import layer_of
     from checking.replay import Control
-    recorded, now = trace.config.get("source"), layer_of(trace).source(on)
+    recorded = trace.config.get("source")
+    now = layer_of(trace).source(client=on.client, protocol=on.protocol, engine=on.engine)
     if recorded is None or now is None:
         told = "the trace records no source" if recorded is None else "its source cannot be told now"
         return Control(subject, why=f"the candidate is the recorded subject; {told}")
