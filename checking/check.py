@@ -307,9 +307,7 @@ def _measured(ctx: SearchContext, finding: Finding, fresh_runner: Callable[[], C
         return finding
     if fresh_runner is None:
         raise ValueError(f"{finding.strategy} returned an unmeasured finding on a target with no runner")
-    t = ctx.target
-    on = ReplayOn(client=t.client, protocol=t.protocol, runner=fresh_runner, runner_name=t.runner,
-                  options=dict(t.client_options), op_timeout=ctx.op_timeout, nemesis=ctx.nemesis)
+    on = ReplayOn.of(ctx.target, runner=fresh_runner, op_timeout=ctx.op_timeout, nemesis=ctx.nemesis)
     last = [time.monotonic(), 0.0]  # (when the last run ended, how long the longest took)
 
     def stop() -> bool:  # no run is started that would end past finish_by

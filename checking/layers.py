@@ -59,6 +59,14 @@ class ReplayOn:
     #: cannot run.
     nemesis: Any = None
 
+    @classmethod
+    def of(cls, target: Target, *, runner: Callable[[], ContextManager[Runner]] | None = None,
+           op_timeout: float = DEFAULT_OP_TIMEOUT, nemesis: Any = None) -> "ReplayOn":
+        """What `target`'s traces run on (the one way from a `Target`: `check`'s measuring, `replay`): its client,
+        protocol, options and serving engine, with `runner` (fresh stores each) and the real faults of `nemesis`."""
+        return cls(client=target.client, protocol=target.protocol, runner=runner, runner_name=target.runner,
+                   options=dict(target.client_options), op_timeout=op_timeout, engine=target.engine, nemesis=nemesis)
+
     def control(self, stores: list) -> Any:
         """A `ServerControl` over `stores`' servers; `ReplayError` when there is none."""
         control = self.nemesis.control(stores) if self.nemesis is not None else None

@@ -196,8 +196,7 @@ def _client_on(protocol: str | None, client: str, options: Any, *, runner: str, 
         targets[key] = build_target(protocol, client, options=options, runner=runner, op_timeout=op_timeout)
     target = targets[key]
     plan = nemesis_plan_of(target, nemesis)
-    return ReplayOn(client=target.client, protocol=target.protocol, runner=fresh_runner_of(target, op_timeout, plan),
-                    runner_name=runner, options=dict(target.client_options), op_timeout=op_timeout, nemesis=plan)
+    return ReplayOn.of(target, runner=fresh_runner_of(target, op_timeout, plan), op_timeout=op_timeout, nemesis=plan)
 
 
 def _engine_subject(trace: Any, engine: str | None, patches: Any) -> tuple[str, tuple[str, ...]]:
@@ -225,7 +224,7 @@ def _engine_arms(trace: Any, row: dict, options: list[str] | dict | None, target
         key = ("engine", spec, repr(opts), patches, conn)
         if key not in targets:
             targets[key] = build_engine_target(spec, lookup=lookup, options=opts, patches=patches, connector=conn)
-        return ReplayOn(engine=targets[key].engine)
+        return ReplayOn.of(targets[key])
 
     on = on_engine(row["engine"], tuple(row["patches"]))
     if not _racy(trace):
