@@ -2,8 +2,9 @@
 
 Every strategy of `check` returns a `Finding` or None. A finding carries its violations (the first is what it is
 about), the `Trace` that replays it (any kind: `protocol`, `store-ops`, `concurrent`, `engine`, `stack`), the
-strategy that found it, and, once measured, its `Rate`: k of n runs on fresh stores showed it, and the machine's load then. A
-protocol finding also carries its `Case` and `Outcome`, which the case minimiser works on.
+strategy that found it, and, once measured, its `Rate`: k of n runs on fresh stores showed it, and the machine's load then. Its
+`case` is of its kind's type (`model.cases.CODECS`: read from its trace unless given); a protocol finding also
+carries its `Outcome`, which the case minimiser works on.
 
 The statistics of replays live here too: a rate's lower confidence bound (`lower_bound`), the runs within which a
 rate shows (`runs_within`), and the rule of a racy replay judged against a control run alternately beside it
@@ -104,7 +105,8 @@ class Finding:
     strategy: str
     violations: list[Violation]
     trace: Trace
-    case: Case | None = None
+    #: The case it was found with (a protocol case, with its `outcome`); None: its trace's (`case`).
+    _case: Any = attrs.field(default=None, alias="case")
     outcome: Outcome | None = None
     rate: Rate | None = None
     #: What happened to it since it was found (minimised, confirmed...), in words.
@@ -137,6 +139,13 @@ class Finding:
         """Put the violation of `prop` first (it names the finding and its trace)."""
         self.violations.sort(key=lambda v: v.property != prop)
         return self
+
+    @property
+    def case(self) -> Any:
+        """The case that shows it, of its kind's type (`model.cases.CODECS`): the one it was found or minimised with
+        when one was given, else its trace's (`Trace.case()`, so always the trace's own after a minimiser replaced
+        the trace)."""
+        return self._case if self._case is not None else self.trace.case()
 
     @property
     def summary(self) -> str:

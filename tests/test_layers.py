@@ -142,3 +142,16 @@ def test_a_trace_reads_its_kinds_case():
     for name, kind, case in _cases():
         if kind in types_of:
             assert isinstance(case, types_of[kind]), name
+
+
+def test_a_findings_case_is_its_traces_unless_given():
+    """One `Finding(case, violations, rate)` for every layer: a finding with no case given has its trace's, and a
+    minimiser that replaces the trace replaces the case with it."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "counterexamples"
+    trace = Trace.load(root / "lmcache-missing-get-hangs.json")
+    finding = Finding(strategy="scenarios", violations=[Violation("store-hang", "s")], trace=trace)
+    assert finding.case == list(trace.ops) and finding.case
+    shorter = attrs.evolve(trace, ops=trace.ops[-1:])
+    assert attrs.evolve(finding, trace=shorter).case == list(shorter.ops)
+    assert attrs.evolve(finding, case=["given"]).case == ["given"]
