@@ -9,7 +9,9 @@ trace re-runs and the parts the one delta-debugging shrinker drops), how `check`
 `stats.counterexample` (`stats`). `checking.replay` judges any trace through its row; `checking.check` minimises,
 measures and saves any finding through it; `shardcheck.replay_cmd` picks what a trace replays on by its `subject`.
 A new layer is a trace kind (`model.trace.KINDS`), its case (`model.cases.CODECS`) and one row here
-(tests/test_layers.py holds every kind to one).
+(tests/test_layers.py holds every kind to one). Its cases' generators are `check`'s strategies, scheduled by kind of
+target (`runtime.registry.CHECK_SCHEDULE`), not by layer: one check of a client searches its store-ops, concurrent
+and protocol layers within one budget, and a strategy returns a finding of whichever layer it ran.
 """
 from __future__ import annotations
 
