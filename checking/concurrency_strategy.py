@@ -15,9 +15,9 @@ import attrs
 
 from checking.api import SearchContext
 from checking.concurrency import Measurement, ServerClients, make_layout, measure, thread_safe
+from checking.minimise import ddmin, runs_per_candidate
 from model.cases import CODECS
 from model.concurrent_case import Layout
-from checking.minimise import ddmin, runs_per_candidate
 from model.contract import declared_paths
 from model.faults import kind_of
 from model.finding import Finding, Rate
