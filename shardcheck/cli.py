@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--budget", type=float, default=20.0, help="seconds per check (default: 20)")
     v.add_argument("--json", action="store_true", help="print the steps as JSON (default: a table)")
     v.add_argument("--engine", default=None, metavar="NAME",
-                   help="only the engine layer, on this engine (lmcache, lmcache-patched, vllm, ...) (default: "
-                        "everything, the engine layer on every engine)")
+                   help="only the engine layer, on this engine (lmcache, lmcache-patched, vllm, ...) or on all of "
+                        "them (all) (default: everything; the engine layer on every engine runs in a child process "
+                        "beside the other steps)")
     v.add_argument("--full", action="store_true",
                    help="the full sweep: also every engine demo patched into LMCache and every stack demo connector "
                         "on vLLM, each in a process of its own, and the slow replays (the corpus on the stock clients, "

@@ -4,10 +4,14 @@ here, and the corpus replayed against each client, with a summary table."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Callable
+
+import attrs
 
 from runtime.registry import by_verdict, corpus_clients, patch_refs
 from shardcheck.tables import CLIENTS, DEMO_MODULES, SERVING_ENGINES
@@ -46,7 +50,6 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
     """The engine layer: stock LMCache's engine path violated, the patched one held; each serving stack on each of its
     connectors. With `full`, every engine demo caught (each in its own process: a demo patches LMCache for good), every
     stack demo (a connector) caught by its property, and the engine corpus replayed on both engines."""
-    import subprocess
     from pathlib import Path
 
     from model.checks import CATALOG
@@ -143,12 +146,14 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
     from shardcheck.corpus import CORPUS
 
     rows: list[dict] = []
+    if engine is not None:  # only the engine layer, on that engine (`all`: on every one)
+        if engine != "all" and engine not in SERVING_ENGINES:
+            raise UsageError(f"verify --engine {engine!r}: expected all or one of {', '.join(SERVING_ENGINES)}")
+        out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
+        _engine_steps(rows, budget, out_dir, None if engine == "all" else engine, full)
+        return _report(rows, as_json, [out_dir])
+    beside = EngineLayer.start(budget, full)  # (beside the other steps: most of both waits on budgets and builds)
     out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
-    if engine is not None:  # only the engine layer, on that engine
-        if engine not in SERVING_ENGINES:
-            raise UsageError(f"verify --engine {engine!r}: expected one of {', '.join(SERVING_ENGINES)}")
-        _engine_steps(rows, budget, out_dir, engine, full)
-        return _report(rows, as_json, out_dir)
 
     def prove() -> tuple[str, str]:
         results = proofs.run_all(seeds=10)
@@ -225,8 +230,73 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
             off = [r["path"] for r in res if not r["matches"]]
             return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
         _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
-    _engine_steps(rows, budget, out_dir, None, full)
-    return _report(rows, as_json, out_dir)
+    engine_rows, engine_dir = beside.rows()
+    return _report(rows + engine_rows, as_json, [out_dir, *([engine_dir] if engine_dir else [])])
+
+
+@attrs.define
+class EngineLayer:
+    """The engine layer's steps (`verify --engine all --json`) in a child process started first and run beside the
+    others; its rows join the table at the end (its progress lines go to stderr as they come). Bounded: past
+    `ENGINE_LAYER_SECONDS` it is killed and the layer is one failed row; Ctrl-C and the exit end it
+    (`runtime.reaper`)."""
+
+    proc: subprocess.Popen
+    out: Any
+    bound: float
+    started: float
+
+    @classmethod
+    def start(cls, budget: float, full: bool) -> "EngineLayer":
+        from runtime import reaper
+        from shardcheck.verify_nemesis import ROOT
+        out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # (not a pipe: nobody reads it until the end)
+        args = [sys.executable, "-m", "shardcheck", "verify", "--engine", "all", "--json", "--budget", str(budget)]
+        proc = subprocess.Popen(args + (["--full"] if full else []), stdout=out, cwd=ROOT)
+        reaper.register(proc, lambda: _end(proc))
+        return cls(proc, out, ENGINE_LAYER_SECONDS * (3 if full else 1), time.monotonic())
+
+    def rows(self) -> tuple[list[dict], str | None]:
+        """Its rows and where its counterexamples went (waiting for it, within its bound)."""
+        from runtime import reaper
+        name = "the engine layer (verify --engine all, beside the other steps)"
+        try:
+            code = self.proc.wait(max(1.0, self.started + self.bound - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _end(self.proc)
+            reaper.unregister(self.proc)
+        self.out.seek(0)
+        text = self.out.read()
+        self.out.close()
+        start = text.find("{")
+        try:
+            got = json.loads(text[start:]) if code is not None and start >= 0 else None
+        except json.JSONDecodeError:
+            got = None
+        if got is None:
+            why = (f"did not end within {self.bound:g} s (killed)" if code is None
+                   else f"ended with exit {code} and no result")
+            return [{"step": name, "expected": "as expected", "got": "error", "ok": False, "detail": why,
+                     "seconds": round(time.monotonic() - self.started, 1)}], None
+        return got["steps"], (got.get("out_dirs") or [None])[0]
+
+
+#: The most seconds the engine layer's child may take (three times that with `--full`); it took 3.5 min beside the
+#: other steps on two cores.
+ENGINE_LAYER_SECONDS = 1200.0
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Stop the engine layer's child (a SIGINT first: it ends what it started), killed if it has not ended in 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
@@ -265,10 +335,11 @@ def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:
     _step(rows, "explorer manifest", "no drift", manifest)
 
 
-def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:
+def _report(rows: list[dict], as_json: bool, out_dirs: list[str]) -> int:
+    """The table (or the JSON: `ok`, `steps`, `out_dirs`, where this run's counterexamples went); the exit code."""
     ok = all(r["ok"] for r in rows)
     if as_json:
-        print_json({"ok": ok, "steps": rows})
+        print_json({"ok": ok, "steps": rows, "out_dirs": out_dirs})
     else:
         w = max(len(r["step"]) for r in rows)
         e = max(12, *(len(r[k]) for r in rows for k in ("expected", "got")))
@@ -277,7 +348,7 @@ def _report(rows: list[dict], as_json: bool, out_dir: str) -> int:
             mark = "" if r["ok"] else "  <-- FAILED"
             print(f"{r['step']:<{w}}  {r['expected']:<{e}} {r['got']:<{e}} {r['seconds']:>6}  {r['detail'][:130]}{mark}")
         print(f"\nverify: {'ALL AS EXPECTED' if ok else 'SOME STEPS FAILED'} "
-              f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {out_dir}")
+              f"({sum(r['ok'] for r in rows)}/{len(rows)}); counterexamples of this run under {' and '.join(out_dirs)}")
     return EXIT_HELD if ok else EXIT_VIOLATED
 
 
@@ -285,8 +356,6 @@ def _mooncake_steps(rows: list[dict], budget: float, out_dir: str) -> None:
     """The Mooncake store client (stock: violated) and vLLM's MooncakeStoreConnector rank-keyed lookup (stock and the
     every-rank patch hold, the any-rank patch breaks engine-soundness); `skipped` with the reason where Mooncake
     cannot run (`adapters.mooncake_servers.unavailable`)."""
-    import json
-    import subprocess
 
     from adapters.mooncake_servers import unavailable
 
