@@ -250,6 +250,8 @@ class EngineLayer:
     def start(cls, budget: float, full: bool) -> "EngineLayer":
         from runtime import reaper
         from shardcheck.verify_nemesis import ROOT
+        print("... the engine layer (verify --engine all), in a child process beside the steps below",
+              file=sys.stderr, flush=True)
         out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # (not a pipe: nobody reads it until the end)
         args = [sys.executable, "-m", "shardcheck", "verify", "--engine", "all", "--json", "--budget", str(budget)]
         proc = subprocess.Popen(args + (["--full"] if full else []), stdout=out, cwd=ROOT)
