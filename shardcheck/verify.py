@@ -3,7 +3,9 @@ demo variant, the explorer's manifest, the real LMCache clients against real Val
 here, and the corpus replayed against each client, with a summary table."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,22 +140,37 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
 
 
 def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full: bool = False) -> int:
+    """Every step (or, with `engine`, the engine layer alone: on that engine, `all` on every one); the table or the
+    JSON; the exit code. This run's counterexamples go to a new dir (removed if the run is cut short with none)."""
+    if engine is not None and engine != "all" and engine not in SERVING_ENGINES:
+        raise UsageError(f"verify --engine {engine!r}: expected all or one of {', '.join(SERVING_ENGINES)}")
+    beside = EngineLayer.start(budget, full) if engine is None else None  # (most of both waits on budgets, builds)
+    rows: list[dict] = []
+    out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
+    out_dirs = [out_dir]
+    try:
+        if engine is not None:
+            _engine_steps(rows, budget, out_dir, None if engine == "all" else engine, full)
+        else:
+            _steps(rows, budget, out_dir, full)
+            engine_rows, engine_dir = beside.rows()
+            rows += engine_rows
+            out_dirs += [engine_dir] if engine_dir else []
+    except BaseException:  # (Ctrl-C, a crash: no empty dir left behind)
+        with contextlib.suppress(OSError):
+            os.rmdir(out_dir)
+        raise
+    return _report(rows, as_json, out_dirs)
+
+
+def _steps(rows: list[dict], budget: float, out_dir: str, full: bool) -> None:
+    """Every step but the engine layer's, in order, into `rows`."""
     import proofs
     from model.protocols import REFERENCE_PROTOCOLS
     from model.variants import DEMO_VARIANTS
     from shardcheck.check_cmd import run_check
     from shardcheck.replay_cmd import run_replay
     from shardcheck.corpus import CORPUS
-
-    rows: list[dict] = []
-    if engine is not None:  # only the engine layer, on that engine (`all`: on every one)
-        if engine != "all" and engine not in SERVING_ENGINES:
-            raise UsageError(f"verify --engine {engine!r}: expected all or one of {', '.join(SERVING_ENGINES)}")
-        out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
-        _engine_steps(rows, budget, out_dir, None if engine == "all" else engine, full)
-        return _report(rows, as_json, [out_dir])
-    beside = EngineLayer.start(budget, full)  # (beside the other steps: most of both waits on budgets and builds)
-    out_dir = tempfile.mkdtemp(prefix="shardcheck-verify-")
 
     def prove() -> tuple[str, str]:
         results = proofs.run_all(seeds=10)
@@ -230,8 +247,6 @@ def run_verify(*, budget: float, as_json: bool, engine: str | None = None, full:
             off = [r["path"] for r in res if not r["matches"]]
             return ("as expected" if not off else "unexpected"), f"{len(res)} traces" + (f"; off: {off}" if off else "")
         _step(rows, f"replay corpus --expect on {client}", "as expected", replay)
-    engine_rows, engine_dir = beside.rows()
-    return _report(rows + engine_rows, as_json, [out_dir, *([engine_dir] if engine_dir else [])])
 
 
 @attrs.define
@@ -267,7 +282,7 @@ class EngineLayer:
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            _end(self.proc)
+            _end(self.proc, grace=0.0)
             reaper.unregister(self.proc)
         self.out.seek(0)
         text = self.out.read()
@@ -290,8 +305,11 @@ class EngineLayer:
 ENGINE_LAYER_SECONDS = 1200.0
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Stop the engine layer's child (a SIGINT first: it ends what it started), killed if it has not ended in 20 s."""
+def _end(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop the engine layer's child: `grace` seconds to end by itself (a Ctrl-C at the terminal reached it too: a
+    second one would cut its own clean-up short), then a SIGINT (it ends what it started), then killed after 20 s."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
