@@ -42,7 +42,7 @@ from typing import Any, Callable, TypeVar, Union, overload
 import attrs
 
 __all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "live", "reap", "register", "unregister",
-           "own_process", "kill_process", "temp_dir", "remove_dir"]
+           "own_process", "kill_process", "stop_child", "temp_dir", "remove_dir"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
 STOP_SECONDS = 10.0
@@ -246,6 +246,30 @@ def kill_process(proc: Any, wait: float = 5.0) -> None:
         proc.kill()
     proc.join(wait)
     unregister(proc)
+
+
+def stop_child(proc: Any, grace: float = 5.0, interrupted: float = 20.0) -> None:
+    """Stop a `subprocess.Popen` child that ends what it started on a SIGINT (a `shardcheck` command): `grace` seconds
+    to end by itself (a Ctrl-C at the terminal reached its process group too, and a second SIGINT would cut its own
+    clean-up short), then a SIGINT and `interrupted` seconds, then killed. Its pipes, if any, are read meanwhile (a
+    child blocked writing to a full one would never end)."""
+    import signal
+    import subprocess
+
+    def wait(seconds: float) -> None:
+        if proc.stdout is not None or proc.stderr is not None:
+            proc.communicate(timeout=seconds)
+        else:
+            proc.wait(seconds)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        wait(grace)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            wait(interrupted)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            wait(10)
 
 
 def own_process(proc: Any) -> None:

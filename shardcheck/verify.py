@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -253,8 +252,8 @@ def _steps(rows: list[dict], budget: float, out_dir: str, full: bool) -> None:
 class EngineLayer:
     """The engine layer's steps (`verify --engine all --json`) in a child process started first and run beside the
     others; its rows join the table at the end (its progress lines go to stderr as they come). Bounded: past
-    `ENGINE_LAYER_SECONDS` it is killed and the layer is one failed row; Ctrl-C and the exit end it
-    (`runtime.reaper`)."""
+    `ENGINE_LAYER_SECONDS` it is stopped and the layer is one failed row; Ctrl-C and the exit end it
+    (`runtime.reaper.stop_child`)."""
 
     proc: subprocess.Popen
     out: Any
@@ -270,7 +269,7 @@ class EngineLayer:
         out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # (not a pipe: nobody reads it until the end)
         args = [sys.executable, "-m", "shardcheck", "verify", "--engine", "all", "--json", "--budget", str(budget)]
         proc = subprocess.Popen(args + (["--full"] if full else []), stdout=out, cwd=ROOT)
-        reaper.register(proc, lambda: _end(proc))
+        reaper.register(proc, lambda: reaper.stop_child(proc))
         return cls(proc, out, ENGINE_LAYER_SECONDS * (3 if full else 1), time.monotonic())
 
     def rows(self) -> tuple[list[dict], str | None]:
@@ -282,7 +281,7 @@ class EngineLayer:
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            _end(self.proc, grace=0.0)
+            reaper.stop_child(self.proc, grace=0.0)
             reaper.unregister(self.proc)
         self.out.seek(0)
         text = self.out.read()
@@ -303,20 +302,6 @@ class EngineLayer:
 #: The most seconds the engine layer's child may take (three times that with `--full`); it took 3.5 min beside the
 #: other steps on two cores.
 ENGINE_LAYER_SECONDS = 1200.0
-
-
-def _end(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Stop the engine layer's child: `grace` seconds to end by itself (a Ctrl-C at the terminal reached it too: a
-    second one would cut its own clean-up short), then a SIGINT (it ends what it started), then killed after 20 s."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(grace)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _scale_tier_manifest_steps(rows: list[dict], out_dir: str) -> None:

@@ -22,16 +22,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def in_child(*args: str, timeout: float = 900) -> Any:
     """`python -m shardcheck ARGS --json` in a child process: its JSON, or `RuntimeError` naming how it ended."""
+    from runtime.reaper import stop_child
+    proc = subprocess.Popen([sys.executable, "-m", "shardcheck", *args, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        out = subprocess.run([sys.executable, "-m", "shardcheck", *args, "--json"], capture_output=True, text=True,
-                             cwd=ROOT, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stop_child(proc, grace=0.0)
         raise RuntimeError(f"shardcheck {args[0]} did not end within {timeout:g} s") from None
-    start = out.stdout.find("{")
+    except BaseException:  # (Ctrl-C reached it too: it stops its servers and removes its dirs first, never killed)
+        stop_child(proc)
+        raise
+    start = stdout.find("{")
     if start < 0:
-        raise RuntimeError(f"shardcheck {args[0]} ended with exit {out.returncode} and no result: "
-                           f"{out.stderr.strip().splitlines()[-1:] or ''}")
-    return json.loads(out.stdout[start:])
+        raise RuntimeError(f"shardcheck {args[0]} ended with exit {proc.returncode} and no result: "
+                           f"{stderr.strip().splitlines()[-1:] or ''}")
+    return json.loads(stdout[start:])
 
 
 def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None], *, out_dir: str,

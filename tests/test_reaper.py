@@ -271,3 +271,24 @@ def test_own_process_kills_it_at_exit_and_refuses_it_once_the_exit_began(monkeyp
     with pytest.raises(Exiting):
         reaper.own_process(late)
     assert not late.is_alive()
+
+
+def test_stop_child_lets_an_interrupted_child_end_by_itself_then_interrupts_then_kills():
+    """`stop_child`: a child ending by itself is left to (one SIGINT reached it already); one still running gets
+    a SIGINT; one that ignores SIGINT is killed; a child writing to a full pipe meanwhile is read, never stuck."""
+    import subprocess
+    import sys
+    import time
+    from runtime.reaper import stop_child
+    ends = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    t = time.monotonic()
+    stop_child(ends, grace=5.0)
+    assert ends.returncode == 0 and time.monotonic() - t < 4.0
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stop_child(sleeper, grace=0.1)
+    assert sleeper.returncode == -2  # (ended by the SIGINT: Python re-raises it)
+    code = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "sys.stdout.write('x' * 1_000_000); sys.stdout.flush(); time.sleep(60)")
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    stop_child(stubborn, grace=0.1, interrupted=0.5)
+    assert stubborn.returncode == -9
