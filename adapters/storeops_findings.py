@@ -33,6 +33,7 @@ from checking.storeops import kept_by_removal, replay, run  # noqa: F401  (the r
 from model.outcome import Violation
 from model.trace import Trace
 from adapters.catalogue import CLIENTS as registry_clients
+from runtime import reaper
 from runtime.registry import real_clients
 
 __all__ = ["ROOT", "CLIENTS", "FINDINGS", "MEASURED", "RECORDED_ON", "trace_of", "build", "CHILD"]
@@ -304,8 +305,8 @@ def _in_child(name: str, client: str) -> tuple[str, str, list, list]:
     import subprocess
 
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), name=name, client=client)],
-                             capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        out = reaper.run_child([sys.executable, "-c", CHILD.format(root=str(ROOT), name=name, client=client)],
+                               timeout=120, cwd=str(ROOT))
         records, violations = json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, IndexError, ValueError) as exc:  # the child hung or died: say so
         detail = getattr(exc, "stderr", None) or (out.stderr[-500:] if "out" in locals() else "")

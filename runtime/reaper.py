@@ -42,7 +42,7 @@ from typing import Any, Callable, TypeVar, Union, overload
 import attrs
 
 __all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "live", "reap", "register", "unregister",
-           "own_process", "kill_process", "stop_child", "temp_dir", "remove_dir"]
+           "own_process", "kill_process", "stop_child", "run_child", "temp_dir", "remove_dir"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
 STOP_SECONDS = 10.0
@@ -270,6 +270,23 @@ def stop_child(proc: Any, grace: float = 5.0, interrupted: float = 20.0) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             wait(10)
+
+
+def run_child(argv: list[str], *, timeout: float, **popen: Any) -> Any:
+    """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **popen)` for a child that ends what it
+    started on a SIGINT: on a timeout or an interrupt (a Ctrl-C reaches its process group too) it is stopped by
+    `stop_child`, never killed first, then the `subprocess.TimeoutExpired` or the interrupt is raised."""
+    import subprocess
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_child(proc, grace=0.0)
+        raise
+    except BaseException:
+        stop_child(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def own_process(proc: Any) -> None:

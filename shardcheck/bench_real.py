@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from runtime import reaper
 
 __all__ = ["TARGETS", "measure_real"]
 
@@ -42,7 +43,7 @@ if __name__ == "__main__":
 def _timed(argv: list[str], timeout: float) -> tuple[float, str]:
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    done = reaper.run_child(argv, timeout=timeout, cwd=ROOT, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])}... exited {done.returncode}: {done.stderr.strip()[-300:]}")
     return time.monotonic() - start, done.stdout

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import attrs
 
+from runtime import reaper
 from runtime.registry import by_verdict, corpus_clients, patch_refs
 from shardcheck.tables import CLIENTS, DEMO_MODULES, SERVING_ENGINES
 from shardcheck.errors import EXIT_HELD, EXIT_VIOLATED, UsageError
@@ -69,8 +70,7 @@ def _engine_steps(rows: list[dict], budget: float, out_dir: str, only: str | Non
                 argv = [sys.executable, "-m", "shardcheck", "check", "--engine", engine, "--budget", str(secs),
                         "--json", "--out", out_dir, *[a for p in patches for a in ("--engine-patch", p)],
                         *(("--connector", connector) if connector else ())]
-                got = subprocess.run(argv, capture_output=True, text=True, timeout=secs * 3,
-                                     cwd=Path(__file__).resolve().parents[1])
+                got = reaper.run_child(argv, timeout=secs * 3, cwd=Path(__file__).resolve().parents[1])
                 if got.returncode not in (0, 1):
                     return "error", got.stderr.strip().splitlines()[-1] if got.stderr.strip() else "no output"
                 r = json.loads(got.stdout)
@@ -262,7 +262,6 @@ class EngineLayer:
 
     @classmethod
     def start(cls, budget: float, full: bool) -> "EngineLayer":
-        from runtime import reaper
         from shardcheck.verify_nemesis import ROOT
         print("... the engine layer (verify --engine all), in a child process beside the steps below",
               file=sys.stderr, flush=True)
@@ -274,7 +273,6 @@ class EngineLayer:
 
     def rows(self) -> tuple[list[dict], str | None]:
         """Its rows and where its counterexamples went (waiting for it, within its bound)."""
-        from runtime import reaper
         name = "the engine layer (verify --engine all, beside the other steps)"
         try:
             code = self.proc.wait(max(1.0, self.started + self.bound - time.monotonic()))
@@ -377,8 +375,7 @@ def _mooncake_steps(rows: list[dict], budget: float, out_dir: str) -> None:
     def lookup() -> tuple[str, str]:
         import os
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        run = subprocess.run([sys.executable, "-m", "adapters.vllm_stack.mooncake_lookup"], capture_output=True,
-                             text=True, timeout=600, cwd=root)
+        run = reaper.run_child([sys.executable, "-m", "adapters.vllm_stack.mooncake_lookup"], timeout=600, cwd=root)
         got = json.loads(run.stdout.strip().splitlines()[-1])
         ok = not got["stock"] and "engine-soundness" in got["any_rank"] and not got["every_rank"]
         return ("as expected" if ok else "unexpected"), (

@@ -22,22 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def in_child(*args: str, timeout: float = 900) -> Any:
     """`python -m shardcheck ARGS --json` in a child process: its JSON, or `RuntimeError` naming how it ended."""
-    from runtime.reaper import stop_child
-    proc = subprocess.Popen([sys.executable, "-m", "shardcheck", *args, "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+    from runtime.reaper import run_child
+    try:  # (on Ctrl-C it stops its servers and removes its dirs first: `run_child` never kills it first)
+        out = run_child([sys.executable, "-m", "shardcheck", *args, "--json"], timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        stop_child(proc, grace=0.0)
         raise RuntimeError(f"shardcheck {args[0]} did not end within {timeout:g} s") from None
-    except BaseException:  # (Ctrl-C reached it too: it stops its servers and removes its dirs first, never killed)
-        stop_child(proc)
-        raise
-    start = stdout.find("{")
+    start = out.stdout.find("{")
     if start < 0:
-        raise RuntimeError(f"shardcheck {args[0]} ended with exit {proc.returncode} and no result: "
-                           f"{stderr.strip().splitlines()[-1:] or ''}")
-    return json.loads(stdout[start:])
+        raise RuntimeError(f"shardcheck {args[0]} ended with exit {out.returncode} and no result: "
+                           f"{out.stderr.strip().splitlines()[-1:] or ''}")
+    return json.loads(out.stdout[start:])
 
 
 def nemesis_steps(step: Callable[[str, str, Callable[[], tuple[str, str]]], None], *, out_dir: str,

@@ -292,3 +292,15 @@ def test_stop_child_lets_an_interrupted_child_end_by_itself_then_interrupts_then
     stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     stop_child(stubborn, grace=0.1, interrupted=0.5)
     assert stubborn.returncode == -9
+
+
+def test_run_child_answers_as_subprocess_run_and_stops_a_child_past_its_timeout():
+    import subprocess
+    import sys
+    import pytest
+    from runtime.reaper import run_child
+    done = run_child([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                     timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_child([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
