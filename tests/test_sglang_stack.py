@@ -45,6 +45,12 @@ def _start(*patches: str, **options) -> HiCacheStack:
 
 @pytest.fixture(scope="module")
 def stacks():
+    """The three stacks, in a temp dir of their own that is empty once they are closed (their dirs and torch's
+    Inductor cache, which the ranks' import of Inductor would make as /tmp/torchinductor_USER)."""
+    import tempfile
+    private = tempfile.mkdtemp(prefix="sc-sgl-")
+    was = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = private, private
     made: dict[str, HiCacheStack] = {}
     try:
         made["released"] = _start(sync_timeout=1.0)
@@ -56,6 +62,10 @@ def stacks():
         problems = [p for s in made.values() for p in s.close()]
         assert problems == []
         assert all(not os.path.exists(s.tmp) for s in made.values())
+        tempfile.tempdir = was[0]
+        os.environ.pop("TMPDIR") if was[1] is None else os.environ.update(TMPDIR=was[1])
+        assert os.listdir(private) == []
+        os.rmdir(private)
         assert [pid for pid in set(_PIDS) if not _gone(pid)] == []
         listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
         assert not [line for line in listening.splitlines() if any(f"pid={pid}," in line for pid in _PIDS)]

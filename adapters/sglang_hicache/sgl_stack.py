@@ -179,6 +179,7 @@ class HiCacheStack:
         port = _free_port()
         env = dict(os.environ, SHARDCHECK_SGL_AUTHKEY=authkey.hex(), PYTHONPATH=str(ROOT),
                    TORCH_EXTENSIONS_DIR=str(Path(sys.prefix) / "shardcheck-cache" / "torch_extensions"),
+                   TORCHINDUCTOR_CACHE_DIR=str(self.tmp / "inductor"),  # (not /tmp/torchinductor_USER: left behind)
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                    OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo", SHARDCHECK_SGL_RANK="1")
         env.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
