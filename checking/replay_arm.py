@@ -109,7 +109,7 @@ def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> N
         once = session.__enter__()
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-        _exit(1)
+        reaper.exit_now(1)
     conn.send(("ready", None))
     try:
         while True:
@@ -131,12 +131,5 @@ def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> N
     finally:
         with contextlib.suppress(BaseException):
             session.__exit__(None, None, None)
-        _exit(0)
+        reaper.exit_now(0)
 
-
-def _exit(code: int) -> None:
-    """End the fresh process without the interpreter's finalisation (LMCache's threads would keep it), once what it
-    registered with `runtime.reaper` is stopped and removed (its servers, its temp dirs: LMCache's socket dir)."""
-    with contextlib.suppress(BaseException):
-        reaper.reap()
-    os._exit(code)

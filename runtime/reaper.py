@@ -42,7 +42,7 @@ from typing import Any, Callable, TypeVar, Union, overload
 import attrs
 
 __all__ = ["Exiting", "Reaper", "REAPER", "STOP_SECONDS", "live", "reap", "register", "unregister",
-           "own_process", "kill_process", "stop_child", "run_child", "temp_dir", "remove_dir"]
+           "own_process", "kill_process", "stop_child", "run_child", "exit_now", "temp_dir", "remove_dir"]
 
 #: Seconds a registered stop may take at exit before it is left behind.
 STOP_SECONDS = 10.0
@@ -287,6 +287,15 @@ def run_child(argv: list[str], *, timeout: float, **popen: Any) -> Any:
         stop_child(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def exit_now(code: int) -> None:
+    """End this process at once (`os._exit`: a child whose threads, LMCache's or vLLM's, would keep it alive, or whose
+    interpreter's finalisation takes seconds), once what it registered is stopped and removed (`reap()`, which
+    `os._exit` would skip with the `atexit` hook)."""
+    with contextlib.suppress(BaseException):
+        reap()
+    os._exit(code)
 
 
 def own_process(proc: Any) -> None:

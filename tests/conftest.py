@@ -15,6 +15,12 @@ from adapters.pytest_runner import pytest_addoption, pytest_runtest_call, shardc
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Tests that import vLLM in this process make torch's Inductor cache dir, by default /tmp/torchinductor_USER, left
+# behind: it is a temp dir of this process instead, removed at its exit.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    from runtime import reaper
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = reaper.temp_dir("shardcheck-inductor-")
+
 
 def default_signals() -> None:
     """`preexec_fn` of a child a test sends SIGINT or SIGHUP to: their default actions, whatever the test run

@@ -55,6 +55,8 @@ class MooncakeLookup:
         self.n_ranks = n_ranks
         self._rpc_dir = reaper.temp_dir("shardcheck-vllm-rpc-")
         os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # (torch's /tmp/torchinductor_USER would be left behind)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = reaper.temp_dir("shardcheck-inductor-")  # (removed at exit)
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(int(op_timeout * 1000)))
         self.masters = start_masters(1)
         master, net = self.masters.masters[0], self.masters.net
@@ -225,4 +227,4 @@ if __name__ == "__main__":  # `python -m adapters.vllm_stack.mooncake_lookup`: v
 
     print(json.dumps(verdicts()), flush=True)
     sys.stdout.flush()
-    os._exit(0)
+    reaper.exit_now(0)  # (vLLM's threads would keep the process; its temp dirs go first)
