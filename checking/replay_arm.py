@@ -132,4 +132,3 @@ def _serve(conn: Any, trace_json: dict, spec: dict, error: type[Exception]) -> N
         with contextlib.suppress(BaseException):
             session.__exit__(None, None, None)
         reaper.exit_now(0)
-

@@ -290,7 +290,7 @@ class EngineLayer:
         except json.JSONDecodeError:
             got = None
         if got is None:
-            why = (f"did not end within {self.bound:g} s (killed)" if code is None
+            why = (f"did not end within {self.bound:g} s (stopped)" if code is None
                    else f"ended with exit {code} and no result")
             return [{"step": name, "expected": "as expected", "got": "error", "ok": False, "detail": why,
                      "seconds": round(time.monotonic() - self.started, 1)}], None
@@ -359,7 +359,6 @@ def _mooncake_steps(rows: list[dict], budget: float, out_dir: str) -> None:
     """The Mooncake store client (stock: violated) and vLLM's MooncakeStoreConnector rank-keyed lookup (stock and the
     every-rank patch hold, the any-rank patch breaks engine-soundness); `skipped` with the reason where Mooncake
     cannot run (`adapters.mooncake_servers.unavailable`)."""
-
     from adapters.mooncake_servers import unavailable
 
     reason = unavailable()
@@ -373,7 +372,6 @@ def _mooncake_steps(rows: list[dict], budget: float, out_dir: str) -> None:
           lambda: _child_check(name, budget, out_dir))
 
     def lookup() -> tuple[str, str]:
-        import os
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         run = reaper.run_child([sys.executable, "-m", "adapters.vllm_stack.mooncake_lookup"], timeout=600, cwd=root)
         got = json.loads(run.stdout.strip().splitlines()[-1])
