@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import signal
 from typing import Any, Callable, Iterator
 
