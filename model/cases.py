@@ -34,10 +34,9 @@ MAX_CHUNKS, MAX_OTHERS = 1024, 16
 
 @attrs.frozen(kw_only=True)
 class CaseCodec:
-    """The case of one trace kind (see the module doc). `parts_are`: what its parts are, in words."""
+    """The case of one trace kind (see the module doc)."""
 
     kind: str
-    parts_are: str
     read: Callable[[Any], Any]
     parts: Callable[[Any], list]
     rebuild: Callable[[Any, list], Any]
@@ -70,16 +69,16 @@ def _steps_rebuild(case: Any, parts: list) -> Any:
 
 #: Every kind's codec, in `model.trace.KINDS` order.
 CODECS: dict[str, CaseCodec] = {codec.kind: codec for codec in (
-    CaseCodec(kind="protocol", parts_are="faults", read=_read_protocol, parts=lambda case: list(case.faults.items()),
+    CaseCodec(kind="protocol", read=_read_protocol, parts=lambda case: list(case.faults.items()),
               rebuild=_protocol_rebuild),
-    CaseCodec(kind="store-ops", parts_are="ops", read=lambda trace: list(trace.ops), parts=list,
+    CaseCodec(kind="store-ops", read=lambda trace: list(trace.ops), parts=list,
               rebuild=lambda case, parts: list(parts)),
-    CaseCodec(kind="concurrent", parts_are="ops",
+    CaseCodec(kind="concurrent",
               read=lambda trace: Layout.from_ops(trace.ops, seed=_layout_seed(trace)),
               parts=lambda layout: layout.to_ops(), rebuild=lambda layout, ops: Layout.from_ops(ops, seed=layout.seed)),
-    CaseCodec(kind="engine", parts_are="steps", read=lambda trace: case_from_json(trace.config["case"]),
+    CaseCodec(kind="engine", read=lambda trace: case_from_json(trace.config["case"]),
               parts=lambda case: list(case.steps), rebuild=_steps_rebuild),
-    CaseCodec(kind="stack", parts_are="steps", read=lambda trace: stack_case_from_json(trace.config["case"]),
+    CaseCodec(kind="stack", read=lambda trace: stack_case_from_json(trace.config["case"]),
               parts=lambda case: list(case.steps), rebuild=_steps_rebuild),
 )}
 
