@@ -268,7 +268,7 @@ class EngineLayer:
         out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # (not a pipe: nobody reads it until the end)
         args = [sys.executable, "-m", "shardcheck", "verify", "--engine", "all", "--json", "--budget", str(budget)]
         proc = subprocess.Popen(args + (["--full"] if full else []), stdout=out, cwd=ROOT)
-        reaper.register(proc, lambda: reaper.stop_child(proc))
+        reaper.register(proc, lambda: reaper.stop_child(proc), bound=40.0)  # (grace, SIGINT, kill)
         return cls(proc, out, ENGINE_LAYER_SECONDS * (3 if full else 1), time.monotonic())
 
     def rows(self) -> tuple[list[dict], str | None]:
